@@ -1,0 +1,153 @@
+// diffcheck: run a scenario under MPI and diff its taps (default), compare
+// activation files on disk (`compare`), or list scenarios (`list`).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "harness/comm.h"
+#include "harness/error.h"
+#include "harness/log.h"
+#include "harness/run.h"
+#include "harness/scenario.h"
+#include "reference/nn.h"
+
+namespace {
+
+// The launcher's rank, known before MPI_Init: lets only rank 0 print usage errors.
+int launcher_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
+int launcher_size() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 1;
+}
+
+void add_report_options(CLI::App& app, dc::ReportOptions& r) {
+  app.add_option("--json", r.json_path, "Also write the full report as JSON to FILE");
+  app.add_option("--atol", r.compare.atol, "Absolute tolerance for every tap (overrides the dtype-derived default; a tap's own atol attribute still wins)");
+  app.add_option("--rtol", r.compare.rtol, "Relative tolerance for every tap (same precedence as --atol)");
+  app.add_option("--replica-ulps", r.compare.replica_ulps, "Allowed ULP distance between replicas (default 0: bitwise)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+int list_scenarios() {
+  for (const auto* s : dc::all_scenarios()) {
+    std::cout << fmt::format("{}\n  {}\n", s->name(), s->summary());
+    std::string meshes;
+    for (int n : {1, 2, 4, 8, 16}) {
+      try {
+        meshes += fmt::format("    {:>2} ranks: {}\n", n, s->default_mesh(n));
+      } catch (const dc::Error&) {
+      }
+    }
+    std::cout << "  default meshes:\n" << meshes;
+    std::string sizes;
+    for (const auto& z : s->sizes()) sizes += (sizes.empty() ? "" : ", ") + z;
+    std::cout << "  sizes: " << sizes << "\n  flags:\n";
+    if (s->flags().empty()) std::cout << "    (none)\n";
+    for (const auto& f : s->flags())
+      std::cout << fmt::format("    {} ({}, default {}): {}\n", f.name, dc::flag_type_name(f.type),
+                               f.default_value, f.help);
+    std::cout << "  faults (--inject):\n";
+    for (const auto& f : s->faults()) std::cout << fmt::format("    {}: {}\n", f.name, f.help);
+    std::cout << "\n";
+  }
+  return dc::kExitPass;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rank0 = launcher_rank();
+  CLI::App app{
+      "diffcheck: differential testing of sharded model blocks.\n"
+      "Runs a scenario sharded over MPI ranks and as a single-rank reference, captures named\n"
+      "activations (taps) to HDF5, and reports the first tap that has NaN/Inf, disagrees across\n"
+      "replicas, or disagrees with the reference.\n\n"
+      "  mpirun -n 16 diffcheck --scenario flux_tp\n"
+      "  diffcheck compare FILE|PREFIX [--reference REF]\n"
+      "  diffcheck list\n\n"
+      "Exit status: 0 all checks pass, 1 a check failed, 2 usage or input error.",
+      "diffcheck"};
+  app.set_version_flag("--version", std::string("diffcheck ") + DIFFCHECK_VERSION_STRING);
+  app.require_subcommand(0, 1);
+
+  dc::RunOptions run;
+  app.add_option("--scenario", run.scenario, "Scenario to run (see 'diffcheck list')");
+  app.add_option("--mesh", run.mesh, "Mesh, e.g. dp=4,tp=4 (default: the scenario's mesh for the world size)");
+  app.add_option("--dtype", run.dtype, "Compute dtype of the sharded run")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
+  app.add_option("--seed", run.seed, "Seed of the generated inputs and weights")->capture_default_str();
+  app.add_option("--flag", run.flags, "Scenario flag name=value (repeatable; after DIFFCHECK_FLAGS, which holds the same separated by spaces)");
+  app.add_option("--inject", run.fault, "Inject a fault by name (see 'diffcheck list')");
+  app.add_option("--size", run.size, "Problem size preset of the scenario")->capture_default_str();
+  app.add_option("--out", run.out, "Run file to write (default results/<scenario>.h5)");
+  add_report_options(app, run.report);
+
+  auto* compare = app.add_subcommand("compare", "Check an activation file (run file, rank file or rank-file prefix) without running anything");
+  std::string source, reference;
+  dc::ReportOptions cmp;
+  compare->add_option("source", source, "Run file, one <prefix>.rank<R>.h5 file, or the prefix")->required();
+  compare->add_option("--reference", reference, "Separate file with /reference/<tap> datasets");
+  add_report_options(*compare, cmp);
+
+  auto* list = app.add_subcommand("list", "List scenarios with their flags, faults and default meshes");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (rank0 != 0) return e.get_exit_code() == 0 ? 0 : dc::kExitError;
+    int code = app.exit(e);
+    return code == 0 ? 0 : dc::kExitError;
+  }
+
+  if (*list) {
+    dc::setup_logging(-1);
+    return list_scenarios();
+  }
+  if (*compare) {
+    dc::setup_logging(-1);
+    try {
+      return dc::compare_and_report(source, reference, cmp);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      return dc::kExitError;
+    }
+  }
+
+  // Run mode: every rank of the job runs this.
+  dc::Comm::init(&argc, &argv);
+  int rank = rank0;
+  dc::setup_logging(rank);
+  // BLAS threads: one per rank when ranks outnumber cores, unless the user says.
+  if (!std::getenv("OPENBLAS_NUM_THREADS")) {
+    unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    int per_rank = std::max(1, static_cast<int>(cores) / std::max(1, launcher_size()));
+    dc::ref::set_blas_threads(per_rank);
+  }
+  int status = dc::kExitPass;
+  try {
+    status = dc::run_scenario(run);
+  } catch (const dc::InputError& e) {
+    // Raised identically on every rank before any communication: report once.
+    if (rank == 0) spdlog::error("{}", e.what());
+    dc::Comm::finalize();
+    return dc::kExitError;
+  } catch (const std::exception& e) {
+    // A failure during the run, possibly on this rank alone: the others may be
+    // waiting in a collective, so end the whole job rather than hang it.
+    spdlog::error("{}", e.what());
+    std::cerr.flush();
+    dc::Comm::abort(dc::kExitError);
+  }
+  dc::Comm::finalize();
+  return status;
+}

@@ -1,0 +1,57 @@
+// A scenario runs one model block sharded over the mesh and records its taps
+// (and, on the reference rank, the single-rank reference of each). Scenarios
+// speak in tensors, taps and collectives: they never call MPI or HDF5.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/comm.h"
+#include "harness/dtype.h"
+#include "harness/flags.h"
+#include "harness/mesh.h"
+#include "harness/tap.h"
+
+namespace dc {
+
+struct RunContext {
+  const Mesh& mesh;
+  const Comm& world;
+  TapRecorder& taps;
+  const FlagValues& flags;
+  std::string fault;  // empty: no fault injected
+  DType dtype = DType::float32;
+  std::uint64_t seed = 0;
+  std::string size = "default";
+
+  bool injected(const std::string& name) const { return fault == name; }
+};
+
+class Scenario {
+ public:
+  virtual ~Scenario() = default;
+  virtual std::string name() const = 0;
+  virtual std::string summary() const = 0;
+  virtual std::vector<FlagSpec> flags() const { return {}; }
+  virtual std::vector<FaultSpec> faults() const { return {}; }
+  virtual std::vector<std::string> sizes() const { return {"default"}; }
+  // The mesh used when --mesh is not given; throws InputError when the scenario
+  // cannot run on `world` ranks.
+  virtual std::string default_mesh(int world) const = 0;
+  // Throws InputError when `mesh` (already matching the world size) does not fit.
+  virtual void check_mesh(const Mesh& mesh, const std::string& size) const = 0;
+  virtual void run(RunContext& ctx) const = 0;
+};
+
+// The registry refuses duplicate names, so two scenarios cannot shadow each other.
+bool register_scenario(std::unique_ptr<Scenario> s);
+const Scenario* find_scenario(const std::string& name);
+std::vector<const Scenario*> all_scenarios();  // sorted by name
+
+}  // namespace dc
+
+#define DIFFCHECK_REGISTER_SCENARIO(Class) \
+  namespace {                              \
+  const bool registered_##Class = ::dc::register_scenario(std::make_unique<Class>()); \
+  }

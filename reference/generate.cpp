@@ -1,0 +1,64 @@
+#include "reference/generate.h"
+
+#include <Random123/philox.h>
+
+#include "harness/error.h"
+
+namespace dc::ref {
+
+std::uint32_t tensor_id(const std::string& name) {
+  std::uint32_t h = 2166136261u;
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return h;
+}
+
+float uniform_at(std::uint64_t seed, std::uint32_t id, std::uint64_t index, float scale) {
+  r123::Philox4x32 rng;
+  r123::Philox4x32::key_type key = {{static_cast<std::uint32_t>(seed ^ (seed >> 32)), id}};
+  r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(index),
+                                     static_cast<std::uint32_t>(index >> 32), 0x64636b21u, 0}};
+  auto out = rng(ctr, key);
+  // 24 random bits -> [0,1) exactly representable in float, then to [-1,1).
+  float u = static_cast<float>(out[0] >> 8) * (1.0f / 16777216.0f);
+  return (2.0f * u - 1.0f) * scale;
+}
+
+Tensor generate(std::uint64_t seed, const std::string& name, const Shape& global, float scale,
+                const Ranges& block) {
+  Ranges r = block;
+  if (r.empty())
+    for (auto d : global) r.emplace_back(0, d);
+  if (r.size() != global.size()) fail("generate '{}': {} ranges for a {}-d tensor", name, r.size(), global.size());
+  Shape local;
+  for (std::size_t d = 0; d < r.size(); ++d) {
+    if (r[d].first > r[d].second || r[d].second > global[d])
+      fail("generate '{}': range [{},{}) outside dimension {} of size {}", name, r[d].first,
+           r[d].second, d, global[d]);
+    local.push_back(r[d].second - r[d].first);
+  }
+  Tensor t(local);
+  const auto id = tensor_id(name);
+  auto gstr = strides_of(global);
+  std::vector<std::size_t> idx(local.size(), 0);
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    std::size_t g = 0;
+    for (std::size_t d = 0; d < local.size(); ++d) g += (r[d].first + idx[d]) * gstr[d];
+    t.data[i] = uniform_at(seed, id, g, scale);
+    for (std::size_t d = local.size(); d-- > 0;) {
+      if (++idx[d] < local[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return t;
+}
+
+RefTensor generate_ref(std::uint64_t seed, const std::string& name, const Shape& global,
+                       float scale) {
+  Tensor t = generate(seed, name, global, scale);
+  return RefTensor(t.shape, std::vector<double>(t.data.begin(), t.data.end()));
+}
+
+}  // namespace dc::ref

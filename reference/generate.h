@@ -1,0 +1,29 @@
+// Counter-based generation of inputs and weights: element i of tensor `name`
+// under `seed` is a pure function of (seed, name, global index i), computed
+// with Random123's Philox4x32-10. Any rank can make any slice of any tensor
+// without the full tensor, and the reference makes the same numbers.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/tensor.h"
+
+namespace dc::ref {
+
+// 32-bit FNV-1a of the tensor name: the second half of the Philox key.
+std::uint32_t tensor_id(const std::string& name);
+
+// Uniform in [-scale, scale), rounded to float (so float32 runs see exact values).
+float uniform_at(std::uint64_t seed, std::uint32_t id, std::uint64_t index, float scale);
+
+// The block of the global tensor selected by [begin, end) per dimension.
+using Ranges = std::vector<std::pair<std::size_t, std::size_t>>;
+Tensor generate(std::uint64_t seed, const std::string& name, const Shape& global, float scale,
+                const Ranges& block = {});
+RefTensor generate_ref(std::uint64_t seed, const std::string& name, const Shape& global,
+                       float scale);
+
+}  // namespace dc::ref

@@ -1,0 +1,108 @@
+#include "reference/nn.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <xtensor/xadapt.hpp>
+#include <xtensor/xmath.hpp>
+
+#include "harness/error.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace dc::ref {
+namespace {
+
+template <class T>
+auto view(const BasicTensor<T>& t) {
+  return xt::adapt(t.data.data(), t.data.size(), xt::no_ownership(), std::vector<std::size_t>{t.data.size()});
+}
+
+template <class T>
+void gemm_nt(std::size_t n, std::size_t m, std::size_t k, const T* x, const T* w, T* y);
+template <>
+void gemm_nt<float>(std::size_t n, std::size_t m, std::size_t k, const float* x, const float* w,
+                    float* y) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m),
+              static_cast<int>(k), 1.0f, x, static_cast<int>(k), w, static_cast<int>(k), 0.0f, y,
+              static_cast<int>(m));
+}
+template <>
+void gemm_nt<double>(std::size_t n, std::size_t m, std::size_t k, const double* x, const double* w,
+                     double* y) {
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m),
+              static_cast<int>(k), 1.0, x, static_cast<int>(k), w, static_cast<int>(k), 0.0, y,
+              static_cast<int>(m));
+}
+
+}  // namespace
+
+void set_blas_threads(int n) { openblas_set_num_threads(n); }
+
+template <class T>
+BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& w, const BasicTensor<T>& b) {
+  if (w.rank() != 2 || x.rank() < 1 || x.shape.back() != w.shape[1])
+    fail("linear: input {} does not match weight {} (expected [..., {}])", shape_str(x.shape),
+         shape_str(w.shape), w.rank() == 2 ? w.shape[1] : 0);
+  const std::size_t k = w.shape[1], m = w.shape[0], n = x.size() / k;
+  if (b.size() != 0 && b.size() != m)
+    fail("linear: bias {} does not match weight {}", shape_str(b.shape), shape_str(w.shape));
+  Shape out_shape = x.shape;
+  out_shape.back() = m;
+  BasicTensor<T> y(out_shape);
+  if (n && m && k) gemm_nt<T>(n, m, k, x.ptr(), w.ptr(), y.ptr());
+  if (b.size())
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < m; ++j) y.data[i * m + j] += b.data[j];
+  return y;
+}
+
+template <class T>
+BasicTensor<T> silu(const BasicTensor<T>& x) {
+  BasicTensor<T> y(x.shape);
+  auto xv = view(x);
+  auto yv = xt::adapt(y.data.data(), y.size(), xt::no_ownership(), std::vector<std::size_t>{y.size()});
+  yv = xv / (T(1) + xt::exp(-xv));
+  return y;
+}
+
+template <class T>
+BasicTensor<T> gelu_tanh(const BasicTensor<T>& x) {
+  BasicTensor<T> y(x.shape);
+  auto xv = view(x);
+  auto yv = xt::adapt(y.data.data(), y.size(), xt::no_ownership(), std::vector<std::size_t>{y.size()});
+  const T c = static_cast<T>(std::sqrt(2.0 / M_PI));
+  yv = T(0.5) * xv * (T(1) + xt::tanh(c * (xv + T(0.044715) * xv * xv * xv)));
+  return y;
+}
+
+template <class T>
+BasicTensor<T> add(const BasicTensor<T>& a, const BasicTensor<T>& b) {
+  if (a.shape != b.shape) fail("add: shapes {} and {} differ", shape_str(a.shape), shape_str(b.shape));
+  BasicTensor<T> y(a.shape);
+  for (std::size_t i = 0; i < a.size(); ++i) y.data[i] = a.data[i] + b.data[i];
+  return y;
+}
+
+template <class T>
+BasicTensor<T> cast(const BasicTensor<double>& x) {
+  return BasicTensor<T>(x.shape, std::vector<T>(x.data.begin(), x.data.end()));
+}
+
+template <class T>
+RefTensor to_ref(const BasicTensor<T>& x) {
+  return RefTensor(x.shape, std::vector<double>(x.data.begin(), x.data.end()));
+}
+
+#define DC_INSTANTIATE(T)                                                                      \
+  template BasicTensor<T> linear(const BasicTensor<T>&, const BasicTensor<T>&, const BasicTensor<T>&); \
+  template BasicTensor<T> silu(const BasicTensor<T>&);                                         \
+  template BasicTensor<T> gelu_tanh(const BasicTensor<T>&);                                    \
+  template BasicTensor<T> add(const BasicTensor<T>&, const BasicTensor<T>&);                   \
+  template BasicTensor<T> cast<T>(const BasicTensor<double>&);                                 \
+  template RefTensor to_ref(const BasicTensor<T>&);
+DC_INSTANTIATE(float)
+DC_INSTANTIATE(double)
+#undef DC_INSTANTIATE
+
+}  // namespace dc::ref

@@ -1,0 +1,30 @@
+// Single-rank math shared by scenarios and references. Templated on the
+// element type: float for sharded runs, double for references. Kernels that
+// produce a tensor of the run's dtype are followed by dc::round_to() in the
+// scenario (bfloat16 emulation), not here.
+#pragma once
+#include "harness/tensor.h"
+
+namespace dc::ref {
+
+// y[n,m] = x[n,k] · W[m,k]ᵀ + b[m] (PyTorch's Linear layout). b may be empty.
+// Runs through BLAS (sgemm / dgemm).
+template <class T>
+BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& w, const BasicTensor<T>& b);
+
+template <class T>
+BasicTensor<T> silu(const BasicTensor<T>& x);
+template <class T>
+BasicTensor<T> gelu_tanh(const BasicTensor<T>& x);
+template <class T>
+BasicTensor<T> add(const BasicTensor<T>& a, const BasicTensor<T>& b);
+
+template <class T>
+BasicTensor<T> cast(const BasicTensor<double>& x);
+template <class T>
+RefTensor to_ref(const BasicTensor<T>& x);
+
+// Each BLAS call uses this many threads; one per rank when ranks outnumber cores.
+void set_blas_threads(int n);
+
+}  // namespace dc::ref
