@@ -123,6 +123,7 @@ void check_reference(const TapData& t, const Mesh& mesh, const CompareOptions& o
   rc.rel_l2 = sum_sq_ref > 0 ? std::sqrt(sum_sq_err / sum_sq_ref) : std::sqrt(sum_sq_err);
   Shape global = t.reference->shape;
   rc.worst.index = unravel(worst, global);
+  rc.worst_ratio = std::max(0.0, worst_ratio);
   rc.worst_value = x.empty() ? 0 : x[worst];
   rc.worst_reference = ref.empty() ? 0 : ref[worst];
   rc.worst_ranks = owners(t, mesh, global, rc.worst.index);

@@ -45,6 +45,7 @@ struct ReferenceCheck {
   long long n_fail = 0, n_total = 0;
   ElementRef worst;       // largest |x-ref| / (atol + rtol|ref|)
   double worst_value = 0, worst_reference = 0;
+  double worst_ratio = 0;  // |x-ref| / (atol + rtol|ref|) at the worst element; > 1 fails
   std::vector<int> worst_ranks;  // every rank contributing to the worst element
   bool pass = true;
 };

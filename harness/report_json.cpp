@@ -48,7 +48,8 @@ json tap_json(const TapVerdict& t, std::size_t order) {
                            {"rel_l2", num(ref.rel_l2)}, {"n_fail", ref.n_fail},
                            {"n_total", ref.n_total}, {"worst_index", ref.worst.index},
                            {"worst_ranks", ref.worst_ranks}, {"worst_value", num(ref.worst_value)},
-                           {"worst_reference", num(ref.worst_reference)}});
+                           {"worst_reference", num(ref.worst_reference)},
+                           {"worst_ratio", num(ref.worst_ratio)}});
   }
   return j;
 }

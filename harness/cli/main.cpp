@@ -8,6 +8,8 @@
 #include <iostream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "harness/comm.h"
 #include "harness/error.h"
 #include "harness/log.h"
@@ -36,6 +38,30 @@ void add_report_options(CLI::App& app, dc::ReportOptions& r) {
   app.add_option("--rtol", r.compare.rtol, "Relative tolerance for every tap (same precedence as --atol)");
   app.add_option("--replica-ulps", r.compare.replica_ulps, "Allowed ULP distance between replicas (default 0: bitwise)")
       ->check(CLI::NonNegativeNumber);
+}
+
+// Machine-readable listing for scripts (sweeps, margins).
+int list_scenarios_json() {
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto* s : dc::all_scenarios()) {
+    nlohmann::json j{{"name", s->name()}, {"summary", s->summary()}, {"sizes", s->sizes()}};
+    j["flags"] = nlohmann::json::array();
+    for (const auto& f : s->flags())
+      j["flags"].push_back({{"name", f.name}, {"type", dc::flag_type_name(f.type)},
+                            {"default", f.default_value}, {"help", f.help}});
+    j["faults"] = nlohmann::json::array();
+    for (const auto& f : s->faults()) j["faults"].push_back({{"name", f.name}, {"help", f.help}});
+    j["default_mesh"] = nlohmann::json::object();
+    for (int n : {1, 2, 4, 8, 16}) {
+      try {
+        j["default_mesh"][std::to_string(n)] = s->default_mesh(n);
+      } catch (const dc::Error&) {
+      }
+    }
+    all.push_back(j);
+  }
+  std::cout << all.dump(2) << "\n";
+  return dc::kExitPass;
 }
 
 int list_scenarios() {
@@ -100,6 +126,8 @@ int main(int argc, char** argv) {
   add_report_options(*compare, cmp);
 
   auto* list = app.add_subcommand("list", "List scenarios with their flags, faults and default meshes");
+  bool list_json = false;
+  list->add_flag("--json", list_json, "Print the list as JSON");
 
   try {
     app.parse(argc, argv);
@@ -111,7 +139,7 @@ int main(int argc, char** argv) {
 
   if (*list) {
     dc::setup_logging(-1);
-    return list_scenarios();
+    return list_json ? list_scenarios_json() : list_scenarios();
   }
   if (*compare) {
     dc::setup_logging(-1);

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up diffcheck on Debian 12 as root: install what is missing (apt-get),
+# configure, build, and install `diffcheck` into /usr/local/bin. Idempotent:
+# a second run installs nothing and rebuilds only what changed.
+#   BUILD_DIR (default build), BUILD_TYPE (default RelWithDebInfo)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake pkg-config
+  openmpi-bin libopenmpi-dev
+  libhdf5-openmpi-dev hdf5-tools
+  libgtest-dev
+  libxtensor-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
+  libopenblas-dev librandom123-dev
+  python3 python3-h5py python3-numpy
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+BUILD_DIR=${BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" >/dev/null
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+cmake --install "$BUILD_DIR" --prefix /usr/local >/dev/null
+echo "setup: $(command -v diffcheck) ready"

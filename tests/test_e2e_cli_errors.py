@@ -1,0 +1,70 @@
+"""Bad command lines under mpirun: each exits 2 with one clear message from
+rank 0, never a hang or an abort trace."""
+from e2e import E2ETest
+
+
+class CliErrors(E2ETest):
+    def expect_usage_error(self, n, *args, needles=()):
+        res = self.mpirun(n, *args, json=False)
+        self.assertExit(res, 2)
+        for needle in needles:
+            self.assertIn(needle, res.err, msg=str(res))
+        self.assertNotIn("MPI_ABORT", res.err)
+        # Reported once (rank 0), not once per rank.
+        self.assertLessEqual(res.err.count("error"), 1, msg=str(res))
+        return res
+
+    def test_bad_mesh_string(self):
+        self.expect_usage_error(2, "--scenario", "timestep_broadcast", "--mesh", "dp=two",
+                                needles=["dp=two"])
+
+    def test_mesh_does_not_fit_world(self):
+        self.expect_usage_error(4, "--scenario", "timestep_broadcast", "--mesh", "dp=2,tp=4",
+                                needles=["dp=2,tp=4", "8 ranks", "has 4"])
+
+    def test_unknown_scenario(self):
+        self.expect_usage_error(2, "--scenario", "nope", needles=["unknown scenario 'nope'",
+                                                                 "timestep_broadcast"])
+
+    def test_missing_scenario(self):
+        self.expect_usage_error(2, needles=["--scenario"])
+
+    def test_unknown_flag_lists_known(self):
+        self.expect_usage_error(2, "--scenario", "timestep_broadcast", "--flag", "turbo=1",
+                                needles=["unknown flag 'turbo'", "async_bcast"])
+
+    def test_bad_flag_value(self):
+        self.expect_usage_error(2, "--scenario", "timestep_broadcast", "--flag", "async_bcast=maybe",
+                                needles=["async_bcast"])
+
+    def test_unknown_fault_lists_known(self):
+        self.expect_usage_error(2, "--scenario", "timestep_broadcast", "--inject", "gremlin",
+                                needles=["unknown fault 'gremlin'", "timestep_temp_broadcast"])
+
+    def test_bad_dtype(self):
+        self.expect_usage_error(2, "--scenario", "timestep_broadcast", "--dtype", "int8",
+                                needles=["int8"])
+
+    def test_unknown_option(self):
+        self.expect_usage_error(2, "--scenario", "timestep_broadcast", "--frobnicate")
+
+    def test_unwritable_output_is_an_error(self):
+        res = self.run_cmd(["mpirun", "-n", "2", __import__("e2e").EXE, "--scenario",
+                            "timestep_broadcast", "--out", "/proc/diffcheck/x.h5"])
+        self.assertExit(res, 2)
+        self.assertIn("x.h5", res.err)
+
+    def test_help_and_list(self):
+        res = self.diffcheck("--help")
+        self.assertExit(res, 0)
+        self.assertIn("Exit status", res.out)
+        res = self.diffcheck("list")
+        self.assertExit(res, 0)
+        self.assertIn("timestep_temp_broadcast", res.out)
+        res = self.diffcheck("compare", "--help")
+        self.assertExit(res, 0)
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()

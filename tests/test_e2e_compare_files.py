@@ -1,0 +1,216 @@
+"""`diffcheck compare` on files written by h5py (the public contract), and on
+every kind of bad input: each must exit 2 with a message naming the file, tap
+or attribute, never crash or hang."""
+import os
+import sys
+
+import h5py
+import numpy as np
+
+from e2e import SCRIPTS, E2ETest
+
+sys.path.insert(0, SCRIPTS)
+from diffcheck_dump import RankDump  # noqa: E402
+
+MESH = "dp=2,tp=2"
+
+
+def global_q():
+    return np.arange(2 * 8, dtype=np.float64).reshape(2, 8) / 7.0
+
+
+def write_rank_files(prefix, corrupt=None):
+    """dp=2,tp=2; tap 'q' split on tp along dim 1, tap 'y' partial over tp."""
+    g = global_q()
+    for r in range(4):
+        dp, tp = divmod(r, 2)
+        with RankDump(prefix, MESH, r, scenario="h5py_test") as d:
+            q = g[:, tp * 4:(tp + 1) * 4].astype(np.float32).copy()
+            if corrupt == "nan" and r == 3:
+                q[1, 2] = np.nan
+            if corrupt == "replica" and r == 2:
+                q[0, 1] += 1e-3
+            d.tap("block/q", q, spec="-,tp")
+            y = (g.sum(axis=0) / 2).astype(np.float32)  # two partials sum to g.sum(0)
+            if corrupt == "reference" and tp == 1:
+                y = y * 1.5
+            d.tap("block/y", y, partial="tp", reduction_depth=2)
+            if r == 0:
+                d.reference("block/q", g)
+                d.reference("block/y", g.sum(axis=0))
+
+
+class CompareRankFiles(E2ETest):
+    def test_clean_rank_files_pass(self):
+        prefix = self.path("dump")
+        write_rank_files(prefix)
+        for source in (prefix, prefix + ".rank2.h5"):
+            res = self.diffcheck("compare", source, json=True)
+            self.assertExit(res, 0)
+            self.assertTrue(res.report["pass"])
+            self.assertEqual([t["name"] for t in res.report["taps"]], ["block/q", "block/y"])
+
+    def test_nan_is_first_divergence_with_rank_and_index(self):
+        prefix = self.path("dump")
+        write_rank_files(prefix, corrupt="nan")
+        res = self.diffcheck("compare", prefix, json=True)
+        self.assertExit(res, 1)
+        self.assertFirstDivergence(res, "block/q")
+        nf = res.report["taps"][0]["nonfinite"]
+        self.assertEqual(nf["nan"], 1)
+        self.assertEqual(nf["first_nan"], {"rank": 3, "index": [1, 2]})
+
+    def test_replica_mismatch(self):
+        prefix = self.path("dump")
+        write_rank_files(prefix, corrupt="replica")
+        res = self.diffcheck("compare", prefix, json=True)
+        self.assertExit(res, 1)
+        self.assertFirstDivergence(res, "block/q", ["replica"])
+        self.assertEqual(res.report["taps"][0]["replica"]["differing_ranks"], [2])
+
+    def test_reference_mismatch_on_partial_sum(self):
+        prefix = self.path("dump")
+        write_rank_files(prefix, corrupt="reference")
+        res = self.diffcheck("compare", prefix, json=True)
+        self.assertExit(res, 1)
+        self.assertFirstDivergence(res, "block/y", ["reference"])
+        self.assertIn("reference DISAGREES", res.out)
+
+    def test_separate_reference_file(self):
+        prefix = self.path("dump")
+        g = global_q()
+        for r in range(4):
+            with RankDump(prefix, MESH, r) as d:
+                d.tap("q", g[:, (r % 2) * 4:(r % 2 + 1) * 4].astype(np.float32), spec="-,tp")
+        ref = self.path("ref.h5")
+        with h5py.File(ref, "w") as f:
+            f.attrs["diffcheck_schema"] = 1
+            f.attrs["world_size"] = 1
+            f.create_dataset("reference/q", data=g * 2)
+        self.assertExit(self.diffcheck("compare", prefix), 0)  # no reference: only NaN/replica
+        res = self.diffcheck("compare", prefix, "--reference", ref, json=True)
+        self.assertExit(res, 1)
+        self.assertFirstDivergence(res, "q", ["reference"])
+
+    def test_run_file_written_by_h5py(self):
+        path = self.path("run.h5")
+        g = global_q()
+        with h5py.File(path, "w") as f:
+            f.attrs.update({"diffcheck_schema": 1, "mesh": "tp=2", "world_size": 2})
+            f.create_dataset("taps/q", data=np.stack([g[:, :4], g[:, 4:]]).astype(np.float16))
+            f["taps/q"].attrs["spec"] = "-,tp"
+            f.create_dataset("reference/q", data=g)
+        res = self.diffcheck("compare", path, json=True)
+        self.assertExit(res, 0)
+        self.assertEqual(res.report["taps"][0]["dtype"], "float16")
+
+
+class CompareBadInput(E2ETest):
+    def good_run_file(self, path, **overrides):
+        attrs = {"diffcheck_schema": 1, "mesh": "tp=2", "world_size": 2}
+        attrs.update(overrides)
+        with h5py.File(path, "w") as f:
+            for k, v in attrs.items():
+                if v is not None:
+                    f.attrs[k] = v
+            f.create_dataset("taps/q", data=np.zeros((2, 3), np.float32))
+            f["taps/q"].attrs["spec"] = "tp"
+        return path
+
+    def expect_error(self, source, *needles, extra=()):
+        res = self.diffcheck("compare", source, *extra)
+        self.assertExit(res, 2)
+        self.assertNotIn("Traceback", res.err)
+        self.assertNotIn("terminate called", res.err)
+        for n in needles:
+            self.assertIn(n, res.err, msg=str(res))
+        return res
+
+    def test_missing_file(self):
+        self.expect_error(self.path("nope.h5"), "nope.h5")
+
+    def test_not_hdf5(self):
+        p = self.path("text.h5")
+        with open(p, "w") as f:
+            f.write("hello\n")
+        self.expect_error(p, "text.h5", "not an HDF5 file")
+
+    def test_truncated(self):
+        p = self.good_run_file(self.path("full.h5"))
+        data = open(p, "rb").read()
+        t = self.path("trunc.h5")
+        with open(t, "wb") as f:
+            f.write(data[: len(data) // 2])
+        res = self.diffcheck("compare", t)
+        self.assertExit(res, 2)
+        self.assertIn("trunc.h5", res.err)
+
+    def test_missing_required_attribute(self):
+        for attr in ("diffcheck_schema", "mesh", "world_size"):
+            with self.subTest(attr=attr):
+                p = self.good_run_file(self.path(f"no_{attr}.h5"), **{attr: None})
+                self.expect_error(p, f"no_{attr}.h5", f"'{attr}'")
+
+    def test_wrong_typed_attribute(self):
+        p = self.good_run_file(self.path("typed.h5"), world_size="two")
+        self.expect_error(p, "typed.h5", "'world_size'", "integer")
+        p = self.good_run_file(self.path("schema.h5"), diffcheck_schema=2)
+        self.expect_error(p, "'diffcheck_schema'", "version 1")
+
+    def test_bad_mesh_attribute(self):
+        p = self.good_run_file(self.path("mesh.h5"), mesh="tp=x")
+        self.expect_error(p, "mesh.h5", "'mesh'")
+        p = self.good_run_file(self.path("world.h5"), mesh="tp=4")
+        self.expect_error(p, "world.h5", "world_size")
+
+    def test_spec_unknown_axis_or_too_many_dims(self):
+        for spec, needle in (("sp", "'sp'"), ("tp,-,-", "3 entries")):
+            with self.subTest(spec=spec):
+                p = self.good_run_file(self.path("spec.h5"))
+                with h5py.File(p, "a") as f:
+                    f["taps/q"].attrs["spec"] = spec
+                self.expect_error(p, "spec.h5", "tap 'q'", needle)
+
+    def test_shape_does_not_match_mesh(self):
+        p = self.path("shape.h5")
+        with h5py.File(p, "w") as f:
+            f.attrs.update({"diffcheck_schema": 1, "mesh": "tp=2", "world_size": 2})
+            f.create_dataset("taps/q", data=np.zeros((3, 3), np.float32))
+        self.expect_error(p, "shape.h5", "tap 'q'", "world_size=2")
+
+    def test_reference_shape_mismatch(self):
+        p = self.good_run_file(self.path("ref.h5"))
+        with h5py.File(p, "a") as f:
+            f.create_dataset("reference/q", data=np.zeros((5,)))
+        self.expect_error(p, "reference/q", "global shape [6]")
+
+    def test_missing_rank_file(self):
+        prefix = self.path("dump")
+        write_rank_files(prefix)
+        os.remove(prefix + ".rank3.h5")
+        self.expect_error(prefix, "dump.rank3.h5", "missing")
+
+    def test_rank_file_with_wrong_rank_attribute(self):
+        prefix = self.path("dump")
+        write_rank_files(prefix)
+        with h5py.File(prefix + ".rank1.h5", "a") as f:
+            f.attrs["rank"] = 2
+        self.expect_error(prefix, "dump.rank1.h5", "'rank'")
+
+    def test_no_taps(self):
+        p = self.path("empty.h5")
+        with h5py.File(p, "w") as f:
+            f.attrs.update({"diffcheck_schema": 1, "mesh": "tp=2", "world_size": 2})
+        self.expect_error(p, "empty.h5", "no tap datasets")
+
+    def test_unsupported_element_type(self):
+        p = self.path("str.h5")
+        with h5py.File(p, "w") as f:
+            f.attrs.update({"diffcheck_schema": 1, "mesh": "tp=1", "world_size": 1})
+            f.create_dataset("taps/s", data=np.array([b"ab", b"cd"]).reshape(1, 2))
+        self.expect_error(p, "str.h5", "tap 's'", "element type")
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()

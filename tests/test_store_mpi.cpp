@@ -1,0 +1,86 @@
+// Run-file round trip: write with parallel HDF5 at N ranks, read back on rank 0.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "harness/comm.h"
+#include "harness/error.h"
+#include "harness/store.h"
+
+using namespace dc;
+
+namespace {
+Comm& world() {
+  static Comm w = Comm::world();
+  return w;
+}
+
+std::string temp_path(const std::string& name) {
+  // Same path on every rank: rank 0 picks it.
+  std::string p = world().rank() == 0
+                      ? (std::filesystem::temp_directory_path() /
+                         fmt::format("diffcheck_{}_{}.h5", name, ::getpid()))
+                            .string()
+                      : "";
+  return world().broadcast_string(p, 0);
+}
+}  // namespace
+
+TEST(Store, RunFileRoundTrip) {
+  const int n = world().size(), me = world().rank();
+  Mesh mesh = Mesh::parse(fmt::format("dp=1,tp={}", n));
+  TapRecorder taps(mesh, me, DType::bfloat16);
+  Tensor sharded({2, 3});
+  for (int i = 0; i < 6; ++i) sharded.data[i] = static_cast<float>(me * 10 + i);
+  taps.tap("block0/attn/q", sharded, {.layout = Layout::parse("-,tp", ""), .reduction_depth = 64});
+  Tensor rep({4}, 1.5f);
+  taps.tap("scalar_like", rep, {.atol = 0.25});
+  RefTensor ref({2, static_cast<std::size_t>(3 * n)}, 0.0);
+  for (std::size_t i = 0; i < ref.size(); ++i) ref.data[i] = static_cast<double>(i) + 0.5;
+  taps.reference("block0/attn/q", ref);
+
+  std::string path = temp_path("roundtrip");
+  write_run_file(world(), path, {"unit", "a=1", "bfloat16", 9, "test"}, taps);
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  int ok = 1;
+  if (me == 0) {
+    ActivationSet s = read_activations(path);
+    EXPECT_EQ(s.world_size, n);
+    EXPECT_EQ(s.mesh.str(), mesh.str());
+    EXPECT_EQ(s.info["scenario"], "unit");
+    EXPECT_EQ(s.info["seed"], "9");
+    EXPECT_EQ(s.info["flags"], "a=1");
+    if (s.taps.size() == 2) {
+      const auto& q = s.taps[0];
+      EXPECT_EQ(q.name, "block0/attn/q");
+      EXPECT_EQ(q.layout.spec_str(), "-,tp");
+      EXPECT_EQ(q.dtype, "bfloat16");
+      EXPECT_EQ(q.stored, StoredKind::float32);
+      EXPECT_EQ(q.reduction_depth.value_or(0), 64);
+      EXPECT_EQ(q.local_shape, (Shape{2, 3}));
+      for (int r = 0; r < n; ++r) EXPECT_EQ(q.pieces[r][5], r * 10 + 5);
+      ASSERT_TRUE(q.reference);
+      EXPECT_EQ(q.reference->data, ref.data);
+      EXPECT_EQ(s.taps[1].name, "scalar_like");
+      EXPECT_EQ(s.taps[1].atol.value_or(-1), 0.25);
+      EXPECT_FALSE(s.taps[1].reference);
+    } else {
+      ok = 0;
+      ADD_FAILURE() << "expected 2 taps, got " << s.taps.size();
+    }
+    std::filesystem::remove(path);
+  }
+  world().barrier();
+  (void)ok;
+}
+
+TEST(Store, RanksRecordingDifferentTapsIsAnError) {
+  if (world().size() < 2) GTEST_SKIP() << "needs two ranks";
+  Mesh mesh = Mesh::parse(fmt::format("dp={}", world().size()));
+  TapRecorder taps(mesh, world().rank(), DType::float32);
+  taps.tap(world().rank() == 1 ? "other" : "x", Tensor({2}, 1.0f));
+  std::string path = temp_path("mismatch");
+  EXPECT_THROW(write_run_file(world(), path, {}, taps), Error);
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
