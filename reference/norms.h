@@ -1,0 +1,15 @@
+// Normalisations over the last dimension.
+#pragma once
+#include "harness/tensor.h"
+
+namespace dc::ref {
+
+// (x - mean) / sqrt(var + eps), no affine parameters; statistics in double.
+template <class T>
+BasicTensor<T> layer_norm(const BasicTensor<T>& x, double eps);
+
+// x / sqrt(mean(x^2) + eps) * weight, weight has the size of the last dimension.
+template <class T>
+BasicTensor<T> rms_norm(const BasicTensor<T>& x, const BasicTensor<T>& weight, double eps);
+
+}  // namespace dc::ref

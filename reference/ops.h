@@ -1,0 +1,32 @@
+// Shape plumbing for scenarios: slices and concatenations along the last
+// dimension, batch items, head views. No arithmetic beyond copying.
+#pragma once
+#include <utility>
+#include <vector>
+
+#include "harness/tensor.h"
+
+namespace dc::ref {
+
+using ColumnRanges = std::vector<std::pair<std::size_t, std::size_t>>;
+
+// The columns [a,b) of each range, in order, along the last dimension.
+template <class T>
+BasicTensor<T> take_last(const BasicTensor<T>& x, const ColumnRanges& ranges);
+// [a | b] along the last dimension; leading dimensions must match.
+template <class T>
+BasicTensor<T> concat_last(const BasicTensor<T>& a, const BasicTensor<T>& b);
+// Item i of the first dimension, keeping the dimension (size 1).
+template <class T>
+BasicTensor<T> batch_item(const BasicTensor<T>& x, std::size_t i);
+// Stack equally shaped tensors along a new first dimension.
+template <class T>
+BasicTensor<T> stack(const std::vector<BasicTensor<T>>& xs);
+// Rows [a,b) of the first dimension.
+template <class T>
+BasicTensor<T> take_rows(const BasicTensor<T>& x, std::size_t a, std::size_t b);
+// Same data, new shape (element count must match).
+template <class T>
+BasicTensor<T> reshape(BasicTensor<T> x, Shape s);
+
+}  // namespace dc::ref
