@@ -12,157 +12,19 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <functional>
+#include <map>
 
 #include "harness/error.h"
 #include "harness/scenario.h"
-#include "reference/attention.h"
+#include "reference/flux_block.h"
 #include "reference/generate.h"
 #include "reference/nn.h"
-#include "reference/norms.h"
-#include "reference/ops.h"
-#include "reference/rope.h"
 
 namespace dc {
 namespace {
 
-struct FluxSizes {
-  std::size_t dim, heads, head_dim, mlp, txt, img_h, img_w;
-  std::vector<int> rope_axes;
-  std::size_t tokens() const { return txt + img_h * img_w; }
-};
-
-FluxSizes sizes_for(const std::string& name) {
-  if (name == "flux1-dev") return {3072, 24, 128, 12288, 512, 64, 64, {16, 56, 56}};
-  return {256, 16, 16, 1024, 32, 14, 16, {4, 6, 6}};  // FLUX scaled down; RoPE axes a guess
-}
-
-constexpr double kEps = 1e-6;
-
-// Which proj_out columns a tp rank multiplies by.
-ref::ColumnRanges proj_out_columns(const FluxSizes& z, std::size_t w, std::size_t i, bool contiguous) {
-  if (contiguous) {
-    const std::size_t width = (z.dim + z.mlp) / w;
-    return {{i * width, (i + 1) * width}};
-  }
-  return {{i * z.dim / w, (i + 1) * z.dim / w},
-          {z.dim + i * z.mlp / w, z.dim + (i + 1) * z.mlp / w}};
-}
-
-// The packed order tensor parallelism consumes: every rank's columns in turn.
-ref::ColumnRanges packed_columns(const FluxSizes& z, std::size_t w) {
-  ref::ColumnRanges all;
-  for (std::size_t i = 0; i < w; ++i)
-    for (auto r : proj_out_columns(z, w, i, false)) all.push_back(r);
-  return all;
-}
-
-// The weights one tp rank holds (w ranks, index i); w = 1 gives the full block.
-template <class T>
-struct Weights {
-  BasicTensor<T> ada_w, ada_b, q_w, q_b, k_w, k_b, v_w, v_b, mlp_w, mlp_b, gq, gk, out_w, out_b;
-};
-
-template <class T>
-Weights<T> make_weights(std::uint64_t seed, const FluxSizes& z, std::size_t w, std::size_t i,
-                        bool contiguous, DType dtype) {
-  const std::size_t d = z.dim, m = z.mlp, D = z.head_dim;
-  auto cvt = [&](Tensor t) {
-    if constexpr (std::is_same_v<T, float>) round_to(dtype, t.data);
-    return BasicTensor<T>(t.shape, std::vector<T>(t.data.begin(), t.data.end()));
-  };
-  auto full = [&](const char* name, Shape s, std::size_t fan_in) {
-    return cvt(ref::generate(seed, name, s, 1.0f / std::sqrt(float(fan_in))));
-  };
-  // Column-parallel: rows [i*n/w, (i+1)*n/w) of an [n, fan_in] weight (and its bias).
-  auto rows = [&](const char* name, std::size_t n, std::size_t fan_in) {
-    ref::Ranges r{{i * n / w, (i + 1) * n / w}, {0, fan_in}};
-    return cvt(ref::generate(seed, name, {n, fan_in}, 1.0f / std::sqrt(float(fan_in)), r));
-  };
-  auto bias_rows = [&](const char* name, std::size_t n, std::size_t fan_in) {
-    ref::Ranges r{{i * n / w, (i + 1) * n / w}};
-    return cvt(ref::generate(seed, name, {n}, 1.0f / std::sqrt(float(fan_in)), r));
-  };
-  // RMSNorm weights near 1.
-  auto gain = [&](const char* name) {
-    Tensor g = ref::generate(seed, name, {D}, 0.25f);
-    for (auto& x : g.data) x += 1.0f;
-    return cvt(g);
-  };
-  // Row-parallel proj_out: the rank's columns of [d, d+m], packed.
-  Tensor out_full_cols;
-  {
-    Tensor parts;
-    for (auto [a, b] : proj_out_columns(z, w, i, contiguous)) {
-      ref::Ranges r{{0, d}, {a, b}};
-      Tensor block = ref::generate(seed, "proj_out.w", {d, d + m}, 1.0f / std::sqrt(float(d + m)), r);
-      parts = parts.size() ? ref::concat_last(parts, block) : block;
-    }
-    out_full_cols = parts;
-  }
-  return Weights<T>{full("adaln.w", {3 * d, d}, d), full("adaln.b", {3 * d}, d),
-                    rows("q.w", d, d), bias_rows("q.b", d, d),
-                    rows("k.w", d, d), bias_rows("k.b", d, d),
-                    rows("v.w", d, d), bias_rows("v.b", d, d),
-                    rows("mlp.w", m, d), bias_rows("mlp.b", m, d),
-                    gain("norm_q.w"), gain("norm_k.w"),
-                    cvt(out_full_cols), full("proj_out.b", {d}, d + m)};
-}
-
-// FLUX position ids: text tokens (0,0,0), image tokens (0, row, col).
-ref::RopeTable flux_rope(const FluxSizes& z) {
-  std::vector<std::vector<double>> pos(z.txt, std::vector<double>{0, 0, 0});
-  for (std::size_t r = 0; r < z.img_h; ++r)
-    for (std::size_t c = 0; c < z.img_w; ++c) pos.push_back({0, double(r), double(c)});
-  return ref::rope_table(pos, z.rope_axes);
-}
-
-// Everything the block computes for one sample on one rank (or, with the full
-// weights, for the reference), up to the partial proj_out product.
-template <class T>
-struct Activations {
-  BasicTensor<T> ada, nx, q, k, v, attn, mlp, cat, partial;
-};
-
-template <class T, class Round>
-Activations<T> block_forward(const BasicTensor<T>& h, const BasicTensor<T>& temb, const Weights<T>& w,
-                             const FluxSizes& z, const ref::RopeTable& rope, bool add_bias,
-                             Round round) {
-  auto r = [&](BasicTensor<T> x) {
-    round(x);
-    return x;
-  };
-  const std::size_t n = z.tokens(), d = z.dim;
-  Activations<T> a;
-  a.ada = r(ref::linear(r(ref::silu(temb)), w.ada_w, w.ada_b));  // [1, 3d]: shift, scale, gate
-  auto ln = r(ref::layer_norm(h, kEps));
-  a.nx = BasicTensor<T>(ln.shape);
-  for (std::size_t t = 0; t < n; ++t)
-    for (std::size_t j = 0; j < d; ++j)
-      a.nx.data[t * d + j] = ln.data[t * d + j] * (T(1) + a.ada.data[d + j]) + a.ada.data[j];
-  a.nx = r(a.nx);
-  a.mlp = r(ref::gelu_tanh(r(ref::linear(a.nx, w.mlp_w, w.mlp_b))));
-  const std::size_t heads = w.q_w.shape[0] / z.head_dim;
-  auto project = [&](const BasicTensor<T>& wt, const BasicTensor<T>& b) {
-    return ref::reshape(r(ref::linear(a.nx, wt, b)), {n, heads, z.head_dim});
-  };
-  a.q = r(ref::apply_rope(r(ref::rms_norm(project(w.q_w, w.q_b), w.gq, kEps)), rope));
-  a.k = r(ref::apply_rope(r(ref::rms_norm(project(w.k_w, w.k_b), w.gk, kEps)), rope));
-  a.v = project(w.v_w, w.v_b);
-  a.attn = ref::reshape(r(ref::attention(a.q, a.k, a.v, 1.0 / std::sqrt(double(z.head_dim)))),
-                        {n, heads * z.head_dim});
-  a.cat = ref::concat_last(a.attn, a.mlp);
-  a.partial = r(ref::linear(a.cat, w.out_w, add_bias ? w.out_b : BasicTensor<T>()));
-  return a;
-}
-
-// out = gate * y + h
-template <class T>
-BasicTensor<T> gated_residual(const BasicTensor<T>& y, const BasicTensor<T>& ada, const BasicTensor<T>& h,
-                              std::size_t d) {
-  BasicTensor<T> out(h.shape);
-  for (std::size_t i = 0; i < h.size(); ++i) out.data[i] = ada.data[2 * d + i % d] * y.data[i] + h.data[i];
-  return out;
-}
+using ref::FluxSizes;
 
 template <class T>
 BasicTensor<T> batched(BasicTensor<T> x) {  // add a leading batch dimension of 1
@@ -194,19 +56,19 @@ class FluxTp final : public Scenario {
   void check_mesh(const Mesh& mesh, const std::string& size) const override {
     if (mesh.axes().size() != 2 || mesh.axis_index("dp") < 0 || mesh.axis_index("tp") < 0)
       input_error("flux_tp needs a mesh with exactly the axes dp and tp, got {}", mesh.str());
-    const auto z = sizes_for(size);
+    const auto z = FluxSizes::preset(size);
     const int tp = mesh.axis_size("tp");
     if (z.heads % tp != 0)
       input_error("flux_tp ({}): tp={} must divide the {} heads", size, tp, z.heads);
   }
 
   void run(RunContext& ctx) const override {
-    const auto z = sizes_for(ctx.size);
+    const auto z = FluxSizes::preset(ctx.size);
     const std::size_t tp = ctx.mesh.axis_size("tp"), dp = ctx.mesh.axis_size("dp");
     const auto coords = ctx.mesh.coords(ctx.world.rank());
     const std::size_t b = coords[ctx.mesh.axis_index("dp")], i = coords[ctx.mesh.axis_index("tp")];
     const Comm tp_comm = ctx.world.split(ctx.mesh, {"tp"});
-    const auto rope = flux_rope(z);
+    const auto rope = ref::flux_rope(z);
     const std::size_t n = z.tokens(), d = z.dim;
 
     // This dp group's sample.
@@ -222,10 +84,10 @@ class FluxTp final : public Scenario {
     const Tensor h = input("hidden", {n, d}), temb = input("temb", {1, d});
     const bool contiguous = ctx.injected("proj_out_contiguous");
     const bool bias_every_rank = ctx.injected("proj_out_bias_every_rank");
-    const auto w = make_weights<float>(ctx.seed, z, tp, i, contiguous, ctx.dtype);
-    auto round = [&](Tensor& t) { round_to(ctx.dtype, t.data); };
+    const auto w = ref::make_flux_weights<float>(ctx.seed, z, tp, i, contiguous, ctx.dtype);
+    std::function<void(Tensor&)> round = [&](Tensor& t) { round_to(ctx.dtype, t.data); };
     // The bias once: on tp rank 0, before the all-reduce (vLLM's RowParallelLinear rule).
-    auto a = block_forward(h, temb, w, z, rope, bias_every_rank || i == 0, round);
+    auto a = ref::flux_block_forward(h, temb, w, z, rope, bias_every_rank || i == 0, round);
 
     Tensor y = a.partial;
     Request pending;
@@ -237,7 +99,7 @@ class FluxTp final : public Scenario {
     record(ctx, z, a, h, temb, w.out_w);
     pending.wait();
     round(y);
-    Tensor out = gated_residual(y, a.ada, h, d);
+    Tensor out = ref::gated_residual(y, a.ada, h);
     round(out);
     const Layout by_sample = Layout::parse("dp", "");
     ctx.taps.tap("y", batched(y), {.layout = by_sample, .reduction_depth = long(d + z.mlp)});
@@ -248,7 +110,7 @@ class FluxTp final : public Scenario {
 
  private:
   template <class T>
-  static void record(RunContext& ctx, const FluxSizes& z, const Activations<T>& a, const BasicTensor<T>& h,
+  static void record(RunContext& ctx, const FluxSizes& z, const ref::FluxActivations<T>& a, const BasicTensor<T>& h,
                      const BasicTensor<T>& temb, const BasicTensor<T>& out_w) {
     const long d = long(z.dim), m = long(z.mlp), n = long(z.tokens());
     const Layout sample = Layout::parse("dp", ""), heads = Layout::parse("dp,-,tp,-", ""),
@@ -273,16 +135,16 @@ class FluxTp final : public Scenario {
   void record_reference(RunContext& ctx, const FluxSizes& z, std::size_t tp, std::size_t dp,
                         const ref::RopeTable& rope) const {
     const std::size_t n = z.tokens(), d = z.dim;
-    const auto w = make_weights<double>(ctx.seed, z, 1, 0, false, ctx.dtype);
-    auto exact = [](RefTensor&) {};
+    const auto w = ref::make_flux_weights<double>(ctx.seed, z, 1, 0, false, ctx.dtype);
+    const std::function<void(RefTensor&)> exact = [](RefTensor&) {};
     const RefTensor h_all = ref::to_ref(ref::generate(ctx.seed, "hidden", {dp, n, d}, 1.0f));
     const RefTensor temb_all = ref::to_ref(ref::generate(ctx.seed, "temb", {dp, 1, d}, 1.0f));
     std::map<std::string, std::vector<RefTensor>> per_sample;
-    const auto packed = packed_columns(z, tp);
+    const auto packed = ref::packed_columns(z, tp);
     for (std::size_t b = 0; b < dp; ++b) {
       auto h = ref::reshape(ref::batch_item(h_all, b), {n, d});
       auto temb = ref::reshape(ref::batch_item(temb_all, b), {1, d});
-      auto a = block_forward(h, temb, w, z, rope, true, exact);
+      auto a = ref::flux_block_forward(h, temb, w, z, rope, true, exact);
       auto& s = per_sample;
       s["input/hidden"].push_back(h);
       s["input/temb"].push_back(temb);
@@ -296,11 +158,11 @@ class FluxTp final : public Scenario {
       s["proj_out/input_packed"].push_back(ref::take_last(a.cat, packed));
       s["proj_out/partial"].push_back(a.partial);
       s["y"].push_back(a.partial);
-      s["out"].push_back(gated_residual(a.partial, a.ada, h, d));
+      s["out"].push_back(ref::gated_residual(a.partial, a.ada, h));
     }
     for (auto& [name, xs] : per_sample) ctx.taps.reference(name, ref::stack(xs));
     // What the sharded run should hold: the dtype-rounded weight, packed.
-    auto w_run = make_weights<float>(ctx.seed, z, 1, 0, false, ctx.dtype);
+    auto w_run = ref::make_flux_weights<float>(ctx.seed, z, 1, 0, false, ctx.dtype);
     ctx.taps.reference("proj_out/weight", ref::to_ref(ref::take_last(w_run.out_w, packed)));
   }
 };

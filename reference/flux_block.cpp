@@ -1,0 +1,138 @@
+#include "reference/flux_block.h"
+
+#include <cmath>
+
+#include "reference/attention.h"
+#include "reference/generate.h"
+#include "reference/nn.h"
+#include "reference/norms.h"
+
+namespace dc::ref {
+namespace {
+constexpr double kEps = 1e-6;
+}
+
+FluxSizes FluxSizes::preset(const std::string& name) {
+  if (name == "flux1-dev") return {3072, 24, 128, 12288, 512, 64, 64, {16, 56, 56}};
+  return {256, 16, 16, 1024, 32, 14, 16, {4, 6, 6}};  // RoPE axes scaled down: a guess
+}
+
+ColumnRanges proj_out_columns(const FluxSizes& z, std::size_t w, std::size_t i, bool contiguous) {
+  if (contiguous) {
+    const std::size_t width = (z.dim + z.mlp) / w;
+    return {{i * width, (i + 1) * width}};
+  }
+  return {{i * z.dim / w, (i + 1) * z.dim / w},
+          {z.dim + i * z.mlp / w, z.dim + (i + 1) * z.mlp / w}};
+}
+
+ColumnRanges packed_columns(const FluxSizes& z, std::size_t w) {
+  ColumnRanges all;
+  for (std::size_t i = 0; i < w; ++i)
+    for (auto r : proj_out_columns(z, w, i, false)) all.push_back(r);
+  return all;
+}
+
+template <class T>
+FluxWeights<T> make_flux_weights(std::uint64_t seed, const FluxSizes& z, std::size_t w,
+                                 std::size_t i, bool contiguous, DType dtype) {
+  const std::size_t d = z.dim, m = z.mlp;
+  auto cvt = [&](Tensor t) {
+    if constexpr (std::is_same_v<T, float>) round_to(dtype, t.data);
+    return BasicTensor<T>(t.shape, std::vector<T>(t.data.begin(), t.data.end()));
+  };
+  auto scale = [](std::size_t fan_in) { return 1.0f / std::sqrt(static_cast<float>(fan_in)); };
+  auto full = [&](const char* name, Shape s, std::size_t fan_in) {
+    return cvt(generate(seed, name, s, scale(fan_in)));
+  };
+  // Column-parallel: rows [i*n/w, (i+1)*n/w) of an [n, fan_in] weight, and of its bias.
+  auto rows = [&](const char* name, std::size_t n, std::size_t fan_in) {
+    return cvt(generate(seed, name, {n, fan_in}, scale(fan_in), {{i * n / w, (i + 1) * n / w}, {0, fan_in}}));
+  };
+  auto bias_rows = [&](const char* name, std::size_t n, std::size_t fan_in) {
+    return cvt(generate(seed, name, {n}, scale(fan_in), {{i * n / w, (i + 1) * n / w}}));
+  };
+  auto gain = [&](const char* name) {  // RMSNorm weights near 1
+    Tensor g = generate(seed, name, {z.head_dim}, 0.25f);
+    for (auto& x : g.data) x += 1.0f;
+    return cvt(g);
+  };
+  // Row-parallel proj_out: this rank's columns of [d, d+m], packed side by side.
+  Tensor out_cols;
+  for (auto [a, b] : proj_out_columns(z, w, i, contiguous)) {
+    Tensor block = generate(seed, "proj_out.w", {d, d + m}, scale(d + m), {{0, d}, {a, b}});
+    out_cols = out_cols.size() ? concat_last(out_cols, block) : block;
+  }
+  return FluxWeights<T>{full("adaln.w", {3 * d, d}, d), full("adaln.b", {3 * d}, d),
+                        rows("q.w", d, d),   bias_rows("q.b", d, d),
+                        rows("k.w", d, d),   bias_rows("k.b", d, d),
+                        rows("v.w", d, d),   bias_rows("v.b", d, d),
+                        rows("mlp.w", m, d), bias_rows("mlp.b", m, d),
+                        gain("norm_q.w"),    gain("norm_k.w"),
+                        cvt(out_cols),       full("proj_out.b", {d}, d + m)};
+}
+
+RopeTable flux_rope(const FluxSizes& z) {
+  std::vector<std::vector<double>> pos(z.txt, std::vector<double>{0, 0, 0});
+  for (std::size_t r = 0; r < z.img_h; ++r)
+    for (std::size_t c = 0; c < z.img_w; ++c) pos.push_back({0, double(r), double(c)});
+  return rope_table(pos, z.rope_axes);
+}
+
+template <class T>
+FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor<T>& temb,
+                                      const FluxWeights<T>& w, const FluxSizes& z,
+                                      const RopeTable& rope, bool add_bias,
+                                      const std::function<void(BasicTensor<T>&)>& round) {
+  auto r = [&](BasicTensor<T> x) {
+    round(x);
+    return x;
+  };
+  const std::size_t n = h.shape[0], d = z.dim;
+  FluxActivations<T> a;
+  a.ada = r(linear(r(silu(temb)), w.ada_w, w.ada_b));
+  auto ln = r(layer_norm(h, kEps));
+  a.nx = BasicTensor<T>(ln.shape);
+  for (std::size_t t = 0; t < n; ++t)
+    for (std::size_t j = 0; j < d; ++j)
+      a.nx.data[t * d + j] = ln.data[t * d + j] * (T(1) + a.ada.data[d + j]) + a.ada.data[j];
+  a.nx = r(a.nx);
+  a.mlp = r(gelu_tanh(r(linear(a.nx, w.mlp_w, w.mlp_b))));
+  const std::size_t heads = w.q_w.shape[0] / z.head_dim;
+  auto project = [&](const BasicTensor<T>& wt, const BasicTensor<T>& b) {
+    return reshape(r(linear(a.nx, wt, b)), {n, heads, z.head_dim});
+  };
+  a.q = r(apply_rope(r(rms_norm(project(w.q_w, w.q_b), w.gq, kEps)), rope));
+  a.k = r(apply_rope(r(rms_norm(project(w.k_w, w.k_b), w.gk, kEps)), rope));
+  a.v = project(w.v_w, w.v_b);
+  a.attn = reshape(r(attention(a.q, a.k, a.v, 1.0 / std::sqrt(double(z.head_dim)))),
+                   {n, heads * z.head_dim});
+  a.cat = concat_last(a.attn, a.mlp);
+  a.partial = r(linear(a.cat, w.out_w, add_bias ? w.out_b : BasicTensor<T>()));
+  return a;
+}
+
+template <class T>
+BasicTensor<T> gated_residual(const BasicTensor<T>& y, const BasicTensor<T>& ada,
+                              const BasicTensor<T>& h) {
+  const std::size_t d = h.shape.back();
+  BasicTensor<T> out(h.shape);
+  for (std::size_t i = 0; i < h.size(); ++i)
+    out.data[i] = ada.data[2 * d + i % d] * y.data[i] + h.data[i];
+  return out;
+}
+
+#define DC_INSTANTIATE(T)                                                                       \
+  template FluxWeights<T> make_flux_weights<T>(std::uint64_t, const FluxSizes&, std::size_t,    \
+                                               std::size_t, bool, DType);                       \
+  template FluxActivations<T> flux_block_forward(const BasicTensor<T>&, const BasicTensor<T>&,  \
+                                                 const FluxWeights<T>&, const FluxSizes&,        \
+                                                 const RopeTable&, bool,                         \
+                                                 const std::function<void(BasicTensor<T>&)>&);  \
+  template BasicTensor<T> gated_residual(const BasicTensor<T>&, const BasicTensor<T>&,          \
+                                         const BasicTensor<T>&);
+DC_INSTANTIATE(float)
+DC_INSTANTIATE(double)
+#undef DC_INSTANTIATE
+
+}  // namespace dc::ref

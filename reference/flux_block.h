@@ -1,0 +1,72 @@
+// The FLUX.1 single-stream block (diffusers' FluxSingleTransformerBlock) up
+// to the proj_out product, written once for both the tensor-parallel shard of
+// one rank (its heads, its MLP columns, its proj_out columns) and the
+// single-rank reference (all of them, float64).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness/dtype.h"
+#include "harness/tensor.h"
+#include "reference/ops.h"
+#include "reference/rope.h"
+
+namespace dc::ref {
+
+struct FluxSizes {
+  std::size_t dim, heads, head_dim, mlp, txt, img_h, img_w;
+  std::vector<int> rope_axes;
+  std::size_t tokens() const { return txt + img_h * img_w; }
+  // "default" (d=256, 16x16 heads, M=1024, 32 txt + 14x16 img) or "flux1-dev".
+  static FluxSizes preset(const std::string& name);
+};
+
+// The proj_out input columns tp rank i of w multiplies by: the non-contiguous
+// [i*d/w, (i+1)*d/w) and [d + i*M/w, d + (i+1)*M/w), or with `contiguous` the
+// buggy [i*(d+M)/w, (i+1)*(d+M)/w).
+ColumnRanges proj_out_columns(const FluxSizes& z, std::size_t w, std::size_t i, bool contiguous);
+// Every rank's columns in turn: the packed order tensor parallelism consumes.
+ColumnRanges packed_columns(const FluxSizes& z, std::size_t w);
+
+// Weights as one tp rank holds them (PyTorch layout [out, in]).
+template <class T>
+struct FluxWeights {
+  BasicTensor<T> ada_w, ada_b, q_w, q_b, k_w, k_b, v_w, v_b, mlp_w, mlp_b, gq, gk, out_w, out_b;
+};
+
+// Generated weights of tp rank i of w (w = 1: the full block), rounded to
+// `dtype` when T is float.
+template <class T>
+FluxWeights<T> make_flux_weights(std::uint64_t seed, const FluxSizes& z, std::size_t w,
+                                 std::size_t i, bool contiguous, DType dtype);
+
+// FLUX position ids: text tokens (0,0,0), image tokens (0, row, col).
+RopeTable flux_rope(const FluxSizes& z);
+
+template <class T>
+struct FluxActivations {
+  BasicTensor<T> ada;      // [1, 3d]: shift, scale, gate
+  BasicTensor<T> nx;       // [N, d]
+  BasicTensor<T> q, k, v;  // [N, heads, D] (q, k after RMSNorm and RoPE)
+  BasicTensor<T> attn;     // [N, heads*D]
+  BasicTensor<T> mlp;      // [N, M/w]
+  BasicTensor<T> cat;      // [N, heads*D + M/w]
+  BasicTensor<T> partial;  // [N, d] = cat · out_wᵀ (+ bias if asked)
+};
+
+// One sample: h [N, d], temb [1, d]. `round` is applied after every op that
+// yields a tensor of the run's dtype (no-op for the reference).
+template <class T>
+FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor<T>& temb,
+                                      const FluxWeights<T>& w, const FluxSizes& z,
+                                      const RopeTable& rope, bool add_bias,
+                                      const std::function<void(BasicTensor<T>&)>& round);
+
+// out = gate * y + h
+template <class T>
+BasicTensor<T> gated_residual(const BasicTensor<T>& y, const BasicTensor<T>& ada,
+                              const BasicTensor<T>& h);
+
+}  // namespace dc::ref

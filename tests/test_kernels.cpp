@@ -1,0 +1,119 @@
+// Block kernels against plain loops, and the FLUX block against PyTorch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "harness/store.h"
+#include "reference/attention.h"
+#include "reference/flux_block.h"
+#include "reference/generate.h"
+#include "reference/nn.h"
+#include "reference/norms.h"
+#include "reference/ops.h"
+#include "reference/rope.h"
+
+using namespace dc;
+
+namespace {
+RefTensor rnd(const std::string& name, Shape s) { return ref::to_ref(ref::generate(3, name, s, 1.0f)); }
+}  // namespace
+
+TEST(Norms, LayerNormAndRmsNorm) {
+  auto x = rnd("x", {3, 5});
+  auto ln = ref::layer_norm(x, 1e-6);
+  RefTensor wgt({5}, std::vector<double>{1, 2, 3, 4, 5});
+  auto rms = ref::rms_norm(x, wgt, 1e-6);
+  for (int r = 0; r < 3; ++r) {
+    double mean = 0, var = 0, ms = 0;
+    for (int i = 0; i < 5; ++i) mean += x.data[r * 5 + i] / 5;
+    for (int i = 0; i < 5; ++i) var += std::pow(x.data[r * 5 + i] - mean, 2) / 5;
+    for (int i = 0; i < 5; ++i) ms += std::pow(x.data[r * 5 + i], 2) / 5;
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_NEAR(ln.data[r * 5 + i], (x.data[r * 5 + i] - mean) / std::sqrt(var + 1e-6), 1e-12);
+      EXPECT_NEAR(rms.data[r * 5 + i], x.data[r * 5 + i] / std::sqrt(ms + 1e-6) * (i + 1), 1e-12);
+    }
+  }
+}
+
+TEST(Rope, RotatesInterleavedPairsByPositionTimesTheta) {
+  auto t = ref::rope_table({{0, 0, 0}, {0, 2, 3}}, {2, 2, 4});
+  auto x = rnd("x", {2, 1, 8});
+  auto y = ref::apply_rope(x, t);
+  // token 0 at the origin is unchanged
+  for (int j = 0; j < 8; ++j) EXPECT_NEAR(y.data[j], x.data[j], 1e-15);
+  // token 1, pair 3 belongs to axis 2 (dim 4), k = 1: angle = 3 * 10000^(-2/4)
+  double ang = 3 * std::pow(10000.0, -0.5);
+  double a = x.data[8 + 6], b = x.data[8 + 7];
+  EXPECT_NEAR(y.data[8 + 6], a * std::cos(ang) - b * std::sin(ang), 1e-12);
+  EXPECT_NEAR(y.data[8 + 7], b * std::cos(ang) + a * std::sin(ang), 1e-12);
+  // pair 0 is axis 0 (position 0): unchanged
+  EXPECT_NEAR(y.data[8], x.data[8], 1e-15);
+}
+
+TEST(Attention, MatchesLoops) {
+  const int n = 5, m = 7, heads = 2, D = 3;
+  auto q = rnd("q", {n, heads, D}), k = rnd("k", {m, heads, D}), v = rnd("v", {m, heads, D});
+  auto o = ref::attention(q, k, v, 0.5);
+  for (int h = 0; h < heads; ++h)
+    for (int i = 0; i < n; ++i) {
+      std::vector<double> s(m);
+      double mx = -1e300, sum = 0;
+      for (int j = 0; j < m; ++j) {
+        for (int c = 0; c < D; ++c) s[j] += 0.5 * q.data[(i * heads + h) * D + c] * k.data[(j * heads + h) * D + c];
+        mx = std::max(mx, s[j]);
+      }
+      for (int j = 0; j < m; ++j) sum += s[j] = std::exp(s[j] - mx);
+      for (int c = 0; c < D; ++c) {
+        double acc = 0;
+        for (int j = 0; j < m; ++j) acc += s[j] / sum * v.data[(j * heads + h) * D + c];
+        EXPECT_NEAR(o.data[(i * heads + h) * D + c], acc, 1e-12);
+      }
+    }
+}
+
+TEST(Ops, TakeLastConcatAndPackedColumns) {
+  RefTensor x({2, 6}, std::vector<double>{0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15});
+  auto y = ref::take_last(x, {{4, 6}, {0, 1}});
+  EXPECT_EQ(y.data, (std::vector<double>{4, 5, 0, 14, 15, 10}));
+  EXPECT_EQ(ref::concat_last(y, y).shape, (Shape{2, 6}));
+  ref::FluxSizes z = ref::FluxSizes::preset("flux1-dev");
+  // seeds/002: rank i needs [768i, 768(i+1)) and [3072 + 3072i, 3072 + 3072(i+1)) at W=4
+  auto c = ref::proj_out_columns(z, 4, 1, false);
+  EXPECT_EQ(c, (ref::ColumnRanges{{768, 1536}, {6144, 9216}}));
+  EXPECT_EQ(ref::proj_out_columns(z, 4, 1, true), (ref::ColumnRanges{{3840, 7680}}));
+}
+
+TEST(FluxBlock, MatchesPyTorch) {
+  const std::string path = std::string(DIFFCHECK_SOURCE_DIR) + "/tests/fixtures/flux_block_small.h5";
+  ASSERT_TRUE(std::filesystem::exists(path)) << path;
+  ActivationSet f = read_activations(path);
+  auto get = [&](const std::string& name) {
+    for (const auto& t : f.taps)
+      if (t.name == name) return RefTensor(t.local_shape, t.pieces[0]);
+    ADD_FAILURE() << "fixture has no tap " << name;
+    return RefTensor();
+  };
+  ref::FluxSizes z{32, 4, 8, 128, 4, 3, 4, {2, 2, 4}};
+  ref::FluxWeights<double> w{get("adaln.w"), get("adaln.b"), get("q.w"),      get("q.b"),
+                             get("k.w"),     get("k.b"),     get("v.w"),      get("v.b"),
+                             get("mlp.w"),   get("mlp.b"),   get("norm_q.w"), get("norm_k.w"),
+                             get("proj_out.w"), get("proj_out.b")};
+  auto h = get("hidden");
+  std::function<void(RefTensor&)> exact = [](RefTensor&) {};
+  auto a = ref::flux_block_forward(h, get("temb"), w, z, ref::flux_rope(z), true, exact);
+  auto out = ref::gated_residual(a.partial, a.ada, h);
+  auto expect_close = [&](const RefTensor& got, const std::string& name) {
+    RefTensor want = get(name);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got.data[i], want.data[i], 1e-12) << name << " at " << i;
+  };
+  expect_close(a.ada, "out/adaln");
+  expect_close(a.nx, "out/nx");
+  expect_close(a.mlp, "out/mlp");
+  expect_close(a.q, "out/q");
+  expect_close(a.k, "out/k");
+  expect_close(a.attn, "out/attn");
+  expect_close(a.partial, "out/y");
+  expect_close(out, "out/out");
+}
