@@ -6,6 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/mpi_env.sh
-SCENARIO=${SCENARIO:-timestep_broadcast}
+SCENARIO=${SCENARIO:-flux_tp}
 set -x
 mpirun -n 16 diffcheck --scenario "$SCENARIO" "$@"
