@@ -1,4 +1,5 @@
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -109,9 +110,9 @@ std::string describe_first_divergence(const ActivationSet&, const CompareResult&
   const auto& rc = t.replica;
   if (!rc.pass) {
     s += fmt::format(
-        "  replicas DIFFER: ranks {} disagree with their replica-group leader; largest difference "
+        "  replicas DIFFER across {}: ranks {} disagree with their replica-group leader; largest difference "
         "{} ({} ULP) between rank {} and rank {} at local index {} (rank {}: {:.9g}, rank {}: {:.9g})\n",
-        rank_ranges(rc.differing), sci(rc.max_abs),
+        fmt::join(rc.axes, "*"), rank_ranges(rc.differing), sci(rc.max_abs),
         rc.max_ulp == std::numeric_limits<long long>::max() ? std::string("inf") : std::to_string(rc.max_ulp),
         rc.leader, rc.other, index_str(rc.index), rc.leader, rc.leader_value, rc.other,
         rc.other_value);

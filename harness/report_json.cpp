@@ -38,6 +38,7 @@ json tap_json(const TapVerdict& t, std::size_t order) {
                   {"max_ulp", rc.max_ulp}, {"differing_ranks", rc.differing}};
   if (!rc.differing.empty())
     j["replica"]["worst"] = {{"leader", rc.leader}, {"other", rc.other}, {"index", rc.index},
+                             {"axes", rc.axes},
                              {"leader_value", num(rc.leader_value)},
                              {"other_value", num(rc.other_value)}};
   const auto& ref = t.reference;

@@ -13,6 +13,13 @@ std::map<std::string, std::unique_ptr<Scenario>>& registry() {
 }
 }  // namespace
 
+std::vector<std::string> Scenario::mesh_axes() const {
+  std::vector<std::string> names;
+  const Mesh mesh = Mesh::parse(default_mesh(1));
+  for (const auto& a : mesh.axes()) names.push_back(a.name);
+  return names;
+}
+
 bool register_scenario(std::unique_ptr<Scenario> s) {
   auto name = s->name();
   if (!registry().emplace(name, std::move(s)).second) {

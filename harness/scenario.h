@@ -36,6 +36,8 @@ class Scenario {
   virtual std::vector<FlagSpec> flags() const { return {}; }
   virtual std::vector<FaultSpec> faults() const { return {}; }
   virtual std::vector<std::string> sizes() const { return {"default"}; }
+  // The names of the mesh axes, in order (sweep-mesh assigns sizes to them).
+  virtual std::vector<std::string> mesh_axes() const;
   // The mesh used when --mesh is not given; throws InputError when the scenario
   // cannot run on `world` ranks.
   virtual std::string default_mesh(int world) const = 0;

@@ -35,7 +35,26 @@ void gemm_nt<double>(std::size_t n, std::size_t m, std::size_t k, const double* 
               static_cast<int>(m));
 }
 
+void gemm_tn(std::size_t m, std::size_t n, std::size_t k, const float* a, const float* b, float* y) {
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a, int(m), b,
+              int(n), 0.0f, y, int(n));
+}
+void gemm_tn(std::size_t m, std::size_t n, std::size_t k, const double* a, const double* b, double* y) {
+  cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, a, int(m), b,
+              int(n), 0.0, y, int(n));
+}
+
 }  // namespace
+
+template <class T>
+BasicTensor<T> matmul_tn(const BasicTensor<T>& a, const BasicTensor<T>& b) {
+  if (a.rank() != 2 || b.rank() != 2 || a.shape[0] != b.shape[0])
+    fail("matmul_tn: {} and {} do not share a leading dimension", shape_str(a.shape), shape_str(b.shape));
+  const std::size_t k = a.shape[0], m = a.shape[1], n = b.shape[1];
+  BasicTensor<T> y({m, n});
+  if (m && n && k) gemm_tn(m, n, k, a.ptr(), b.ptr(), y.ptr());
+  return y;
+}
 
 void set_blas_threads(int n) { openblas_set_num_threads(n); }
 
@@ -96,6 +115,7 @@ RefTensor to_ref(const BasicTensor<T>& x) {
 
 #define DC_INSTANTIATE(T)                                                                      \
   template BasicTensor<T> linear(const BasicTensor<T>&, const BasicTensor<T>&, const BasicTensor<T>&); \
+  template BasicTensor<T> matmul_tn(const BasicTensor<T>&, const BasicTensor<T>&);            \
   template BasicTensor<T> silu(const BasicTensor<T>&);                                         \
   template BasicTensor<T> gelu_tanh(const BasicTensor<T>&);                                    \
   template BasicTensor<T> add(const BasicTensor<T>&, const BasicTensor<T>&);                   \

@@ -12,6 +12,11 @@ namespace dc::ref {
 template <class T>
 BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& w, const BasicTensor<T>& b);
 
+// y[m,n] = a[k,m]ᵀ · b[k,n]: a contraction over the leading dimension (einsum
+// 'km,kn->mn'), through BLAS.
+template <class T>
+BasicTensor<T> matmul_tn(const BasicTensor<T>& a, const BasicTensor<T>& b);
+
 template <class T>
 BasicTensor<T> silu(const BasicTensor<T>& x);
 template <class T>

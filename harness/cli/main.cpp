@@ -15,6 +15,7 @@
 #include "harness/log.h"
 #include "harness/run.h"
 #include "harness/scenario.h"
+#include "harness/sweep_mesh.h"
 #include "reference/nn.h"
 
 namespace {
@@ -100,6 +101,7 @@ int main(int argc, char** argv) {
       "replicas, or disagrees with the reference.\n\n"
       "  mpirun -n 16 diffcheck --scenario flux_tp\n"
       "  diffcheck compare FILE|PREFIX [--reference REF]\n"
+      "  diffcheck sweep-mesh --scenario unreduced_reshard -n 16 [--inject F]\n"
       "  diffcheck list\n\n"
       "Exit status: 0 all checks pass, 1 a check failed, 2 usage or input error.",
       "diffcheck"};
@@ -125,6 +127,18 @@ int main(int argc, char** argv) {
   compare->add_option("--reference", reference, "Separate file with /reference/<tap> datasets");
   add_report_options(*compare, cmp);
 
+  auto* sweep = app.add_subcommand("sweep-mesh", "Run a scenario on every mesh shape N ranks can form over its axes (each a child mpirun with a time limit); exit 1 if any mesh fails");
+  dc::SweepMeshOptions sw;
+  sweep->add_option("--scenario", sw.scenario, "Scenario to sweep")->required();
+  sweep->add_option("-n", sw.ranks, "Number of ranks")->required()->check(CLI::PositiveNumber);
+  sweep->add_option("--inject", sw.fault, "Fault to inject in every run");
+  sweep->add_option("--flag", sw.flags, "Scenario flag name=value (repeatable)");
+  sweep->add_option("--dtype", sw.dtype, "Compute dtype")->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
+  sweep->add_option("--size", sw.size, "Problem size preset")->capture_default_str();
+  sweep->add_option("--timeout", sw.timeout_seconds, "Time limit per mesh, seconds")->capture_default_str();
+  sweep->add_option("--json", sw.json_path, "Also write the table as JSON");
+  sweep->add_option("--mpirun", sw.mpirun, "MPI launcher")->capture_default_str();
+
   auto* list = app.add_subcommand("list", "List scenarios with their flags, faults and default meshes");
   bool list_json = false;
   list->add_flag("--json", list_json, "Print the list as JSON");
@@ -140,6 +154,15 @@ int main(int argc, char** argv) {
   if (*list) {
     dc::setup_logging(-1);
     return list_json ? list_scenarios_json() : list_scenarios();
+  }
+  if (*sweep) {
+    dc::setup_logging(-1);
+    try {
+      return dc::sweep_mesh(sw);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      return dc::kExitError;
+    }
   }
   if (*compare) {
     dc::setup_logging(-1);

@@ -1,0 +1,65 @@
+"""unreduced_reshard and sweep-mesh: every factorization of 16 ranks passes
+clean; with the fault exactly the meshes with dp == 2 fail, and the report says
+the replicas differ across dp and by how much."""
+import json
+import unittest
+
+from e2e import E2ETest
+
+
+def dp_of(mesh):
+    return int(dict(p.split("=") for p in mesh.split(","))["dp"])
+
+
+class UnreducedReshard(E2ETest):
+    def sweep(self, *extra):
+        js = self.path("sweep.json")
+        res = self.diffcheck("sweep-mesh", "--scenario", "unreduced_reshard", "-n", "16",
+                             "--timeout", "300", "--json", js, *extra)
+        with open(js) as f:
+            return res, json.load(f)
+
+    def test_clean_every_mesh_passes(self):
+        res, table = self.sweep()
+        self.assertExit(res, 0)
+        self.assertEqual(len(table["rows"]) + len(table["skipped"]), 35)  # C(7,3) ordered factorizations
+        self.assertGreaterEqual(len(table["rows"]), 30)
+        for row in table["rows"]:
+            self.assertEqual(row["verdict"], "PASS", row)
+
+    def test_fault_fails_exactly_where_dp_is_2(self):
+        res, table = self.sweep("--inject", "skip_unreduced_allreduce")
+        self.assertExit(res, 1)
+        for row in table["rows"]:
+            with self.subTest(mesh=row["mesh"]):
+                if dp_of(row["mesh"]) == 2:
+                    self.assertEqual(row["verdict"], "FAIL")
+                    self.assertEqual(row["first_divergence"], "result")
+                    self.assertIn("replicas differ across dp (max diff", row["detail"])
+                else:
+                    self.assertEqual(row["verdict"], "PASS")
+        self.assertIn("9 fail", res.out)
+
+    def test_single_run_reports_dp_replicas_differ(self):
+        res = self.mpirun(16, "--scenario", "unreduced_reshard", "--inject", "skip_unreduced_allreduce")
+        self.assertExit(res, 1)
+        fd = self.assertFirstDivergence(res, "result", ["reference", "replica"])
+        worst = res.report["taps"][2]["replica"]["worst"]
+        self.assertEqual(worst["axes"], ["dp"])
+        self.assertEqual(worst["other"] - worst["leader"], 8)
+        self.assertIn("replicas DIFFER across dp", fd["summary"])
+
+    def test_other_rank_counts(self):
+        for n in (1, 2, 4, 8):
+            with self.subTest(ranks=n):
+                self.assertExit(self.mpirun(n, "--scenario", "unreduced_reshard"), 0)
+
+    def test_mesh_the_size_does_not_allow(self):
+        res = self.mpirun(16, "--scenario", "unreduced_reshard", "--mesh", "dp=16,fsdp=1,sp=1,tp=1",
+                          json=False)
+        self.assertExit(res, 2)
+        self.assertIn("does not split 16 ways", res.err)
+
+
+if __name__ == "__main__":
+    unittest.main()
