@@ -67,11 +67,14 @@ void check_replicas(const TapData& t, const Mesh& mesh, long allowed_ulps, Repli
     if (differs) rc.differing.push_back(r);
   }
   rc.pass = rc.differing.empty() || rc.max_ulp <= allowed_ulps;
-  if (rc.leader >= 0) {
-    auto a = mesh.coords(rc.leader), b = mesh.coords(rc.other);
-    for (std::size_t i = 0; i < a.size(); ++i)
-      if (a[i] != b[i]) rc.axes.push_back(mesh.axes()[i].name);
+  // Every axis along which some differing rank sits apart from its leader.
+  std::vector<bool> apart(mesh.axes().size(), false);
+  for (int r : rc.differing) {
+    auto a = mesh.coords(t.layout.replica_leader(mesh, r)), b = mesh.coords(r);
+    for (std::size_t i = 0; i < a.size(); ++i) apart[i] = apart[i] || a[i] != b[i];
   }
+  for (std::size_t i = 0; i < apart.size(); ++i)
+    if (apart[i]) rc.axes.push_back(mesh.axes()[i].name);
 }
 
 // Ranks (replica leaders) whose block holds global element `g`.

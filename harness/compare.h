@@ -34,7 +34,7 @@ struct ReplicaCheck {
   int leader = -1, other = -1;  // the pair with the largest difference
   std::vector<std::size_t> index;
   double leader_value = 0, other_value = 0;
-  std::vector<std::string> axes;  // mesh axes along which that pair differs ("across dp")
+  std::vector<std::string> axes;  // replica axes along which differing ranks sit ("across dp")
   std::vector<int> differing;   // ranks whose piece differs from their group leader
   bool pass = true;
 };

@@ -112,7 +112,7 @@ std::string describe_first_divergence(const ActivationSet&, const CompareResult&
     s += fmt::format(
         "  replicas DIFFER across {}: ranks {} disagree with their replica-group leader; largest difference "
         "{} ({} ULP) between rank {} and rank {} at local index {} (rank {}: {:.9g}, rank {}: {:.9g})\n",
-        fmt::join(rc.axes, "*"), rank_ranges(rc.differing), sci(rc.max_abs),
+        fmt::join(rc.axes, ", "), rank_ranges(rc.differing), sci(rc.max_abs),
         rc.max_ulp == std::numeric_limits<long long>::max() ? std::string("inf") : std::to_string(rc.max_ulp),
         rc.leader, rc.other, index_str(rc.index), rc.leader, rc.leader_value, rc.other,
         rc.other_value);

@@ -66,7 +66,7 @@ Row judge(const std::string& mesh, const TrialOutcome& t, const std::string& jso
     if (tap["name"] == fd["tap"] && tap["replica"].contains("worst")) {
       const auto& w = tap["replica"]["worst"];
       row.detail += fmt::format(": replicas differ across {} (max diff {})",
-                                fmt::join(w["axes"].get<std::vector<std::string>>(), "*"),
+                                fmt::join(w["axes"].get<std::vector<std::string>>(), ", "),
                                 tap["replica"]["max_abs"].dump());
     }
   return row;

@@ -45,7 +45,7 @@ class UnreducedReshard(E2ETest):
         self.assertExit(res, 1)
         fd = self.assertFirstDivergence(res, "result", ["reference", "replica"])
         worst = res.report["taps"][2]["replica"]["worst"]
-        self.assertEqual(worst["axes"], ["dp"])
+        self.assertEqual(worst["axes"], ["dp"])  # every differing rank is across dp only
         self.assertEqual(worst["other"] - worst["leader"], 8)
         self.assertIn("replicas DIFFER across dp", fd["summary"])
 
