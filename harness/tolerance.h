@@ -22,7 +22,7 @@
 
 namespace dc {
 
-inline constexpr double kToleranceScale = 8.0;
+inline constexpr double kToleranceScale = 16.0;
 
 // Unit roundoff of the accumulator used for `dtype`.
 double accumulator_roundoff(const std::string& dtype);

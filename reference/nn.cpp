@@ -44,7 +44,26 @@ void gemm_tn(std::size_t m, std::size_t n, std::size_t k, const double* a, const
               int(n), 0.0, y, int(n));
 }
 
+void gemm_nn(std::size_t m, std::size_t n, std::size_t k, const float* a, const float* b, float* y) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a, int(k), b,
+              int(n), 0.0f, y, int(n));
+}
+void gemm_nn(std::size_t m, std::size_t n, std::size_t k, const double* a, const double* b, double* y) {
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, a, int(k), b,
+              int(n), 0.0, y, int(n));
+}
+
 }  // namespace
+
+template <class T>
+BasicTensor<T> matmul_nn(const BasicTensor<T>& a, const BasicTensor<T>& b) {
+  if (a.rank() != 2 || b.rank() != 2 || a.shape[1] != b.shape[0])
+    fail("matmul_nn: {} and {} do not chain", shape_str(a.shape), shape_str(b.shape));
+  const std::size_t m = a.shape[0], k = a.shape[1], n = b.shape[1];
+  BasicTensor<T> y({m, n});
+  if (m && n && k) gemm_nn(m, n, k, a.ptr(), b.ptr(), y.ptr());
+  return y;
+}
 
 template <class T>
 BasicTensor<T> matmul_tn(const BasicTensor<T>& a, const BasicTensor<T>& b) {
@@ -116,6 +135,7 @@ RefTensor to_ref(const BasicTensor<T>& x) {
 #define DC_INSTANTIATE(T)                                                                      \
   template BasicTensor<T> linear(const BasicTensor<T>&, const BasicTensor<T>&, const BasicTensor<T>&); \
   template BasicTensor<T> matmul_tn(const BasicTensor<T>&, const BasicTensor<T>&);            \
+  template BasicTensor<T> matmul_nn(const BasicTensor<T>&, const BasicTensor<T>&);            \
   template BasicTensor<T> silu(const BasicTensor<T>&);                                         \
   template BasicTensor<T> gelu_tanh(const BasicTensor<T>&);                                    \
   template BasicTensor<T> add(const BasicTensor<T>&, const BasicTensor<T>&);                   \

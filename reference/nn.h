@@ -17,6 +17,10 @@ BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& w, const Ba
 template <class T>
 BasicTensor<T> matmul_tn(const BasicTensor<T>& a, const BasicTensor<T>& b);
 
+// y[m,n] = a[m,k] · b[k,n], through BLAS.
+template <class T>
+BasicTensor<T> matmul_nn(const BasicTensor<T>& a, const BasicTensor<T>& b);
+
 template <class T>
 BasicTensor<T> silu(const BasicTensor<T>& x);
 template <class T>

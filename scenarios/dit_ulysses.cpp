@@ -1,0 +1,212 @@
+// dit_ulysses: a Wan 2.x DiT block with Ulysses sequence parallelism over `sp`
+// (seeds/000, seeds/004). Each sp rank owns S/P tokens; self-attention goes
+// through the head-chunked Ulysses all-to-alls and flash attention; everything
+// else (modulation, norms, projections, cross-attention, FFN) is token-local.
+// RoPE uses GLOBAL token positions. One sample per dp group.
+//
+// Faults:
+//   a2a_read_before_wait   the #429 miscompile: with async_a2a AND overlap,
+//                          compute reads all-to-all #1's buffer before its wait
+//                          (NaN-poisoned when posted) -> deterministic NaN
+//   a2a_send_reuse         with async_a2a AND overlap, chunk c+1 is packed into
+//                          the send buffer chunk c is sending -> wrong heads
+//   rope_local_positions   RoPE with each rank's local token positions
+#include <fmt/format.h>
+
+#include <cmath>
+#include <map>
+
+#include "harness/error.h"
+#include "harness/scenario.h"
+#include "harness/tolerance.h"
+#include "reference/attention.h"
+#include "reference/generate.h"
+#include "reference/nn.h"
+#include "reference/ops.h"
+#include "reference/wan_block.h"
+#include "scenarios/ulysses_attention.h"
+
+namespace dc {
+namespace {
+
+using ref::WanSizes;
+
+// [n, H, D] token-major -> [H, n, D] head-major, heads [a, b) only.
+template <class T>
+BasicTensor<T> heads_major(const BasicTensor<T>& x, std::size_t a, std::size_t b) {
+  const std::size_t n = x.shape[0], h = x.shape[1], d = x.shape[2];
+  BasicTensor<T> y({b - a, n, d});
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = a; j < b; ++j)
+      std::copy(x.ptr() + (i * h + j) * d, x.ptr() + (i * h + j + 1) * d, y.ptr() + ((j - a) * n + i) * d);
+  return y;
+}
+
+template <class T>
+BasicTensor<T> batched(BasicTensor<T> x) {
+  x.shape.insert(x.shape.begin(), 1);
+  return x;
+}
+
+class DitUlysses final : public Scenario {
+ public:
+  std::string name() const override { return "dit_ulysses"; }
+  std::string summary() const override {
+    return "Wan 2.x DiT block, Ulysses sequence parallelism over 'sp' with head-chunked "
+           "all-to-alls and flash attention; one sample per 'dp' group";
+  }
+  std::vector<FlagSpec> flags() const override {
+    return {{"ulysses_chunks", FlagType::integer, "1",
+             "split the all-to-alls into head chunks (MaxDiffusion ULYSSES_ATTENTION_CHUNKS; the "
+             "last chunk takes the remainder)"},
+            {"async_a2a", FlagType::boolean, "false", "non-blocking all-to-alls, waited before use"},
+            {"overlap", FlagType::boolean, "false",
+             "pipeline: post chunk c+1's all-to-all, then compute chunk c (double buffers)"},
+            {"fuse_qkv_a2a", FlagType::boolean, "false", "one all-to-all for q, k and v together"},
+            {"flash_block", FlagType::integer, "64", "query and key block size of flash attention"}};
+  }
+  std::vector<FaultSpec> faults() const override {
+    return {{"a2a_read_before_wait",
+             "with async_a2a and overlap both on, attention reads all-to-all #1's receive buffer "
+             "before its wait (NaN-poisoned): the seeds/000 NaN"},
+            {"a2a_send_reuse",
+             "with async_a2a and overlap both on, the next chunk is packed into the send buffer "
+             "still being sent: finite, wrong heads (needs ulysses_chunks >= 2)"},
+            {"rope_local_positions", "RoPE with local instead of global token positions"}};
+  }
+  std::string default_mesh(int world) const override {
+    int sp = world % 4 == 0 ? 4 : world % 2 == 0 ? 2 : 1;
+    return fmt::format("dp={},sp={}", world / sp, sp);
+  }
+  void check_mesh(const Mesh& mesh, const std::string&) const override {
+    if (mesh.axes().size() != 2 || mesh.axis_index("dp") < 0 || mesh.axis_index("sp") < 0)
+      input_error("dit_ulysses needs a mesh with exactly the axes dp and sp, got {}", mesh.str());
+    const WanSizes z;
+    const auto sp = static_cast<std::size_t>(mesh.axis_size("sp"));
+    if (z.heads % sp) input_error("dit_ulysses: sp={} must divide the {} heads", sp, z.heads);
+    if (z.tokens() % sp) input_error("dit_ulysses: sp={} must divide the {} tokens", sp, z.tokens());
+  }
+
+  void run(RunContext& ctx) const override {
+    const WanSizes z;
+    const std::size_t sp = ctx.mesh.axis_size("sp"), dp = ctx.mesh.axis_size("dp");
+    const auto coords = ctx.mesh.coords(ctx.world.rank());
+    const std::size_t b = coords[ctx.mesh.axis_index("dp")], c = coords[ctx.mesh.axis_index("sp")];
+    const std::size_t s_all = z.tokens(), sl = s_all / sp, d = z.dim;
+
+    UlyssesOptions opt;
+    opt.chunks = static_cast<std::size_t>(std::max(0L, ctx.flags.get_int("ulysses_chunks")));
+    opt.async = ctx.flags.get_bool("async_a2a");
+    opt.overlap = ctx.flags.get_bool("overlap");
+    opt.fused = ctx.flags.get_bool("fuse_qkv_a2a");
+    const long fb = ctx.flags.get_int("flash_block");
+    if (fb < 1) input_error("flash_block must be >= 1 (got {})", fb);
+    opt.flash_block = static_cast<std::size_t>(fb);
+    opt.dtype = ctx.dtype;
+    opt.fault_read_before_wait = ctx.injected("a2a_read_before_wait");
+    opt.fault_send_reuse = ctx.injected("a2a_send_reuse");
+    const auto chunks = ulysses_head_chunks(z.heads, sp, opt.chunks);  // validates before any collective
+
+    const Comm sp_comm = ctx.world.split(ctx.mesh, {"sp"});
+    auto sample = [&](const char* name, std::size_t rows, std::size_t r0, std::size_t r1, float scale) {
+      Tensor t = ref::generate(ctx.seed, name, {dp, rows, d}, scale, {{b, b + 1}, {r0, r1}, {0, d}});
+      round_to(ctx.dtype, t.data);
+      return ref::reshape(t, {r1 - r0, d});
+    };
+    const Tensor x = sample("x", s_all, c * sl, (c + 1) * sl, 1.0f);
+    const Tensor e = sample("e", 6, 0, 6, 0.1f);
+    const Tensor enc = sample("enc", z.enc_len, 0, z.enc_len, 1.0f);
+    const auto w = ref::make_wan_weights<float>(ctx.seed, z, ctx.dtype);
+    std::vector<std::size_t> positions;
+    for (std::size_t i = 0; i < sl; ++i)
+      positions.push_back(ctx.injected("rope_local_positions") ? i : c * sl + i);
+    const ref::RoundFn<float> round = [&](Tensor& t) { round_to(ctx.dtype, t.data); };
+
+    const Layout sample_l = Layout::parse("dp", ""), tokens_l = Layout::parse("dp,sp", "");
+    const long dl = long(d), sdepth = long(s_all);
+    auto pre = ref::wan_pre_attention(x, e, w, z, ref::wan_rope(z, positions), round);
+    ctx.taps.tap("mod", batched(pre.mod), {.layout = sample_l});
+    ctx.taps.tap("n1", batched(pre.n1), {.layout = tokens_l, .reduction_depth = dl});
+    ctx.taps.tap("attn/q", batched(pre.q), {.layout = tokens_l, .reduction_depth = dl});
+    ctx.taps.tap("attn/k", batched(pre.k), {.layout = tokens_l, .reduction_depth = dl});
+    ctx.taps.tap("attn/v", batched(pre.v), {.layout = tokens_l, .reduction_depth = dl});
+
+    // Attention outputs are convex combinations of v: their rounding error
+    // scales with |v|, not with the (smaller, cancelling) output. Their atol is
+    // therefore the dtype-derived tolerance on the global RMS of v.
+    std::vector<double> sums{0.0, double(pre.v.size())};
+    for (float t : pre.v.data) sums[0] += double(t) * t;
+    ctx.world.all_reduce_sum(std::span<double>(sums));
+    const double rms_v = std::sqrt(sums[0] / sums[1]);
+    const double attn_atol =
+        derive_tolerance({dtype_name(ctx.dtype), sdepth, {}, {}, {}, {}, rms_v}).atol;
+
+    const Layout heads_l = Layout::parse("dp,sp", "");
+    ChunkObserver observe = [&](std::size_t i, const HeadChunk&, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& attn) {
+      const std::string p = fmt::format("ulysses/chunk{}/", i);
+      ctx.taps.tap(p + "q_after_a2a", batched(q), {.layout = heads_l, .reduction_depth = dl});
+      ctx.taps.tap(p + "k_after_a2a", batched(k), {.layout = heads_l, .reduction_depth = dl});
+      ctx.taps.tap(p + "v_after_a2a", batched(v), {.layout = heads_l, .reduction_depth = dl});
+      ctx.taps.tap(p + "attn", batched(attn), {.layout = heads_l, .reduction_depth = sdepth, .atol = attn_atol});
+    };
+    Tensor attn = ulysses_attention(sp_comm, pre.q, pre.k, pre.v, opt, observe);
+    attn = ref::reshape(attn, {sl, d});
+    ctx.taps.tap("attn/out", batched(attn), {.layout = tokens_l, .reduction_depth = sdepth, .atol = attn_atol});
+    auto post = ref::wan_post_attention(x, attn, pre.mod, enc, w, z, round);
+    ctx.taps.tap("x1", batched(post.x1), {.layout = tokens_l, .reduction_depth = dl});
+    ctx.taps.tap("x2", batched(post.x2), {.layout = tokens_l, .reduction_depth = dl});
+    ctx.taps.tap("ffn/hidden", batched(post.hidden), {.layout = tokens_l, .reduction_depth = dl});
+    ctx.taps.tap("out", batched(post.out), {.layout = tokens_l, .reduction_depth = long(z.ffn)});
+
+    if (ctx.taps.is_reference_rank()) record_reference(ctx, z, dp, chunks);
+  }
+
+ private:
+  // Every sample on one rank in float64, exact softmax.
+  void record_reference(RunContext& ctx, const WanSizes& z, std::size_t dp,
+                        const std::vector<HeadChunk>& chunks) const {
+    const std::size_t s_all = z.tokens(), d = z.dim;
+    const auto w = ref::make_wan_weights<double>(ctx.seed, z, ctx.dtype);
+    const ref::RoundFn<double> exact = [](RefTensor&) {};
+    auto all = [&](const char* name, std::size_t rows, float scale) {
+      return ref::to_ref(ref::generate(ctx.seed, name, {dp, rows, d}, scale));
+    };
+    const RefTensor xs = all("x", s_all, 1.0f), es = all("e", 6, 0.1f), encs = all("enc", z.enc_len, 1.0f);
+    std::vector<std::size_t> positions(s_all);
+    for (std::size_t i = 0; i < s_all; ++i) positions[i] = i;
+    const auto rope = ref::wan_rope(z, positions);
+    std::map<std::string, std::vector<RefTensor>> taps;
+    for (std::size_t b = 0; b < dp; ++b) {
+      auto item = [&](const RefTensor& t, std::size_t rows) { return ref::reshape(ref::batch_item(t, b), {rows, d}); };
+      auto x = item(xs, s_all), e = item(es, 6), enc = item(encs, z.enc_len);
+      auto pre = ref::wan_pre_attention(x, e, w, z, rope, exact);
+      auto attn = ref::attention(pre.q, pre.k, pre.v, 1.0);  // k is pre-scaled
+      auto post = ref::wan_post_attention(x, ref::reshape(attn, {s_all, d}), pre.mod, enc, w, z, exact);
+      taps["mod"].push_back(pre.mod);
+      taps["n1"].push_back(pre.n1);
+      taps["attn/q"].push_back(pre.q);
+      taps["attn/k"].push_back(pre.k);
+      taps["attn/v"].push_back(pre.v);
+      for (std::size_t i = 0; i < chunks.size(); ++i) {
+        const std::string p = fmt::format("ulysses/chunk{}/", i);
+        taps[p + "q_after_a2a"].push_back(heads_major(pre.q, chunks[i].begin, chunks[i].end));
+        taps[p + "k_after_a2a"].push_back(heads_major(pre.k, chunks[i].begin, chunks[i].end));
+        taps[p + "v_after_a2a"].push_back(heads_major(pre.v, chunks[i].begin, chunks[i].end));
+        taps[p + "attn"].push_back(heads_major(attn, chunks[i].begin, chunks[i].end));
+      }
+      taps["attn/out"].push_back(ref::reshape(attn, {s_all, d}));
+      taps["x1"].push_back(post.x1);
+      taps["x2"].push_back(post.x2);
+      taps["ffn/hidden"].push_back(post.hidden);
+      taps["out"].push_back(post.out);
+    }
+    for (auto& [name, xs_] : taps) ctx.taps.reference(name, ref::stack(xs_));
+  }
+};
+
+}  // namespace
+
+DIFFCHECK_REGISTER_SCENARIO(DitUlysses)
+
+}  // namespace dc
