@@ -128,6 +128,7 @@ void check_reference(const TapData& t, const Mesh& mesh, const CompareOptions& o
     if (ref[i] != 0 && !std::isnan(err)) rc.max_rel = std::max(rc.max_rel, err / std::abs(ref[i]));
     sum_sq_err += err * err;
   }
+  if (std::isnan(rc.max_abs)) rc.max_rel = std::numeric_limits<double>::quiet_NaN();
   rc.rel_l2 = sum_sq_ref > 0 ? std::sqrt(sum_sq_err / sum_sq_ref) : std::sqrt(sum_sq_err);
   Shape global = t.reference->shape;
   rc.worst.index = unravel(worst, global);

@@ -3,9 +3,13 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 
 #include "harness/store.h"
 #include "reference/attention.h"
+#include "reference/flash_attention.h"
+#include "scenarios/ulysses_attention.h"
+#include "harness/error.h"
 #include "reference/flux_block.h"
 #include "reference/generate.h"
 #include "reference/nn.h"
@@ -116,4 +120,52 @@ TEST(FluxBlock, MatchesPyTorch) {
   expect_close(a.attn, "out/attn");
   expect_close(a.partial, "out/y");
   expect_close(out, "out/out");
+}
+
+TEST(FlashAttention, MatchesExactForBlocksThatDoNotDivideTheLengths) {
+  const std::size_t heads = 2, nq = 37, nk = 45, d = 8;
+  auto q = rnd("fq", {heads, nq, d}), k = rnd("fk", {heads, nk, d}), v = rnd("fv", {heads, nk, d});
+  // exact attention takes [N, heads, D]
+  auto token_major = [](const RefTensor& x) {
+    const std::size_t h = x.shape[0], n = x.shape[1], dd = x.shape[2];
+    RefTensor y({n, h, dd});
+    for (std::size_t a = 0; a < h; ++a)
+      for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t c = 0; c < dd; ++c) y.data[(i * h + a) * dd + c] = x.data[(a * n + i) * dd + c];
+    return y;
+  };
+  auto exact = ref::attention(token_major(q), token_major(k), token_major(v), 1.0);
+  for (auto [bq, bk] : std::vector<std::pair<std::size_t, std::size_t>>{{64, 64}, {16, 16}, {5, 7}, {1, 45}, {37, 1}}) {
+    auto f = ref::flash_attention(q, k, v, bq, bk);
+    auto ft = token_major(f);
+    for (std::size_t i = 0; i < ft.size(); ++i)
+      ASSERT_NEAR(ft.data[i], exact.data[i], 1e-12) << "blocks " << bq << "x" << bk << " at " << i;
+  }
+  EXPECT_THROW(ref::flash_attention(q, k, v, 0, 4), dc::Error);
+}
+
+TEST(FlashAttention, MatchesPyTorch) {
+  const std::string path = std::string(DIFFCHECK_SOURCE_DIR) + "/tests/fixtures/attention_small.h5";
+  ActivationSet f = read_activations(path);
+  std::map<std::string, RefTensor> t;
+  for (const auto& tap : f.taps) t[tap.name] = RefTensor(tap.local_shape, tap.pieces[0]);
+  auto out = ref::flash_attention(t["q"], t["k"], t["v"], 16, 16);
+  ASSERT_EQ(out.shape, t["out"].shape);
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out.data[i], t["out"].data[i], 1e-12) << i;
+}
+
+TEST(Ulysses, HeadChunksFollowMaxDiffusion) {
+  using C = std::vector<std::pair<std::size_t, std::size_t>>;
+  auto pairs = [](const std::vector<dc::HeadChunk>& cs) {
+    C out;
+    for (auto c : cs) out.emplace_back(c.begin, c.end);
+    return out;
+  };
+  EXPECT_EQ(pairs(dc::ulysses_head_chunks(40, 8, 2)), (C{{0, 16}, {16, 40}}));  // the repo's tests
+  EXPECT_EQ(pairs(dc::ulysses_head_chunks(40, 8, 3)), (C{{0, 8}, {8, 16}, {16, 40}}));
+  EXPECT_EQ(pairs(dc::ulysses_head_chunks(16, 4, 3)), (C{{0, 4}, {4, 8}, {8, 16}}));
+  EXPECT_EQ(pairs(dc::ulysses_head_chunks(16, 4, 9)), (C{{0, 4}, {4, 8}, {8, 12}, {12, 16}}));
+  EXPECT_EQ(pairs(dc::ulysses_head_chunks(16, 4, 1)), (C{{0, 16}}));
+  EXPECT_THROW(dc::ulysses_head_chunks(10, 4, 1), dc::InputError);
+  EXPECT_THROW(dc::ulysses_head_chunks(16, 4, 0), dc::InputError);
 }
