@@ -16,6 +16,7 @@
 #include "harness/run.h"
 #include "harness/scenario.h"
 #include "harness/sweep_mesh.h"
+#include "harness/flag_search.h"
 #include "reference/nn.h"
 
 namespace {
@@ -65,6 +66,21 @@ int list_scenarios_json() {
   return dc::kExitPass;
 }
 
+// Options that say what one flag trial runs: a scenario or the user's command.
+void add_target_options(CLI::App& app, dc::FlagTarget& t, std::string& flags_csv) {
+  app.add_option("--flags", flags_csv, "Comma-separated flags (name or name=value for scenarios; whatever the command understands otherwise)");
+  app.add_option("--scenario", t.scenario, "Scenario to run for each trial (under mpirun)");
+  app.add_option("-n", t.ranks, "Ranks for each scenario trial")->check(CLI::PositiveNumber);
+  app.add_option("--inject", t.fault, "Fault injected in every scenario trial");
+  app.add_option("--dtype", t.dtype, "Scenario dtype")->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
+  app.add_option("--size", t.size, "Scenario size preset")->capture_default_str();
+  app.add_option("--env", t.env_var, "External command: pass the flags, joined by spaces, in this environment variable (e.g. XLA_FLAGS, LIBTPU_INIT_ARGS)");
+  app.add_option("--check", t.check_file, "External command: activation file it writes; compared after each trial (mismatch = wrong)");
+  app.add_option("--timeout", t.timeout_seconds, "Time limit per trial, seconds (a hang is recorded as 'timed out')")->capture_default_str();
+  app.add_option("--mpirun", t.mpirun, "MPI launcher for scenario trials")->capture_default_str();
+  app.add_option("command", t.command, "External command after --; '{flags}' is replaced by the flags");
+}
+
 int list_scenarios() {
   for (const auto* s : dc::all_scenarios()) {
     std::cout << fmt::format("{}\n  {}\n", s->name(), s->summary());
@@ -102,6 +118,8 @@ int main(int argc, char** argv) {
       "  mpirun -n 16 diffcheck --scenario flux_tp\n"
       "  diffcheck compare FILE|PREFIX [--reference REF]\n"
       "  diffcheck sweep-mesh --scenario unreduced_reshard -n 16 [--inject F]\n"
+      "  diffcheck bisect --flags A,B,C (--scenario X -n N [--inject F] | --env XLA_FLAGS -- CMD ...)\n"
+      "  diffcheck sweep (--profiles FILE | --all-subsets --flags A,B) (--scenario X -n N | -- CMD ...)\n"
       "  diffcheck list\n\n"
       "Exit status: 0 all checks pass, 1 a check failed, 2 usage or input error.",
       "diffcheck"};
@@ -139,6 +157,29 @@ int main(int argc, char** argv) {
   sweep->add_option("--json", sw.json_path, "Also write the table as JSON");
   sweep->add_option("--mpirun", sw.mpirun, "MPI launcher")->capture_default_str();
 
+  auto* bis = app.add_subcommand("bisect", "Delta-debug a failing flag set down to a 1-minimal failing subset (each trial a child process with a time limit; results cached)");
+  dc::BisectOptions bo;
+  std::string bis_flags, bis_baseline;
+  add_target_options(*bis, bo.target, bis_flags);
+  bis->add_option("--baseline", bis_baseline, "Comma-separated flags applied to every trial");
+  bis->add_option("--repeat", bo.repeat, "Run each trial K times; mixed outcomes are reported as flaky")->capture_default_str();
+  bo.cache_path = "results/bisect-cache.jsonl";
+  bis->add_option("--cache", bo.cache_path, "Trial cache (JSON lines); '' disables")->capture_default_str();
+  bis->add_option("--max-trials", bo.max_trials, "Stop after this many new trials (resume later from the cache)");
+  bis->add_option("--json", bo.json_path, "Also write the result as JSON");
+
+  auto* swp = app.add_subcommand("sweep", "Time each flag profile (warm-up + timed runs) and check its correctness; markdown leaderboard, fastest correct profile starred");
+  dc::SweepOptions so;
+  std::string swp_flags, profiles_file;
+  bool all_subsets = false;
+  add_target_options(*swp, so.target, swp_flags);
+  swp->add_option("--profiles", profiles_file, "File of profiles, one per line: 'name: flag flag=value ...'");
+  swp->add_flag("--all-subsets", all_subsets, "Every subset of --flags is a profile");
+  swp->add_option("--warmup", so.warmup, "Untimed runs per profile")->capture_default_str();
+  swp->add_option("--runs", so.runs, "Timed runs per profile")->capture_default_str();
+  swp->add_option("-j", so.jobs, "Profiles run in parallel (only when the machine has room: times get perturbed)")->capture_default_str();
+  swp->add_option("--json", so.json_path, "Also write the leaderboard as JSON");
+
   auto* list = app.add_subcommand("list", "List scenarios with their flags, faults and default meshes");
   bool list_json = false;
   list->add_flag("--json", list_json, "Print the list as JSON");
@@ -159,6 +200,23 @@ int main(int argc, char** argv) {
     dc::setup_logging(-1);
     try {
       return dc::sweep_mesh(sw);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      return dc::kExitError;
+    }
+  }
+  if (*bis || *swp) {
+    dc::setup_logging(-1);
+    try {
+      if (*bis) {
+        bo.flags = dc::split_list(bis_flags);
+        bo.baseline = dc::split_list(bis_baseline);
+        return dc::bisect(bo);
+      }
+      if (all_subsets == !profiles_file.empty())
+        throw dc::InputError("sweep: give exactly one of --profiles FILE or --all-subsets --flags A,B,...");
+      so.profiles = all_subsets ? dc::all_subsets(dc::split_list(swp_flags)) : dc::read_profiles(profiles_file);
+      return dc::sweep(so);
     } catch (const std::exception& e) {
       spdlog::error("{}", e.what());
       return dc::kExitError;
