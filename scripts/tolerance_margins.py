@@ -4,7 +4,7 @@ the largest clean-run error as a fraction of its tolerance (must be < 1), and
 for each fault the first divergent tap with its error / tolerance (> 1) or the
 replica check that caught it.
 
-    /usr/bin/python3 scripts/tolerance_margins.py [-n RANKS] [SCENARIO ...]
+    /usr/bin/python3 scripts/tolerance_margins.py [-n RANKS] [--set flag=value]... [SCENARIO ...]
 """
 import argparse
 import json
@@ -19,12 +19,14 @@ env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            OPENBLAS_NUM_THREADS="1")
 
 
-def run(exe, n, scenario, dtype, fault, tmp):
+def run(exe, n, scenario, dtype, fault, tmp, flags=()):
     out, js = os.path.join(tmp, "run.h5"), os.path.join(tmp, "r.json")
     args = ["mpirun", "-n", str(n), exe, "--scenario", scenario, "--dtype", dtype, "--out", out,
             "--json", js]
     if fault:
         args += ["--inject", fault]
+    for f in flags:
+        args += ["--flag", f]
     p = subprocess.run(args, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
     if p.returncode not in (0, 1):
         sys.exit(f"{' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
@@ -47,6 +49,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=16)
     ap.add_argument("--exe", default="diffcheck")
+    ap.add_argument("--set", action="append", default=[], help="flag=value for every run")
     ap.add_argument("scenarios", nargs="*", default=["timestep_broadcast"])
     a = ap.parse_args()
     print(f"| scenario | dtype | clean: worst err/tol (tap) | fault | exit | first divergence | checks | err/tol there |")
@@ -54,11 +57,11 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for sc in a.scenarios:
             for dtype in ("float32", "bfloat16"):
-                code, rep = run(a.exe, a.n, sc, dtype, None, tmp)
+                code, rep = run(a.exe, a.n, sc, dtype, None, tmp, a.set)
                 ratio, tap, _ = worst_clean(rep)
                 clean = f"{ratio:.3f} ({tap})" + ("" if code == 0 else " FAILED")
                 for fault in faults_of(a.exe, sc):
-                    code, rep = run(a.exe, a.n, sc, dtype, fault, tmp)
+                    code, rep = run(a.exe, a.n, sc, dtype, fault, tmp, a.set)
                     fd = rep["first_divergence"] or {}
                     t = next((t for t in rep["taps"] if t["name"] == fd.get("tap")), None)
                     r = t["reference"].get("worst_ratio", "-") if t else "-"
