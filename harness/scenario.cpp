@@ -20,6 +20,11 @@ std::vector<std::string> Scenario::mesh_axes() const {
   return names;
 }
 
+std::pair<int, int> default_two_axis_split(int world) {
+  const int inner = world % 4 == 0 ? 4 : world % 2 == 0 ? 2 : 1;
+  return {world / inner, inner};
+}
+
 bool register_scenario(std::unique_ptr<Scenario> s) {
   auto name = s->name();
   if (!registry().emplace(name, std::move(s)).second) {

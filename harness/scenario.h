@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/comm.h"
@@ -45,6 +46,10 @@ class Scenario {
   virtual void check_mesh(const Mesh& mesh, const std::string& size) const = 0;
   virtual void run(RunContext& ctx) const = 0;
 };
+
+// The default split of `world` ranks into (outer, inner) for two-axis
+// scenarios: inner gets 4 ranks when it can, else 2, else 1.
+std::pair<int, int> default_two_axis_split(int world);
 
 // The registry refuses duplicate names, so two scenarios cannot shadow each other.
 bool register_scenario(std::unique_ptr<Scenario> s);

@@ -25,6 +25,12 @@ BasicTensor<T> stack(const std::vector<BasicTensor<T>>& xs);
 // Rows [a,b) of the first dimension.
 template <class T>
 BasicTensor<T> take_rows(const BasicTensor<T>& x, std::size_t a, std::size_t b);
+// Same data with a leading dimension of size 1 (a one-sample batch).
+template <class T>
+BasicTensor<T> with_batch_dim(BasicTensor<T> x) {
+  x.shape.insert(x.shape.begin(), 1);
+  return x;
+}
 // Same data, new shape (element count must match).
 template <class T>
 BasicTensor<T> reshape(BasicTensor<T> x, Shape s);

@@ -42,12 +42,6 @@ BasicTensor<T> heads_major(const BasicTensor<T>& x, std::size_t a, std::size_t b
   return y;
 }
 
-template <class T>
-BasicTensor<T> batched(BasicTensor<T> x) {
-  x.shape.insert(x.shape.begin(), 1);
-  return x;
-}
-
 class DitUlysses final : public Scenario {
  public:
   std::string name() const override { return "dit_ulysses"; }
@@ -75,8 +69,8 @@ class DitUlysses final : public Scenario {
             {"rope_local_positions", "RoPE with local instead of global token positions"}};
   }
   std::string default_mesh(int world) const override {
-    int sp = world % 4 == 0 ? 4 : world % 2 == 0 ? 2 : 1;
-    return fmt::format("dp={},sp={}", world / sp, sp);
+    auto [dp, sp] = default_two_axis_split(world);
+    return fmt::format("dp={},sp={}", dp, sp);
   }
   void check_mesh(const Mesh& mesh, const std::string&) const override {
     if (mesh.axes().size() != 2 || mesh.axis_index("dp") < 0 || mesh.axis_index("sp") < 0)
@@ -125,11 +119,11 @@ class DitUlysses final : public Scenario {
     const Layout sample_l = Layout::parse("dp", ""), tokens_l = Layout::parse("dp,sp", "");
     const long dl = long(d), sdepth = long(s_all);
     auto pre = ref::wan_pre_attention(x, e, w, z, ref::wan_rope(z, positions), round);
-    ctx.taps.tap("mod", batched(pre.mod), {.layout = sample_l});
-    ctx.taps.tap("n1", batched(pre.n1), {.layout = tokens_l, .reduction_depth = dl});
-    ctx.taps.tap("attn/q", batched(pre.q), {.layout = tokens_l, .reduction_depth = dl});
-    ctx.taps.tap("attn/k", batched(pre.k), {.layout = tokens_l, .reduction_depth = dl});
-    ctx.taps.tap("attn/v", batched(pre.v), {.layout = tokens_l, .reduction_depth = dl});
+    ctx.taps.tap("mod", ref::with_batch_dim(pre.mod), {.layout = sample_l});
+    ctx.taps.tap("n1", ref::with_batch_dim(pre.n1), {.layout = tokens_l, .reduction_depth = dl});
+    ctx.taps.tap("attn/q", ref::with_batch_dim(pre.q), {.layout = tokens_l, .reduction_depth = dl});
+    ctx.taps.tap("attn/k", ref::with_batch_dim(pre.k), {.layout = tokens_l, .reduction_depth = dl});
+    ctx.taps.tap("attn/v", ref::with_batch_dim(pre.v), {.layout = tokens_l, .reduction_depth = dl});
 
     // Attention outputs are convex combinations of v: their rounding error
     // scales with |v|, not with the (smaller, cancelling) output. Their atol is
@@ -145,19 +139,19 @@ class DitUlysses final : public Scenario {
     ChunkObserver observe = [&](std::size_t i, const HeadChunk&, const Tensor& q, const Tensor& k,
                                 const Tensor& v, const Tensor& attn) {
       const std::string p = fmt::format("ulysses/chunk{}/", i);
-      ctx.taps.tap(p + "q_after_a2a", batched(q), {.layout = heads_l, .reduction_depth = dl});
-      ctx.taps.tap(p + "k_after_a2a", batched(k), {.layout = heads_l, .reduction_depth = dl});
-      ctx.taps.tap(p + "v_after_a2a", batched(v), {.layout = heads_l, .reduction_depth = dl});
-      ctx.taps.tap(p + "attn", batched(attn), {.layout = heads_l, .reduction_depth = sdepth, .atol = attn_atol});
+      ctx.taps.tap(p + "q_after_a2a", ref::with_batch_dim(q), {.layout = heads_l, .reduction_depth = dl});
+      ctx.taps.tap(p + "k_after_a2a", ref::with_batch_dim(k), {.layout = heads_l, .reduction_depth = dl});
+      ctx.taps.tap(p + "v_after_a2a", ref::with_batch_dim(v), {.layout = heads_l, .reduction_depth = dl});
+      ctx.taps.tap(p + "attn", ref::with_batch_dim(attn), {.layout = heads_l, .reduction_depth = sdepth, .atol = attn_atol});
     };
     Tensor attn = ulysses_attention(sp_comm, pre.q, pre.k, pre.v, opt, observe);
     attn = ref::reshape(attn, {sl, d});
-    ctx.taps.tap("attn/out", batched(attn), {.layout = tokens_l, .reduction_depth = sdepth, .atol = attn_atol});
+    ctx.taps.tap("attn/out", ref::with_batch_dim(attn), {.layout = tokens_l, .reduction_depth = sdepth, .atol = attn_atol});
     auto post = ref::wan_post_attention(x, attn, pre.mod, enc, w, z, round);
-    ctx.taps.tap("x1", batched(post.x1), {.layout = tokens_l, .reduction_depth = dl});
-    ctx.taps.tap("x2", batched(post.x2), {.layout = tokens_l, .reduction_depth = dl});
-    ctx.taps.tap("ffn/hidden", batched(post.hidden), {.layout = tokens_l, .reduction_depth = dl});
-    ctx.taps.tap("out", batched(post.out), {.layout = tokens_l, .reduction_depth = long(z.ffn)});
+    ctx.taps.tap("x1", ref::with_batch_dim(post.x1), {.layout = tokens_l, .reduction_depth = dl});
+    ctx.taps.tap("x2", ref::with_batch_dim(post.x2), {.layout = tokens_l, .reduction_depth = dl});
+    ctx.taps.tap("ffn/hidden", ref::with_batch_dim(post.hidden), {.layout = tokens_l, .reduction_depth = dl});
+    ctx.taps.tap("out", ref::with_batch_dim(post.out), {.layout = tokens_l, .reduction_depth = long(z.ffn)});
 
     if (ctx.taps.is_reference_rank()) record_reference(ctx, z, dp, chunks);
   }

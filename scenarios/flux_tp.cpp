@@ -26,12 +26,6 @@ namespace {
 
 using ref::FluxSizes;
 
-template <class T>
-BasicTensor<T> batched(BasicTensor<T> x) {  // add a leading batch dimension of 1
-  x.shape.insert(x.shape.begin(), 1);
-  return x;
-}
-
 class FluxTp final : public Scenario {
  public:
   std::string name() const override { return "flux_tp"; }
@@ -50,8 +44,8 @@ class FluxTp final : public Scenario {
             {"proj_out_bias_every_rank", "every tp rank adds the proj_out bias: y gets W x bias"}};
   }
   std::string default_mesh(int world) const override {
-    int tp = world % 4 == 0 ? 4 : world % 2 == 0 ? 2 : 1;
-    return fmt::format("dp={},tp={}", world / tp, tp);
+    auto [dp, tp] = default_two_axis_split(world);
+    return fmt::format("dp={},tp={}", dp, tp);
   }
   void check_mesh(const Mesh& mesh, const std::string& size) const override {
     if (mesh.axes().size() != 2 || mesh.axis_index("dp") < 0 || mesh.axis_index("tp") < 0)
@@ -102,8 +96,8 @@ class FluxTp final : public Scenario {
     Tensor out = ref::gated_residual(y, a.ada, h);
     round(out);
     const Layout by_sample = Layout::parse("dp", "");
-    ctx.taps.tap("y", batched(y), {.layout = by_sample, .reduction_depth = long(d + z.mlp)});
-    ctx.taps.tap("out", batched(out), {.layout = by_sample, .reduction_depth = long(d + z.mlp)});
+    ctx.taps.tap("y", ref::with_batch_dim(y), {.layout = by_sample, .reduction_depth = long(d + z.mlp)});
+    ctx.taps.tap("out", ref::with_batch_dim(out), {.layout = by_sample, .reduction_depth = long(d + z.mlp)});
 
     if (ctx.taps.is_reference_rank()) record_reference(ctx, z, tp, dp, rope);
   }
@@ -115,19 +109,19 @@ class FluxTp final : public Scenario {
     const long d = long(z.dim), m = long(z.mlp), n = long(z.tokens());
     const Layout sample = Layout::parse("dp", ""), heads = Layout::parse("dp,-,tp,-", ""),
                  cols = Layout::parse("dp,-,tp", "");
-    ctx.taps.tap("input/hidden", batched(h), {.layout = sample});
-    ctx.taps.tap("input/temb", batched(temb), {.layout = sample});
-    ctx.taps.tap("adaln", batched(a.ada), {.layout = sample, .reduction_depth = d});
-    ctx.taps.tap("nx", batched(a.nx), {.layout = sample, .reduction_depth = d});
-    ctx.taps.tap("attn/q", batched(a.q), {.layout = heads, .reduction_depth = d});
-    ctx.taps.tap("attn/k", batched(a.k), {.layout = heads, .reduction_depth = d});
-    ctx.taps.tap("attn/v", batched(a.v), {.layout = heads, .reduction_depth = d});
-    ctx.taps.tap("attn/out", batched(a.attn), {.layout = cols, .reduction_depth = n});
-    ctx.taps.tap("mlp", batched(a.mlp), {.layout = cols, .reduction_depth = d});
-    ctx.taps.tap("proj_out/input_packed", batched(a.cat), {.layout = cols, .reduction_depth = d});
+    ctx.taps.tap("input/hidden", ref::with_batch_dim(h), {.layout = sample});
+    ctx.taps.tap("input/temb", ref::with_batch_dim(temb), {.layout = sample});
+    ctx.taps.tap("adaln", ref::with_batch_dim(a.ada), {.layout = sample, .reduction_depth = d});
+    ctx.taps.tap("nx", ref::with_batch_dim(a.nx), {.layout = sample, .reduction_depth = d});
+    ctx.taps.tap("attn/q", ref::with_batch_dim(a.q), {.layout = heads, .reduction_depth = d});
+    ctx.taps.tap("attn/k", ref::with_batch_dim(a.k), {.layout = heads, .reduction_depth = d});
+    ctx.taps.tap("attn/v", ref::with_batch_dim(a.v), {.layout = heads, .reduction_depth = d});
+    ctx.taps.tap("attn/out", ref::with_batch_dim(a.attn), {.layout = cols, .reduction_depth = n});
+    ctx.taps.tap("mlp", ref::with_batch_dim(a.mlp), {.layout = cols, .reduction_depth = d});
+    ctx.taps.tap("proj_out/input_packed", ref::with_batch_dim(a.cat), {.layout = cols, .reduction_depth = d});
     // The weight block must be exactly the reference's packed columns.
     ctx.taps.tap("proj_out/weight", out_w, {.layout = Layout::parse("-,tp", ""), .atol = 0.0, .rtol = 0.0});
-    ctx.taps.tap("proj_out/partial", batched(a.partial),
+    ctx.taps.tap("proj_out/partial", ref::with_batch_dim(a.partial),
                  {.layout = Layout::parse("dp", "tp"), .reduction_depth = d + m});
   }
 

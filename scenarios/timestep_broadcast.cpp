@@ -100,8 +100,8 @@ class TimestepBroadcast final : public Scenario {
              "broadcast into a temporary copy; ranks other than 0 keep t=0 (seeds/002 TP-2)"}};
   }
   std::string default_mesh(int world) const override {
-    int tp = world % 4 == 0 ? 4 : world % 2 == 0 ? 2 : 1;
-    return fmt::format("dp={},tp={}", world / tp, tp);
+    auto [dp, tp] = default_two_axis_split(world);
+    return fmt::format("dp={},tp={}", dp, tp);
   }
   void check_mesh(const Mesh&, const std::string&) const override {}  // any mesh: all replicated
 
