@@ -37,10 +37,7 @@ template <class T>
 FluxWeights<T> make_flux_weights(std::uint64_t seed, const FluxSizes& z, std::size_t w,
                                  std::size_t i, bool contiguous, DType dtype) {
   const std::size_t d = z.dim, m = z.mlp;
-  auto cvt = [&](Tensor t) {
-    if constexpr (std::is_same_v<T, float>) round_to(dtype, t.data);
-    return BasicTensor<T>(t.shape, std::vector<T>(t.data.begin(), t.data.end()));
-  };
+  auto cvt = [&](Tensor t) { return as_run_values<T>(std::move(t), dtype); };
   auto scale = [](std::size_t fan_in) { return 1.0f / std::sqrt(static_cast<float>(fan_in)); };
   auto full = [&](const char* name, Shape s, std::size_t fan_in) {
     return cvt(generate(seed, name, s, scale(fan_in)));

@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "harness/dtype.h"
 #include "harness/tensor.h"
 
 namespace dc::ref {
@@ -25,5 +27,17 @@ Tensor generate(std::uint64_t seed, const std::string& name, const Shape& global
                 const Ranges& block = {});
 RefTensor generate_ref(std::uint64_t seed, const std::string& name, const Shape& global,
                        float scale);
+
+// Generated values as element type T: rounded to the run's dtype when T is
+// float (the sharded run's weights), left exact when T is double (the reference).
+template <class T>
+BasicTensor<T> as_run_values(Tensor t, DType dtype) {
+  if constexpr (std::is_same_v<T, float>) {
+    round_to(dtype, t.data);
+    return t;
+  } else {
+    return BasicTensor<T>(t.shape, std::vector<T>(t.data.begin(), t.data.end()));
+  }
+}
 
 }  // namespace dc::ref

@@ -42,10 +42,7 @@ std::vector<int> WanSizes::rope_axes() const {
 template <class T>
 WanWeights<T> make_wan_weights(std::uint64_t seed, const WanSizes& z, DType dtype) {
   const std::size_t d = z.dim, f = z.ffn;
-  auto cvt = [&](Tensor t) {
-    if constexpr (std::is_same_v<T, float>) round_to(dtype, t.data);
-    return BasicTensor<T>(t.shape, std::vector<T>(t.data.begin(), t.data.end()));
-  };
+  auto cvt = [&](Tensor t) { return as_run_values<T>(std::move(t), dtype); };
   auto lin = [&](const char* name, Shape s, std::size_t fan_in) {
     return cvt(generate(seed, name, s, 1.0f / std::sqrt(static_cast<float>(fan_in))));
   };

@@ -36,9 +36,7 @@ struct Weights {
 template <class T>
 Weights<T> make_weights(std::uint64_t seed, const Sizes& z, DType dtype) {
   auto gen = [&](const std::string& name, Shape s, std::size_t fan_in) {
-    Tensor t = ref::generate(seed, name, s, 1.0f / std::sqrt(static_cast<float>(fan_in)));
-    if constexpr (std::is_same_v<T, float>) round_to(dtype, t.data);
-    return BasicTensor<T>(t.shape, std::vector<T>(t.data.begin(), t.data.end()));
+    return ref::as_run_values<T>(ref::generate(seed, name, s, 1.0f / std::sqrt(static_cast<float>(fan_in))), dtype);
   };
   const std::size_t d = z.dim, f = z.freq_dim, p = z.pooled_dim;
   return Weights<T>{gen("time.l1.w", {d, f}, f),  gen("time.l1.b", {d}, f),
