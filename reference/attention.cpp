@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "harness/error.h"
+#include "harness/core/error.h"
 #include "reference/nn.h"
 
 namespace dc::ref {

@@ -1,6 +1,6 @@
 // Scaled dot-product attention, exact softmax, per head through BLAS.
 #pragma once
-#include "harness/tensor.h"
+#include "harness/core/tensor.h"
 
 namespace dc::ref {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "harness/error.h"
+#include "harness/core/error.h"
 #include "reference/nn.h"
 #include "reference/ops.h"
 

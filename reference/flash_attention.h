@@ -4,7 +4,7 @@
 // l = a l + rowsum p;  o = a o + p v;  finally o / l.
 // No scaling inside (callers pre-scale k, as the Ulysses kernel registry does).
 #pragma once
-#include "harness/tensor.h"
+#include "harness/core/tensor.h"
 
 namespace dc::ref {
 

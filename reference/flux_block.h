@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/dtype.h"
-#include "harness/tensor.h"
+#include "harness/core/dtype.h"
+#include "harness/core/tensor.h"
 #include "reference/ops.h"
 #include "reference/rope.h"
 

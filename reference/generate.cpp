@@ -2,7 +2,7 @@
 
 #include <Random123/philox.h>
 
-#include "harness/error.h"
+#include "harness/core/error.h"
 
 namespace dc::ref {
 

@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "harness/dtype.h"
-#include "harness/tensor.h"
+#include "harness/core/dtype.h"
+#include "harness/core/tensor.h"
 
 namespace dc::ref {
 

@@ -6,7 +6,7 @@
 #include <xtensor/xadapt.hpp>
 #include <xtensor/xmath.hpp>
 
-#include "harness/error.h"
+#include "harness/core/error.h"
 
 extern "C" void openblas_set_num_threads(int);
 

@@ -3,7 +3,7 @@
 // produce a tensor of the run's dtype are followed by dc::round_to() in the
 // scenario (bfloat16 emulation), not here.
 #pragma once
-#include "harness/tensor.h"
+#include "harness/core/tensor.h"
 
 namespace dc::ref {
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "harness/error.h"
+#include "harness/core/error.h"
 
 namespace dc::ref {
 

@@ -1,6 +1,6 @@
 // Normalisations over the last dimension.
 #pragma once
-#include "harness/tensor.h"
+#include "harness/core/tensor.h"
 
 namespace dc::ref {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "harness/error.h"
+#include "harness/core/error.h"
 
 namespace dc::ref {
 

@@ -4,7 +4,7 @@
 #include <utility>
 #include <vector>
 
-#include "harness/tensor.h"
+#include "harness/core/tensor.h"
 
 namespace dc::ref {
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "harness/error.h"
+#include "harness/core/error.h"
 
 namespace dc::ref {
 

@@ -3,7 +3,7 @@
 #pragma once
 #include <vector>
 
-#include "harness/tensor.h"
+#include "harness/core/tensor.h"
 
 namespace dc::ref {
 

@@ -16,9 +16,9 @@
 #include <cmath>
 #include <map>
 
-#include "harness/error.h"
-#include "harness/scenario.h"
-#include "harness/tolerance.h"
+#include "harness/core/error.h"
+#include "harness/run/scenario.h"
+#include "harness/check/tolerance.h"
 #include "reference/attention.h"
 #include "reference/generate.h"
 #include "reference/nn.h"

@@ -15,8 +15,8 @@
 #include <functional>
 #include <map>
 
-#include "harness/error.h"
-#include "harness/scenario.h"
+#include "harness/core/error.h"
+#include "harness/run/scenario.h"
 #include "reference/flux_block.h"
 #include "reference/generate.h"
 #include "reference/nn.h"

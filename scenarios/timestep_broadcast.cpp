@@ -9,8 +9,8 @@
 
 #include <cmath>
 
-#include "harness/error.h"
-#include "harness/scenario.h"
+#include "harness/core/error.h"
+#include "harness/run/scenario.h"
 #include "reference/generate.h"
 #include "reference/nn.h"
 #include "reference/timestep.h"

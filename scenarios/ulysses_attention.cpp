@@ -4,7 +4,7 @@
 #include <array>
 #include <limits>
 
-#include "harness/error.h"
+#include "harness/core/error.h"
 #include "reference/flash_attention.h"
 
 namespace dc {

@@ -8,9 +8,9 @@
 #include <functional>
 #include <vector>
 
-#include "harness/comm.h"
-#include "harness/dtype.h"
-#include "harness/tensor.h"
+#include "harness/core/comm.h"
+#include "harness/core/dtype.h"
+#include "harness/core/tensor.h"
 
 namespace dc {
 

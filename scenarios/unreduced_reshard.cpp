@@ -16,9 +16,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include "harness/error.h"
-#include "harness/reshard.h"
-#include "harness/scenario.h"
+#include "harness/core/error.h"
+#include "harness/core/reshard.h"
+#include "harness/run/scenario.h"
 #include "reference/generate.h"
 #include "reference/nn.h"
 #include "reference/ops.h"

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include "harness/log.h"
+#include "harness/core/log.h"
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);

@@ -3,8 +3,8 @@
 
 #include <numeric>
 
-#include "harness/comm.h"
-#include "harness/error.h"
+#include "harness/core/comm.h"
+#include "harness/core/error.h"
 
 using namespace dc;
 

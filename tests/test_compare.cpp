@@ -4,8 +4,8 @@
 #include <cmath>
 #include <limits>
 
-#include "harness/compare.h"
-#include "harness/report.h"
+#include "harness/check/compare.h"
+#include "harness/check/report.h"
 
 namespace {
 

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
-#include "harness/ddmin.h"
-#include "harness/flag_search.h"
+#include "harness/search/ddmin.h"
+#include "harness/search/flag_search.h"
 
 using namespace dc;
 
@@ -36,7 +36,9 @@ TEST(Ddmin, PairThatFailsOnlyTogether) {
   for (int n : {2, 5, 8, 16}) {
     auto r = ddmin(flags(n), fails_with({"f0", "f" + std::to_string(n - 1)}));
     EXPECT_EQ(r.minimal, (FlagSet{"f0", "f" + std::to_string(n - 1)})) << n;
-    if (n >= 5) EXPECT_LT(r.trials.size(), std::size_t(1) << n) << n;
+    if (n >= 5) {
+      EXPECT_LT(r.trials.size(), std::size_t(1) << n) << n;
+    }
   }
 }
 

@@ -5,11 +5,11 @@
 #include <filesystem>
 #include <map>
 
-#include "harness/store.h"
+#include "harness/capture/store.h"
 #include "reference/attention.h"
 #include "reference/flash_attention.h"
 #include "scenarios/ulysses_attention.h"
-#include "harness/error.h"
+#include "harness/core/error.h"
 #include "reference/flux_block.h"
 #include "reference/generate.h"
 #include "reference/nn.h"

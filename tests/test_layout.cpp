@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "harness/error.h"
-#include "harness/layout.h"
+#include "harness/core/error.h"
+#include "harness/core/layout.h"
 
 using dc::Layout;
 using dc::Mesh;

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "harness/error.h"
-#include "harness/mesh.h"
+#include "harness/core/error.h"
+#include "harness/core/mesh.h"
 
 using dc::Mesh;
 

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "harness/dtype.h"
+#include "harness/core/dtype.h"
 #include "reference/generate.h"
 #include "reference/nn.h"
 #include "reference/timestep.h"

@@ -6,8 +6,8 @@
 
 #include <cmath>
 
-#include "harness/comm.h"
-#include "harness/reshard.h"
+#include "harness/core/comm.h"
+#include "harness/core/reshard.h"
 #include "reference/generate.h"
 #include "reference/nn.h"
 

@@ -4,9 +4,9 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "harness/comm.h"
-#include "harness/error.h"
-#include "harness/store.h"
+#include "harness/core/comm.h"
+#include "harness/core/error.h"
+#include "harness/capture/store.h"
 
 using namespace dc;
 

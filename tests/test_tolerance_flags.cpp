@@ -2,9 +2,9 @@
 
 #include <cmath>
 
-#include "harness/error.h"
-#include "harness/flags.h"
-#include "harness/tolerance.h"
+#include "harness/core/error.h"
+#include "harness/core/flags.h"
+#include "harness/check/tolerance.h"
 
 TEST(Tolerance, DerivedFromDtypeAndDepth) {
   auto t1 = dc::derive_tolerance({"float32", 1, {}, {}, {}, {}, 2.0});

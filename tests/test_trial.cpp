@@ -1,8 +1,8 @@
 // Child-process trials: exit codes, crashes and hangs are outcomes.
 #include <gtest/gtest.h>
 
-#include "harness/sweep_mesh.h"
-#include "harness/trial.h"
+#include "harness/search/sweep_mesh.h"
+#include "harness/search/trial.h"
 
 using dc::TrialOutcome;
 

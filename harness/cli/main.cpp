@@ -10,13 +10,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/comm.h"
-#include "harness/error.h"
-#include "harness/log.h"
-#include "harness/run.h"
-#include "harness/scenario.h"
-#include "harness/sweep_mesh.h"
-#include "harness/flag_search.h"
+#include "harness/core/comm.h"
+#include "harness/core/error.h"
+#include "harness/core/log.h"
+#include "harness/run/run.h"
+#include "harness/run/scenario.h"
+#include "harness/search/sweep_mesh.h"
+#include "harness/search/flag_search.h"
 #include "reference/nn.h"
 
 namespace {
@@ -199,6 +199,10 @@ int main(int argc, char** argv) {
   if (*sweep) {
     dc::setup_logging(-1);
     try {
+      const dc::Scenario* s = dc::find_scenario(sw.scenario);
+      if (!s) dc::input_error("unknown scenario '{}' (see 'diffcheck list')", sw.scenario);
+      sw.axes = s->mesh_axes();
+      sw.check_mesh = [s, size = sw.size](const dc::Mesh& m) { s->check_mesh(m, size); };
       return dc::sweep_mesh(sw);
     } catch (const std::exception& e) {
       spdlog::error("{}", e.what());

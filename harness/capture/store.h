@@ -1,0 +1,40 @@
+// Subsystem capture (harness/capture/, library diffcheck_capture), on core.
+// Owns what is recorded and how it is kept: the TapRecorder scenarios feed,
+// the ActivationSet model of a run's taps, and this store. Nothing above it
+// touches HDF5; nothing in it judges values.
+//
+// The only part of diffcheck that calls HDF5. Writes run files (form 1 of the
+// activation format, with parallel HDF5 and collective writes) and reads run
+// files and per-rank files (form 2) into an ActivationSet.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "harness/capture/activations.h"
+#include "harness/core/comm.h"
+#include "harness/capture/tap.h"
+
+namespace dc {
+
+struct RunInfo {
+  std::string scenario;
+  std::string flags;
+  std::string dtype;
+  std::uint64_t seed = 0;
+  std::string producer;
+};
+
+// Collective over `world`. Writes to "<path>.tmp" and renames when complete, so
+// `path` either is whole or is not there. Every rank must have recorded the
+// same taps with the same shapes and layouts; otherwise an Error names the
+// first tap that differs.
+void write_run_file(const Comm& world, const std::string& path, const RunInfo& info,
+                    const TapRecorder& taps);
+
+// `source` is a run file, one rank file, or the prefix of rank files
+// (`<prefix>.rank<R>.h5`). `reference_path`, when not empty, is a separate file
+// holding /reference datasets. Throws InputError naming the file, tap and
+// attribute when the input does not follow the format.
+ActivationSet read_activations(const std::string& source, const std::string& reference_path = "");
+
+}  // namespace dc

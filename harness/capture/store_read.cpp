@@ -1,0 +1,334 @@
+// Reader for both file forms: a run file ([world, *local] per tap) or one
+// file per rank (`<prefix>.rank<R>.h5`, [*local] per tap).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <regex>
+
+#include "harness/core/error.h"
+#include "harness/capture/h5util.h"
+#include "harness/capture/store.h"
+
+namespace dc {
+namespace {
+
+using h5::Handle;
+namespace fs = std::filesystem;
+
+Handle open_file(const std::string& path) {
+  h5::silence_errors();
+  if (!fs::exists(path)) input_error("{}: no such file", path);
+  if (fs::is_directory(path)) input_error("{}: is a directory, not an activation file", path);
+  htri_t is = H5Fis_hdf5(path.c_str());
+  if (is <= 0) input_error("{}: not an HDF5 file", path);
+  Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!f.valid())
+    input_error("{}: cannot open HDF5 file (truncated or damaged?): {}", path, h5::last_error());
+  return f;
+}
+
+struct Root {
+  long long schema = 0;
+  std::string mesh;
+  long long world_size = 0;
+  std::optional<long long> rank;
+  std::map<std::string, std::string> info;
+};
+
+Root read_root(hid_t file, const std::string& path, bool need_mesh) {
+  Root r;
+  auto schema = h5::read_int_attr(file, "diffcheck_schema", path);
+  if (!schema) input_error("{}: missing root attribute 'diffcheck_schema'", path);
+  if (*schema != 1)
+    input_error("{}: root attribute 'diffcheck_schema' is {}; this diffcheck reads version 1",
+                path, *schema);
+  r.schema = *schema;
+  auto mesh = h5::read_string_attr(file, "mesh", path);
+  auto world = h5::read_int_attr(file, "world_size", path);
+  if (need_mesh && !mesh) input_error("{}: missing root attribute 'mesh'", path);
+  if (need_mesh && !world) input_error("{}: missing root attribute 'world_size'", path);
+  r.mesh = mesh.value_or("");
+  r.world_size = world.value_or(1);
+  r.rank = h5::read_int_attr(file, "rank", path);
+  for (const char* k : {"scenario", "flags", "dtype", "producer"})
+    if (auto v = h5::read_string_attr(file, k, path)) r.info[k] = *v;
+  if (auto seed = h5::read_int_attr(file, "seed", path)) r.info["seed"] = std::to_string(*seed);
+  return r;
+}
+
+// Dataset paths below `group`, in creation order when the file tracks it,
+// otherwise in name order.
+std::vector<std::string> list_datasets(hid_t file, const char* group, const std::string& path) {
+  std::vector<std::string> names;
+  if (H5Lexists(file, group, H5P_DEFAULT) <= 0) return names;
+  Handle g(H5Gopen2(file, group, H5P_DEFAULT));
+  if (!g.valid()) input_error("{}: '{}' is not a group", path, group);
+  struct Ctx {
+    std::vector<std::string>* names;
+  } ctx{&names};
+  auto cb = [](hid_t gid, const char* name, const H5L_info_t*, void* data) -> herr_t {
+    auto* c = static_cast<Ctx*>(data);
+    Handle obj(H5Oopen(gid, name, H5P_DEFAULT));
+    if (obj.valid() && H5Iget_type(obj.get()) == H5I_DATASET) c->names->push_back(name);
+    return 0;
+  };
+  if (H5Lvisit(g.get(), H5_INDEX_CRT_ORDER, H5_ITER_INC, cb, &ctx) < 0) {
+    names.clear();
+    H5Eclear2(H5E_DEFAULT);
+    if (H5Lvisit(g.get(), H5_INDEX_NAME, H5_ITER_INC, cb, &ctx) < 0)
+      input_error("{}: cannot list '{}': {}", path, group, h5::last_error());
+  }
+  return names;
+}
+
+StoredKind stored_kind(hid_t ds, const std::string& where) {
+  Handle type(H5Dget_type(ds));
+  auto cls = H5Tget_class(type.get());
+  if (cls == H5T_INTEGER) return StoredKind::integer;
+  if (cls == H5T_FLOAT) {
+    switch (H5Tget_size(type.get())) {
+      case 2: return StoredKind::float16;
+      case 4: return StoredKind::float32;
+      case 8: return StoredKind::float64;
+    }
+  }
+  input_error("{}: element type is not IEEE float16/32/64 or integer", where);
+}
+
+Shape dataset_shape(hid_t ds) {
+  Handle space(H5Dget_space(ds));
+  int nd = H5Sget_simple_extent_ndims(space.get());
+  std::vector<hsize_t> d(nd > 0 ? nd : 0);
+  if (nd > 0) H5Sget_simple_extent_dims(space.get(), d.data(), nullptr);
+  return Shape(d.begin(), d.end());
+}
+
+std::vector<double> read_all(hid_t ds, std::size_t n, const std::string& where) {
+  std::vector<double> v(n);
+  if (n && H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+    input_error("{}: cannot read data: {}", where, h5::last_error());
+  return v;
+}
+
+// Attributes of a tap dataset, checked against the mesh.
+void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapData& t) {
+  auto spec = h5::read_string_attr(ds, "spec", where).value_or("");
+  auto partial = h5::read_string_attr(ds, "partial", where).value_or("");
+  try {
+    t.layout = Layout::parse(spec, partial);
+    t.layout.validate(mesh, t.local_shape.size());
+  } catch (const InputError& e) {
+    input_error("{}: attributes 'spec'/'partial': {}", where, e.what());
+  }
+  if (auto o = h5::read_int_attr(ds, "order", where)) t.order = *o;
+  t.dtype = h5::read_string_attr(ds, "dtype", where).value_or(stored_kind_name(t.stored));
+  static const std::vector<std::string> known = {"float16", "bfloat16", "float32", "float64",
+                                                 "integer"};
+  if (std::find(known.begin(), known.end(), t.dtype) == known.end() &&
+      t.dtype.rfind("int", 0) != 0 && t.dtype.rfind("uint", 0) != 0)
+    input_error("{}: attribute 'dtype' is '{}' (expected float16, bfloat16, float32, float64)",
+                where, t.dtype);
+  t.atol = h5::read_float_attr(ds, "atol", where);
+  t.rtol = h5::read_float_attr(ds, "rtol", where);
+  if (auto d = h5::read_int_attr(ds, "reduction_depth", where)) t.reduction_depth = *d;
+  if ((t.atol && *t.atol < 0) || (t.rtol && *t.rtol < 0))
+    input_error("{}: tolerance attributes must be >= 0", where);
+}
+
+// Rank-file naming: "<prefix>.rank<R>.h5".
+const std::regex kRankFile(R"((.*)\.rank(0|[1-9][0-9]*)\.h5$)");
+
+std::string rank_file(const std::string& prefix, long long r) {
+  return fmt::format("{}.rank{}.h5", prefix, r);
+}
+
+void attach_references(ActivationSet& set, const std::vector<std::string>& files) {
+  std::vector<Handle> handles;
+  for (const auto& f : files) handles.push_back(open_file(f));
+  for (auto& t : set.taps) {
+    for (std::size_t fi = 0; fi < files.size(); ++fi) {
+      const std::string& f = files[fi];
+      const Handle& file = handles[fi];
+      std::string path = "/reference/" + t.name;
+      // H5Lexists fails on a missing intermediate group; walk the path.
+      bool exists = true;
+      std::string partial;
+      for (std::size_t pos = 1; exists;) {
+        auto next = path.find('/', pos);
+        partial = path.substr(0, next);
+        exists = H5Lexists(file.get(), partial.c_str(), H5P_DEFAULT) > 0;
+        if (next == std::string::npos) break;
+        pos = next + 1;
+      }
+      H5Eclear2(H5E_DEFAULT);
+      if (!exists) continue;
+      std::string where = f + ":" + path;
+      Handle ds(H5Dopen2(file.get(), path.c_str(), H5P_DEFAULT));
+      if (!ds.valid()) input_error("{}: not a dataset", where);
+      Shape s = dataset_shape(ds.get());
+      Shape global = t.layout.global_shape(set.mesh, t.local_shape);
+      if (s != global)
+        input_error("{}: reference shape {} does not match the tap's global shape {} (local {} "
+                    "with spec '{}' on mesh {})",
+                    where, shape_str(s), shape_str(global), shape_str(t.local_shape),
+                    t.layout.spec_str(), set.mesh.str());
+      stored_kind(ds.get(), where);
+      t.reference = RefTensor(s, read_all(ds.get(), numel(s), where));
+      break;
+    }
+  }
+}
+
+void sort_taps(std::vector<TapData>& taps) {
+  std::stable_sort(taps.begin(), taps.end(), [](const TapData& a, const TapData& b) {
+    if (a.order.has_value() != b.order.has_value()) return a.order.has_value();
+    if (a.order && *a.order != *b.order) return *a.order < *b.order;
+    return a.visit_index < b.visit_index;
+  });
+}
+
+Mesh parse_mesh(const Root& root, const std::string& path) {
+  Mesh mesh;
+  try {
+    mesh = Mesh::parse(root.mesh);
+  } catch (const InputError& e) {
+    input_error("{}: root attribute 'mesh': {}", path, e.what());
+  }
+  if (mesh.world_size() != root.world_size)
+    input_error("{}: root attribute 'world_size' is {} but mesh '{}' has {} ranks", path,
+                root.world_size, root.mesh, mesh.world_size());
+  return mesh;
+}
+
+ActivationSet read_run_file(hid_t file, const std::string& path, const Root& root) {
+  ActivationSet set;
+  set.source = path;
+  set.mesh = parse_mesh(root, path);
+  set.world_size = static_cast<int>(root.world_size);
+  set.info = root.info;
+  auto names = list_datasets(file, "/taps", path);
+  if (names.empty()) input_error("{}: no tap datasets under /taps", path);
+  long idx = 0;
+  for (const auto& n : names) {
+    std::string where = fmt::format("{}: tap '{}'", path, n);
+    Handle ds(H5Dopen2(file, ("/taps/" + n).c_str(), H5P_DEFAULT));
+    TapData t;
+    t.name = n;
+    t.visit_index = idx++;
+    t.stored = stored_kind(ds.get(), where);
+    Shape s = dataset_shape(ds.get());
+    if (s.empty() || s[0] != static_cast<std::size_t>(set.world_size))
+      input_error("{}: a run file's tap must have shape [world_size={}, ...], found {}", where,
+                  set.world_size, shape_str(s));
+    t.local_shape.assign(s.begin() + 1, s.end());
+    read_tap_attrs(ds.get(), where, set.mesh, t);
+    auto all = read_all(ds.get(), numel(s), where);
+    const std::size_t n_local = numel(t.local_shape);
+    for (int r = 0; r < set.world_size; ++r)
+      t.pieces.emplace_back(all.begin() + r * n_local, all.begin() + (r + 1) * n_local);
+    set.taps.push_back(std::move(t));
+  }
+  return set;
+}
+
+ActivationSet read_rank_files(const std::string& prefix, const std::string& first_path) {
+  std::string f0 = rank_file(prefix, 0);
+  if (!fs::exists(f0))
+    input_error("{}: rank file for rank 0 is missing (looked for '{}')", first_path, f0);
+  Handle file0 = open_file(f0);
+  Root root = read_root(file0.get(), f0, true);
+  ActivationSet set;
+  set.source = prefix;
+  set.mesh = parse_mesh(root, f0);
+  set.world_size = static_cast<int>(root.world_size);
+  set.info = root.info;
+  auto names = list_datasets(file0.get(), "/taps", f0);
+  if (names.empty()) input_error("{}: no tap datasets under /taps", f0);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    TapData t;
+    t.name = names[i];
+    t.visit_index = static_cast<long>(i);
+    t.pieces.resize(set.world_size);
+    set.taps.push_back(std::move(t));
+  }
+  for (int r = 0; r < set.world_size; ++r) {
+    std::string fr = rank_file(prefix, r);
+    if (!fs::exists(fr))
+      input_error("{}: rank file for rank {} of {} is missing", fr, r, set.world_size);
+    Handle file = r == 0 ? std::move(file0) : open_file(fr);
+    Root rr = read_root(file.get(), fr, true);
+    if (!rr.rank) input_error("{}: rank file without root attribute 'rank'", fr);
+    if (*rr.rank != r) input_error("{}: root attribute 'rank' is {}, expected {}", fr, *rr.rank, r);
+    if (rr.mesh != root.mesh || rr.world_size != root.world_size)
+      input_error("{}: mesh '{}' differs from rank 0's '{}'", fr, rr.mesh, root.mesh);
+    auto names_r = list_datasets(file.get(), "/taps", fr);
+    for (auto& t : set.taps) {
+      std::string where = fmt::format("{}: tap '{}'", fr, t.name);
+      if (std::find(names_r.begin(), names_r.end(), t.name) == names_r.end())
+        input_error("{}: missing (rank 0 has it)", where);
+      Handle ds(H5Dopen2(file.get(), ("/taps/" + t.name).c_str(), H5P_DEFAULT));
+      Shape s = dataset_shape(ds.get());
+      StoredKind k = stored_kind(ds.get(), where);
+      if (r == 0) {
+        t.local_shape = s;
+        t.stored = k;
+        read_tap_attrs(ds.get(), where, set.mesh, t);
+      } else if (s != t.local_shape) {
+        input_error("{}: local shape {} differs from rank 0's {}", where, shape_str(s),
+                    shape_str(t.local_shape));
+      }
+      t.pieces[r] = read_all(ds.get(), numel(s), where);
+    }
+    if (names_r.size() != set.taps.size())
+      input_error("{}: has {} taps, rank 0 has {}", fr, names_r.size(), set.taps.size());
+  }
+  return set;
+}
+
+}  // namespace
+
+std::string stored_kind_name(StoredKind k) {
+  switch (k) {
+    case StoredKind::float16: return "float16";
+    case StoredKind::float32: return "float32";
+    case StoredKind::float64: return "float64";
+    default: return "integer";
+  }
+}
+
+ActivationSet read_activations(const std::string& source, const std::string& reference_path) {
+  h5::silence_errors();
+  ActivationSet set;
+  std::vector<std::string> ref_files;
+  std::smatch m;
+  if (fs::exists(source) && !fs::is_directory(source)) {
+    Handle file = open_file(source);
+    Root root = read_root(file.get(), source, true);
+    if (root.rank.has_value()) {
+      if (!std::regex_match(source, m, kRankFile))
+        input_error("{}: has a 'rank' attribute but is not named <prefix>.rank<R>.h5", source);
+      file.reset();
+      set = read_rank_files(m[1].str(), source);
+      for (int r = 0; r < set.world_size; ++r) ref_files.push_back(rank_file(m[1].str(), r));
+    } else {
+      set = read_run_file(file.get(), source, root);
+      ref_files.push_back(source);
+    }
+  } else if (fs::exists(rank_file(source, 0))) {
+    set = read_rank_files(source, source);
+    for (int r = 0; r < set.world_size; ++r) ref_files.push_back(rank_file(source, r));
+  } else {
+    input_error("{}: no such file, and no rank files '{}'", source, rank_file(source, 0));
+  }
+  if (!reference_path.empty()) {
+    Handle rf = open_file(reference_path);
+    read_root(rf.get(), reference_path, false);  // must carry diffcheck_schema = 1
+    ref_files.insert(ref_files.begin(), reference_path);
+  }
+  attach_references(set, ref_files);
+  sort_taps(set.taps);
+  return set;
+}
+
+}  // namespace dc

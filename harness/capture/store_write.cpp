@@ -1,0 +1,205 @@
+// Run-file writer: one file for every rank, written with parallel HDF5.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "harness/core/comm_native.h"
+#include "harness/core/error.h"
+#include "harness/capture/h5util.h"
+#include "harness/capture/store.h"
+
+namespace dc {
+namespace {
+
+using h5::Handle;
+
+// One line per tap: what every rank must agree on before anything is written.
+std::string tap_manifest(const TapRecorder& taps) {
+  std::string m;
+  for (const auto& r : taps.records())
+    m += fmt::format("{}\t{}\t{}\t{}\n", r.name, shape_str(r.local.shape), r.opts.layout.spec_str(),
+                     r.opts.layout.partial_str());
+  return m;
+}
+
+std::string first_difference(const std::string& mine, const std::string& root) {
+  std::stringstream a(mine), b(root);
+  std::string la, lb;
+  while (true) {
+    bool ga = static_cast<bool>(std::getline(a, la));
+    bool gb = static_cast<bool>(std::getline(b, lb));
+    if (!ga && !gb) return "";
+    if (la != lb || ga != gb)
+      return fmt::format("this rank has '{}' where rank 0 has '{}'", ga ? la : "(no more taps)",
+                         gb ? lb : "(no more taps)");
+  }
+}
+
+// name\tdim,dim,...\n for each reference, as known on the reference rank.
+std::string reference_manifest(const TapRecorder& taps) {
+  std::string m;
+  for (const auto& [name, t] : taps.references()) {
+    std::string dims;
+    for (auto d : t.shape) dims += fmt::format("{}{}", dims.empty() ? "" : ",", d);
+    m += name + "\t" + dims + "\n";
+  }
+  return m;
+}
+
+std::vector<std::pair<std::string, Shape>> parse_reference_manifest(const std::string& m) {
+  std::vector<std::pair<std::string, Shape>> out;
+  std::stringstream ss(m);
+  std::string line;
+  while (std::getline(ss, line)) {
+    auto tab = line.find('\t');
+    Shape s;
+    std::stringstream ds(line.substr(tab + 1));
+    std::string d;
+    while (std::getline(ds, d, ',')) s.push_back(std::stoull(d));
+    out.emplace_back(line.substr(0, tab), s);
+  }
+  return out;
+}
+
+Handle link_props() {
+  Handle lcpl(H5Pcreate(H5P_LINK_CREATE));
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  return lcpl;
+}
+
+Handle create_dataset(hid_t file, const std::string& path, hid_t type, const Shape& dims,
+                      int rank) {
+  std::vector<hsize_t> hd(dims.begin(), dims.end());
+  Handle space(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr));
+  Handle lcpl = link_props();
+  Handle ds(H5Dcreate2(file, path.c_str(), type, space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT));
+  if (!ds.valid()) fail("rank {}: HDF5 cannot create dataset '{}': {}", rank, path, h5::last_error());
+  return ds;
+}
+
+// Collective write: this rank writes `count` values at row `row` (or nothing).
+void write_rows(hid_t ds, hid_t mem_type, const void* data, const Shape& dims, bool write_all,
+                bool has_data, std::size_t row, int rank, const std::string& what) {
+  Handle fspace(H5Dget_space(ds));
+  std::vector<hsize_t> start(dims.size(), 0), count(dims.begin(), dims.end());
+  hsize_t n = 1;
+  if (!has_data) {
+    H5Sselect_none(fspace.get());
+    n = 0;
+  } else if (!write_all) {
+    start[0] = row;
+    count[0] = 1;
+    H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+  }
+  if (has_data)
+    for (auto c : count) n *= c;
+  Handle mspace(H5Screate_simple(1, &n, nullptr));
+  if (n == 0) H5Sselect_none(mspace.get());
+  Handle xfer(H5Pcreate(H5P_DATASET_XFER));
+  H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_COLLECTIVE);
+  if (H5Dwrite(ds, mem_type, mspace.get(), fspace.get(), xfer.get(), data) < 0)
+    fail("rank {}: HDF5 collective write of '{}' failed: {}", rank, what, h5::last_error());
+}
+
+void write_taps(hid_t file, const TapRecorder& taps, int world, int rank) {
+  for (const auto& r : taps.records()) {
+    Shape dims{static_cast<std::size_t>(world)};
+    dims.insert(dims.end(), r.local.shape.begin(), r.local.shape.end());
+    std::string path = "/taps/" + r.name;
+    Handle ds = create_dataset(file, path, H5T_IEEE_F32LE, dims, rank);
+    const auto& l = r.opts.layout;
+    if (!l.spec.empty()) h5::write_string_attr(ds.get(), "spec", l.spec_str());
+    if (!l.partial.empty()) h5::write_string_attr(ds.get(), "partial", l.partial_str());
+    h5::write_int_attr(ds.get(), "order", r.order);
+    if (taps.dtype() == DType::bfloat16) h5::write_string_attr(ds.get(), "dtype", "bfloat16");
+    if (r.opts.reduction_depth > 0)
+      h5::write_int_attr(ds.get(), "reduction_depth", r.opts.reduction_depth);
+    if (r.opts.atol) h5::write_float_attr(ds.get(), "atol", *r.opts.atol);
+    if (r.opts.rtol) h5::write_float_attr(ds.get(), "rtol", *r.opts.rtol);
+    write_rows(ds.get(), H5T_NATIVE_FLOAT, r.local.ptr(), dims, false, true,
+               static_cast<std::size_t>(rank), rank, path);
+  }
+}
+
+void write_references(hid_t file, const Comm& world, const TapRecorder& taps) {
+  const int root = 0;
+  auto manifest = world.broadcast_string(taps.is_reference_rank() ? reference_manifest(taps) : "",
+                                         root);
+  for (const auto& [name, shape] : parse_reference_manifest(manifest)) {
+    std::string path = "/reference/" + name;
+    Handle ds = create_dataset(file, path, H5T_IEEE_F64LE, shape, world.rank());
+    const double* data = nullptr;
+    if (taps.is_reference_rank()) data = taps.references().at(name).ptr();
+    write_rows(ds.get(), H5T_NATIVE_DOUBLE, data, shape, true, data != nullptr, 0, world.rank(),
+               path);
+  }
+}
+
+}  // namespace
+
+void write_run_file(const Comm& world, const std::string& path, const RunInfo& info,
+                    const TapRecorder& taps) {
+  h5::silence_errors();
+  const int rank = world.rank();
+  // Agree on the tap list first: a rank that recorded something else would
+  // otherwise make the collective HDF5 calls below hang or corrupt the file.
+  const std::string mine = tap_manifest(taps);
+  const std::string root = world.broadcast_string(mine, 0);
+  const std::string diff = first_difference(mine, root);
+  if (world.max_int(diff.empty() ? 0 : 1) != 0) {
+    if (!diff.empty()) fail("rank {}: taps differ from rank 0: {}", rank, diff);
+    fail("rank {}: another rank recorded different taps than rank 0 (see its message)", rank);
+  }
+
+  const std::string tmp = path + ".tmp";
+  {
+    Handle fapl(H5Pcreate(H5P_FILE_ACCESS));
+    H5Pset_fapl_mpio(fapl.get(), CommAccess::native(world), MPI_INFO_NULL);
+    H5Pset_all_coll_metadata_ops(fapl.get(), true);
+    H5Pset_coll_metadata_write(fapl.get(), true);
+    Handle fcpl(H5Pcreate(H5P_FILE_CREATE));
+    H5Pset_link_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+    Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()));
+    if (!file.valid())
+      fail("rank {}: HDF5 cannot create run file '{}': {}", rank, tmp, h5::last_error());
+
+    h5::write_int_attr(file.get(), "diffcheck_schema", 1);
+    h5::write_string_attr(file.get(), "mesh", taps.mesh().str());
+    h5::write_int_attr(file.get(), "world_size", world.size());
+    h5::write_string_attr(file.get(), "scenario", info.scenario);
+    h5::write_string_attr(file.get(), "flags", info.flags);
+    h5::write_string_attr(file.get(), "dtype", info.dtype);
+    h5::write_int_attr(file.get(), "seed", static_cast<long long>(info.seed));
+    h5::write_string_attr(file.get(), "producer", info.producer);
+
+    Handle gcpl(H5Pcreate(H5P_GROUP_CREATE));
+    H5Pset_link_creation_order(gcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+    Handle taps_group(H5Gcreate2(file.get(), "/taps", H5P_DEFAULT, gcpl.get(), H5P_DEFAULT));
+    if (!taps_group.valid())
+      fail("rank {}: HDF5 cannot create /taps in '{}': {}", rank, tmp, h5::last_error());
+
+    write_taps(file.get(), taps, world.size(), rank);
+    write_references(file.get(), world, taps);
+    if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0)
+      fail("rank {}: HDF5 cannot flush '{}': {}", rank, tmp, h5::last_error());
+  }
+  world.barrier();
+  int failed = 0;
+  std::string why;
+  if (rank == 0) {
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) {
+      failed = 1;
+      why = ec.message();
+    }
+  }
+  if (world.max_int(failed) != 0)
+    fail("rank {}: cannot rename '{}' to '{}': {}", rank, tmp, path,
+         rank == 0 ? why : "see rank 0");
+}
+
+}  // namespace dc

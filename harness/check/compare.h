@@ -1,0 +1,82 @@
+// Subsystem check (harness/check/, library diffcheck_check), on capture and
+// core. Owns the verdict: tolerances, this comparator, the console and JSON
+// reporters, and the compare command (read, check, report). It knows nothing
+// of scenarios or of the search that drives runs.
+//
+// The checks of the activation format, per tap in order: non-finite values,
+// replica agreement, agreement with the reference; and the first divergence.
+// Mismatches are data (counts, maxima, indices), never exceptions.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/capture/activations.h"
+#include "harness/check/tolerance.h"
+
+namespace dc {
+
+struct CompareOptions {
+  std::optional<double> atol, rtol;  // override the derived defaults
+  long replica_ulps = 0;             // allowed ULP distance between replicas
+};
+
+struct ElementRef {
+  int rank = -1;                   // owning rank (lowest of its replica group)
+  std::vector<std::size_t> index;  // local index for per-rank checks, global for reference
+};
+
+struct NonFinite {
+  long long nan = 0, inf = 0;
+  std::optional<ElementRef> first_nan, first_inf;
+  std::vector<int> ranks;  // ranks holding any non-finite value
+};
+
+struct ReplicaCheck {
+  bool applies = false;        // some replica group has more than one rank
+  double max_abs = 0;
+  long long max_ulp = 0;
+  int leader = -1, other = -1;  // the pair with the largest difference
+  std::vector<std::size_t> index;
+  double leader_value = 0, other_value = 0;
+  std::vector<std::string> axes;  // replica axes along which differing ranks sit ("across dp")
+  std::vector<int> differing;   // ranks whose piece differs from their group leader
+  bool pass = true;
+};
+
+struct ReferenceCheck {
+  bool present = false;
+  Tolerance tol;
+  double max_abs = 0, max_rel = 0, rel_l2 = 0;
+  long long n_fail = 0, n_total = 0;
+  ElementRef worst;       // largest |x-ref| / (atol + rtol|ref|)
+  double worst_value = 0, worst_reference = 0;
+  double worst_ratio = 0;  // |x-ref| / (atol + rtol|ref|) at the worst element; > 1 fails
+  std::vector<int> worst_ranks;  // every rank contributing to the worst element
+  bool pass = true;
+};
+
+struct TapVerdict {
+  std::string name;
+  std::string layout;
+  std::string dtype;
+  Shape local_shape, global_shape;
+  NonFinite nonfinite;
+  ReplicaCheck replica;
+  ReferenceCheck reference;
+  bool pass() const { return nonfinite.nan == 0 && nonfinite.inf == 0 && replica.pass && reference.pass; }
+  std::vector<std::string> failed_checks() const;
+};
+
+struct CompareResult {
+  std::vector<TapVerdict> taps;
+  std::optional<std::size_t> first_divergence;  // index into taps
+  bool pass() const { return !first_divergence.has_value(); }
+};
+
+CompareResult compare(const ActivationSet& set, const CompareOptions& opts);
+
+// ULP distance between two values as stored in `kind`.
+long long ulp_distance(double a, double b, StoredKind kind);
+
+}  // namespace dc

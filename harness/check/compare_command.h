@@ -1,0 +1,21 @@
+// `diffcheck compare` and the end of a scenario run: read activations from
+// disk, check them, print the report.
+#pragma once
+#include <string>
+
+#include "harness/check/compare.h"
+
+namespace dc {
+
+struct ReportOptions {
+  CompareOptions compare;
+  std::string json_path;  // empty: no JSON report
+};
+
+// Reads `source` (run file, rank file or prefix), checks it, prints the console
+// report to stdout (and JSON if asked). Returns 0 or 1; throws InputError for
+// unreadable input. Shared by `diffcheck compare` and the end of a run.
+int compare_and_report(const std::string& source, const std::string& reference,
+                       const ReportOptions& opts);
+
+}  // namespace dc

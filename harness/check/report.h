@@ -1,0 +1,30 @@
+// Reporters turn a CompareResult into text. Small classes behind one interface
+// so that a new format is a new class, not a new branch in the comparator.
+#pragma once
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "harness/capture/activations.h"
+#include "harness/check/compare.h"
+
+namespace dc {
+
+class Reporter {
+ public:
+  virtual ~Reporter() = default;
+  virtual void report(const ActivationSet& set, const CompareResult& res, std::ostream& out) = 0;
+};
+
+// A table (one row per tap) and a summary naming the first divergence.
+std::unique_ptr<Reporter> make_console_reporter();
+// Machine-readable: every number of every check (--json FILE).
+std::unique_ptr<Reporter> make_json_reporter();
+
+// One paragraph: which tap diverged first, on which ranks, where, by how much.
+std::string describe_first_divergence(const ActivationSet& set, const CompareResult& res);
+
+// "1-3,5,7-9"
+std::string rank_ranges(const std::vector<int>& ranks);
+
+}  // namespace dc

@@ -1,0 +1,139 @@
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "harness/check/report.h"
+
+namespace dc {
+namespace {
+
+std::string sci(double v) {
+  if (std::isnan(v)) return "nan";
+  if (v == 0) return "0";
+  return fmt::format("{:.2e}", v);
+}
+
+std::string nonfinite_cell(const NonFinite& nf) {
+  if (!nf.nan && !nf.inf) return "-";
+  return fmt::format("{}/{}", nf.nan, nf.inf);
+}
+
+std::string replica_cell(const ReplicaCheck& rc) {
+  if (!rc.applies) return "n/a";
+  if (rc.differing.empty()) return "equal";
+  if (rc.max_ulp == std::numeric_limits<long long>::max()) return fmt::format("{} (nan)", sci(rc.max_abs));
+  return fmt::format("{} ({}ulp)", sci(rc.max_abs), rc.max_ulp);
+}
+
+std::string truncate(const std::string& s, std::size_t w) {
+  return s.size() <= w ? s : s.substr(0, w - 1) + "~";
+}
+
+class ConsoleReporter final : public Reporter {
+ public:
+  void report(const ActivationSet& set, const CompareResult& res, std::ostream& out) override {
+    std::string title = set.info.count("scenario") ? set.info.at("scenario") : set.source;
+    out << fmt::format("diffcheck: {}  mesh {}  ({} ranks)", title, set.mesh.str(), set.world_size);
+    if (set.info.count("dtype")) out << "  dtype " << set.info.at("dtype");
+    if (set.info.count("flags") && !set.info.at("flags").empty())
+      out << "  flags: " << set.info.at("flags");
+    out << "\n";
+    std::size_t wname = 4;
+    for (const auto& t : res.taps) wname = std::max(wname, std::min<std::size_t>(t.name.size(), 40));
+    std::size_t wlay = 6;
+    for (const auto& t : res.taps) wlay = std::max(wlay, std::min<std::size_t>(t.layout.size(), 28));
+    auto row = [&](auto... cells) {
+      out << fmt::format("{:>3}  {:<{}}  {:<{}}  {:>8}  {:>18}  {:>9}  {:>9}  {:>9}  {}\n", cells...);
+    };
+    row("#", "tap", wname, "layout", wlay, "nan/inf", "replica diff", "max abs", "max rel", "rel L2",
+        "verdict");
+    for (std::size_t i = 0; i < res.taps.size(); ++i) {
+      const auto& t = res.taps[i];
+      const auto& rc = t.reference;
+      std::string verdict = t.pass() ? "PASS" : "FAIL";
+      if (!t.pass()) {
+        std::string checks;
+        for (const auto& c : t.failed_checks()) checks += (checks.empty() ? "" : ",") + c;
+        verdict += " (" + checks + ")";
+      }
+      if (res.first_divergence == i) verdict += "  <- first divergence";
+      row(i, truncate(t.name, 40), wname, truncate(t.layout, 28), wlay, nonfinite_cell(t.nonfinite),
+          replica_cell(t.replica), rc.present ? sci(rc.max_abs) : "-",
+          rc.present ? sci(rc.max_rel) : "-", rc.present ? sci(rc.rel_l2) : "-", verdict);
+    }
+    std::size_t failed = std::count_if(res.taps.begin(), res.taps.end(),
+                                       [](const TapVerdict& t) { return !t.pass(); });
+    out << "\n";
+    if (res.pass()) {
+      out << fmt::format("PASS: all {} taps pass (non-finite, replica, reference checks)\n",
+                         res.taps.size());
+    } else {
+      out << fmt::format("FAIL: {} of {} taps fail.\n", failed, res.taps.size());
+      out << describe_first_divergence(set, res);
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Reporter> make_console_reporter() { return std::make_unique<ConsoleReporter>(); }
+
+std::string rank_ranges(const std::vector<int>& ranks) {
+  std::string s;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    s += (s.empty() ? "" : ",") +
+         (j == i ? fmt::format("{}", ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
+    i = j + 1;
+  }
+  return s;
+}
+
+std::string describe_first_divergence(const ActivationSet&, const CompareResult& res) {
+  if (res.pass()) return "";
+  const auto& t = res.taps[*res.first_divergence];
+  std::string s = fmt::format("First divergence: tap '{}' (#{}), layout {}, local {} global {}\n",
+                              t.name, *res.first_divergence, t.layout, shape_str(t.local_shape),
+                              shape_str(t.global_shape));
+  const auto& nf = t.nonfinite;
+  if (nf.nan || nf.inf) {
+    s += fmt::format("  non-finite: {} NaN, {} Inf on ranks {}", nf.nan, nf.inf, rank_ranges(nf.ranks));
+    if (nf.first_nan)
+      s += fmt::format("; first NaN on rank {} at {}", nf.first_nan->rank, index_str(nf.first_nan->index));
+    if (nf.first_inf)
+      s += fmt::format("; first Inf on rank {} at {}", nf.first_inf->rank, index_str(nf.first_inf->index));
+    s += "\n";
+  }
+  const auto& rc = t.replica;
+  if (!rc.pass) {
+    s += fmt::format(
+        "  replicas DIFFER across {}: ranks {} disagree with their replica-group leader; largest difference "
+        "{} ({} ULP) between rank {} and rank {} at local index {} (rank {}: {:.9g}, rank {}: {:.9g})\n",
+        fmt::join(rc.axes, ", "), rank_ranges(rc.differing), sci(rc.max_abs),
+        rc.max_ulp == std::numeric_limits<long long>::max() ? std::string("inf") : std::to_string(rc.max_ulp),
+        rc.leader, rc.other, index_str(rc.index), rc.leader, rc.leader_value, rc.other,
+        rc.other_value);
+  } else if (rc.applies) {
+    s += "  replicas agree (bitwise)\n";
+  }
+  const auto& ref = t.reference;
+  if (ref.present && !ref.pass) {
+    s += fmt::format(
+        "  reference DISAGREES: {} of {} elements outside atol {} + rtol {}*|ref|; max abs err {}, "
+        "max rel err {}, rel L2 {}; worst at global index {} on rank(s) {}: got {:.6g}, "
+        "reference {:.6g}\n",
+        ref.n_fail, ref.n_total, sci(ref.tol.atol), sci(ref.tol.rtol), sci(ref.max_abs),
+        sci(ref.max_rel), sci(ref.rel_l2), index_str(ref.worst.index), rank_ranges(ref.worst_ranks),
+        ref.worst_value, ref.worst_reference);
+  } else if (ref.present) {
+    s += rc.pass ? "  reference agrees within tolerance\n"
+                 : "  reference agrees within tolerance on the replica-group leaders (the ranks that "
+                   "differ from them are listed above)\n";
+  }
+  return s;
+}
+
+}  // namespace dc

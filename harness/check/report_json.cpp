@@ -1,0 +1,85 @@
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "harness/check/report.h"
+
+namespace dc {
+namespace {
+
+using nlohmann::json;
+
+// JSON has no NaN or Infinity; write them as strings so the file stays valid.
+json num(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+json element(const std::optional<ElementRef>& e) {
+  if (!e) return nullptr;
+  return {{"rank", e->rank}, {"index", e->index}};
+}
+
+json tap_json(const TapVerdict& t, std::size_t order) {
+  json j;
+  j["order"] = order;
+  j["name"] = t.name;
+  j["layout"] = t.layout;
+  j["dtype"] = t.dtype;
+  j["local_shape"] = t.local_shape;
+  j["global_shape"] = t.global_shape;
+  j["pass"] = t.pass();
+  j["failed_checks"] = t.failed_checks();
+  const auto& nf = t.nonfinite;
+  j["nonfinite"] = {{"nan", nf.nan}, {"inf", nf.inf}, {"first_nan", element(nf.first_nan)},
+                    {"first_inf", element(nf.first_inf)}, {"ranks", nf.ranks}};
+  const auto& rc = t.replica;
+  j["replica"] = {{"applies", rc.applies}, {"pass", rc.pass}, {"max_abs", num(rc.max_abs)},
+                  {"max_ulp", rc.max_ulp}, {"differing_ranks", rc.differing}};
+  if (!rc.differing.empty())
+    j["replica"]["worst"] = {{"leader", rc.leader}, {"other", rc.other}, {"index", rc.index},
+                             {"axes", rc.axes},
+                             {"leader_value", num(rc.leader_value)},
+                             {"other_value", num(rc.other_value)}};
+  const auto& ref = t.reference;
+  j["reference"] = {{"present", ref.present}, {"pass", ref.pass}};
+  if (ref.present) {
+    j["reference"].update({{"atol", num(ref.tol.atol)}, {"rtol", num(ref.tol.rtol)},
+                           {"max_abs", num(ref.max_abs)}, {"max_rel", num(ref.max_rel)},
+                           {"rel_l2", num(ref.rel_l2)}, {"n_fail", ref.n_fail},
+                           {"n_total", ref.n_total}, {"worst_index", ref.worst.index},
+                           {"worst_ranks", ref.worst_ranks}, {"worst_value", num(ref.worst_value)},
+                           {"worst_reference", num(ref.worst_reference)},
+                           {"worst_ratio", num(ref.worst_ratio)}});
+  }
+  return j;
+}
+
+class JsonReporter final : public Reporter {
+ public:
+  void report(const ActivationSet& set, const CompareResult& res, std::ostream& out) override {
+    json j;
+    j["source"] = set.source;
+    j["mesh"] = set.mesh.str();
+    j["world_size"] = set.world_size;
+    j["info"] = set.info;
+    j["pass"] = res.pass();
+    j["taps"] = json::array();
+    for (std::size_t i = 0; i < res.taps.size(); ++i) j["taps"].push_back(tap_json(res.taps[i], i));
+    if (res.first_divergence) {
+      const auto& t = res.taps[*res.first_divergence];
+      j["first_divergence"] = {{"tap", t.name}, {"order", *res.first_divergence},
+                               {"checks", t.failed_checks()},
+                               {"summary", describe_first_divergence(set, res)}};
+    } else {
+      j["first_divergence"] = nullptr;
+    }
+    out << j.dump(2) << "\n";
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Reporter> make_json_reporter() { return std::make_unique<JsonReporter>(); }
+
+}  // namespace dc

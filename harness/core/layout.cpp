@@ -1,0 +1,165 @@
+#include "harness/core/layout.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "harness/core/error.h"
+
+namespace dc {
+namespace {
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string part;
+  std::stringstream ss(s);
+  while (std::getline(ss, part, sep)) out.push_back(part);
+  if (!s.empty() && s.back() == sep) out.push_back("");
+  return out;
+}
+
+std::string trim(const std::string& s) {
+  auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+std::vector<std::string> parse_axes(const std::string& entry, const std::string& what) {
+  std::vector<std::string> axes;
+  for (auto& a : split(entry, '*')) {
+    a = trim(a);
+    if (!valid_axis_name(a)) input_error("{}: '{}' is not a mesh axis name", what, a);
+    axes.push_back(a);
+  }
+  return axes;
+}
+
+}  // namespace
+
+Layout Layout::parse(const std::string& spec, const std::string& partial) {
+  Layout l;
+  if (!trim(spec).empty()) {
+    for (auto& entry : split(spec, ',')) {
+      entry = trim(entry);
+      if (entry == "-" || entry.empty()) {
+        l.spec.emplace_back();
+      } else {
+        l.spec.push_back(parse_axes(entry, fmt::format("spec '{}'", spec)));
+      }
+    }
+  }
+  if (!trim(partial).empty()) l.partial = parse_axes(trim(partial), fmt::format("partial '{}'", partial));
+  return l;
+}
+
+std::string Layout::spec_str() const {
+  std::vector<std::string> entries;
+  for (const auto& e : spec) entries.push_back(e.empty() ? "-" : fmt::format("{}", fmt::join(e, "*")));
+  return fmt::format("{}", fmt::join(entries, ","));
+}
+
+std::string Layout::partial_str() const { return fmt::format("{}", fmt::join(partial, "*")); }
+
+std::string Layout::str() const {
+  std::string s = spec.empty() ? "replicated" : spec_str();
+  if (!partial.empty()) s += " partial=" + partial_str();
+  return s;
+}
+
+void Layout::validate(const Mesh& mesh, std::size_t ndim) const {
+  if (spec.size() > ndim)
+    input_error("spec '{}' has {} entries but the tensor has {} dimensions", spec_str(), spec.size(),
+                ndim);
+  std::set<std::string> seen;
+  auto check = [&](const std::string& a, const char* where) {
+    if (mesh.axis_index(a) < 0)
+      input_error("{} names axis '{}' which is not in mesh {}", where, a, mesh.str());
+    if (!seen.insert(a).second)
+      input_error("axis '{}' appears more than once across spec '{}' and partial '{}'", a,
+                  spec_str(), partial_str());
+  };
+  for (const auto& e : spec)
+    for (const auto& a : e) check(a, "spec");
+  for (const auto& a : partial) check(a, "partial");
+}
+
+std::vector<std::string> Layout::sharded_axes() const {
+  std::vector<std::string> out;
+  for (const auto& e : spec) out.insert(out.end(), e.begin(), e.end());
+  return out;
+}
+
+std::vector<std::string> Layout::replica_axes(const Mesh& mesh) const {
+  auto used = sharded_axes();
+  used.insert(used.end(), partial.begin(), partial.end());
+  std::vector<std::string> out;
+  for (const auto& a : mesh.axes())
+    if (std::find(used.begin(), used.end(), a.name) == used.end()) out.push_back(a.name);
+  return out;
+}
+
+Shape Layout::global_shape(const Mesh& mesh, const Shape& local) const {
+  Shape g = local;
+  for (std::size_t d = 0; d < spec.size() && d < g.size(); ++d)
+    for (const auto& a : spec[d]) g[d] *= static_cast<std::size_t>(mesh.axis_size(a));
+  return g;
+}
+
+std::vector<std::size_t> Layout::block_of(const Mesh& mesh, int rank, std::size_t ndim) const {
+  std::vector<std::size_t> b(ndim, 0);
+  for (std::size_t d = 0; d < spec.size() && d < ndim; ++d)
+    b[d] = static_cast<std::size_t>(mesh.index_in(rank, spec[d]));
+  return b;
+}
+
+std::vector<int> Layout::replica_group(const Mesh& mesh, int rank) const {
+  return mesh.group(rank, replica_axes(mesh));
+}
+
+int Layout::replica_leader(const Mesh& mesh, int rank) const {
+  return replica_group(mesh, rank).front();
+}
+
+std::size_t global_flat_index(const Shape& local, const Shape& global,
+                              const std::vector<std::size_t>& block, std::size_t local_flat) {
+  std::size_t g = 0;
+  std::size_t rem = local_flat;
+  std::size_t local_stride = numel(local);
+  for (std::size_t d = 0; d < local.size(); ++d) {
+    local_stride /= local[d];
+    std::size_t i = rem / local_stride;
+    rem %= local_stride;
+    g = g * global[d] + block[d] * local[d] + i;
+  }
+  return g;
+}
+
+std::vector<double> reassemble(const Layout& layout, const Mesh& mesh, const Shape& local,
+                               const std::function<const double*(int)>& piece) {
+  Shape global = layout.global_shape(mesh, local);
+  std::vector<double> out(numel(global), 0.0);
+  const std::size_t n = numel(local);
+  // Leaders are exactly the ranks whose replica coordinates are all 0; visiting
+  // them in rank order fixes the summation order over the partial axes.
+  for (int r = 0; r < mesh.world_size(); ++r) {
+    if (layout.replica_leader(mesh, r) != r) continue;
+    const double* src = piece(r);
+    auto block = layout.block_of(mesh, r, local.size());
+    if (local.empty()) {
+      out[0] += src[0];
+      continue;
+    }
+    // Copy contiguous rows of the innermost dimension.
+    const std::size_t row = local.back();
+    for (std::size_t i = 0; i < n; i += row) {
+      std::size_t g = global_flat_index(local, global, block, i);
+      for (std::size_t j = 0; j < row; ++j) out[g + j] += src[i + j];
+    }
+  }
+  return out;
+}
+
+}  // namespace dc

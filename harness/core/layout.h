@@ -1,0 +1,56 @@
+// How a global tensor relates to per-rank pieces (the `spec` and `partial`
+// strings of the activation format): which mesh axes split which dimension,
+// which axes hold unreduced partial sums, and which are replicas.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness/core/mesh.h"
+#include "harness/core/tensor.h"
+
+namespace dc {
+
+struct Layout {
+  // One entry per leading dimension; each entry lists the mesh axes that split
+  // it, major first. Empty entry = not split. Fewer entries than dimensions
+  // leaves the trailing dimensions unsplit.
+  std::vector<std::vector<std::string>> spec;
+  std::vector<std::string> partial;
+
+  // Parses the two strings; syntax errors only (mesh checks are in validate()).
+  static Layout parse(const std::string& spec, const std::string& partial);
+  static Layout replicated() { return {}; }
+
+  std::string spec_str() const;
+  std::string partial_str() const;
+  std::string str() const;  // "spec | partial" for reports
+
+  // Throws InputError (naming the problem) if an axis is unknown to the mesh,
+  // used twice, or the spec has more entries than the tensor has dimensions.
+  void validate(const Mesh& mesh, std::size_t ndim) const;
+
+  // Mesh axes that appear in neither spec nor partial.
+  std::vector<std::string> replica_axes(const Mesh& mesh) const;
+  std::vector<std::string> sharded_axes() const;
+
+  Shape global_shape(const Mesh& mesh, const Shape& local) const;
+  // Block index of rank along each dimension (0 for unsplit dimensions).
+  std::vector<std::size_t> block_of(const Mesh& mesh, int rank, std::size_t ndim) const;
+  // Lowest rank holding the same piece as `rank` (its replica-group leader).
+  int replica_leader(const Mesh& mesh, int rank) const;
+  // The ranks of rank's replica group, in rank order.
+  std::vector<int> replica_group(const Mesh& mesh, int rank) const;
+};
+
+// Rebuilds the global tensor: one piece per block from the leader of its
+// replica group, summed in float64 over the partial axes (in rank order), placed
+// at its block. `piece(r)` returns rank r's local data (numel(local) values).
+std::vector<double> reassemble(const Layout& layout, const Mesh& mesh, const Shape& local,
+                               const std::function<const double*(int)>& piece);
+
+// Global row-major flat index of element `local_flat` of the piece at `block`.
+std::size_t global_flat_index(const Shape& local, const Shape& global,
+                              const std::vector<std::size_t>& block, std::size_t local_flat);
+
+}  // namespace dc

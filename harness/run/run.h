@@ -1,0 +1,29 @@
+// The driver behind `diffcheck --scenario`: a scenario run under MPI (every
+// rank calls it), ending in the same check and report as `diffcheck compare`.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/check/compare_command.h"
+
+namespace dc {
+
+struct RunOptions {
+  std::string scenario;
+  std::string mesh;  // empty: the scenario's default for the world size
+  std::string dtype = "float32";
+  std::uint64_t seed = 1234;
+  std::vector<std::string> flags;  // --flag values, applied after DIFFCHECK_FLAGS
+  std::string fault;
+  std::string size = "default";
+  std::string out;  // empty: results/<scenario>.h5
+  ReportOptions report;
+};
+
+// Collective over MPI_COMM_WORLD. Returns the exit status (0 pass, 1 mismatch)
+// on every rank; throws InputError (identically on every rank) for bad options
+// before anything runs, and Error for failures during the run.
+int run_scenario(const RunOptions& opts);
+
+}  // namespace dc

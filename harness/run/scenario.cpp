@@ -1,0 +1,49 @@
+#include "harness/run/scenario.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+namespace dc {
+namespace {
+std::map<std::string, std::unique_ptr<Scenario>>& registry() {
+  static std::map<std::string, std::unique_ptr<Scenario>> r;
+  return r;
+}
+}  // namespace
+
+std::vector<std::string> Scenario::mesh_axes() const {
+  std::vector<std::string> names;
+  const Mesh mesh = Mesh::parse(default_mesh(1));
+  for (const auto& a : mesh.axes()) names.push_back(a.name);
+  return names;
+}
+
+std::pair<int, int> default_two_axis_split(int world) {
+  const int inner = world % 4 == 0 ? 4 : world % 2 == 0 ? 2 : 1;
+  return {world / inner, inner};
+}
+
+bool register_scenario(std::unique_ptr<Scenario> s) {
+  auto name = s->name();
+  if (!registry().emplace(name, std::move(s)).second) {
+    // Static initialisation: no logger or exception handler can be relied on yet.
+    std::fprintf(stderr, "diffcheck: scenario '%s' registered twice\n", name.c_str());
+    std::exit(2);
+  }
+  return true;
+}
+
+const Scenario* find_scenario(const std::string& name) {
+  auto it = registry().find(name);
+  return it == registry().end() ? nullptr : it->second.get();
+}
+
+std::vector<const Scenario*> all_scenarios() {
+  std::vector<const Scenario*> out;
+  for (const auto& [k, v] : registry()) out.push_back(v.get());
+  return out;
+}
+
+}  // namespace dc

@@ -1,0 +1,52 @@
+// Subsystem search (harness/search/, library diffcheck_search), on check and
+// core. Owns work made of many runs: child-process trials with time limits
+// (trial.h), delta debugging (ddmin.h), flag trials and their cache
+// (flag_trial.h), bisect and sweep (here) and sweep-mesh (sweep_mesh.h). It
+// runs scenarios only as child processes, so it does not link them.
+//
+// diffcheck bisect and diffcheck sweep: which minimal set of flags turns a
+// correct run wrong, and which flag profile is fastest among the correct ones.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "harness/search/flag_trial.h"
+
+namespace dc {
+
+struct BisectOptions {
+  FlagTarget target;
+  FlagSet flags;     // the candidates: the full set fails, the baseline passes
+  FlagSet baseline;  // always applied
+  int repeat = 1;    // runs per trial; mixed outcomes are reported as flaky
+  std::string cache_path;
+  long max_trials = -1;  // stop after this many new (uncached) trials; -1: no limit
+  std::string json_path;
+};
+
+// Prints the trials and the 1-minimal failing subset. Returns 1 when a failing
+// subset was found, 0 when the full set passes, 2 when the baseline fails, a
+// trial was flaky, or the search was stopped by --max-trials.
+int bisect(const BisectOptions& opts);
+
+struct Profile {
+  std::string name;
+  FlagSet flags;
+};
+
+// Profiles file: one per line, "name: flag flag=value ..."; '#' starts a comment.
+std::vector<Profile> read_profiles(const std::string& path);
+std::vector<Profile> all_subsets(const FlagSet& flags);
+
+struct SweepOptions {
+  FlagTarget target;
+  std::vector<Profile> profiles;  // the first is the baseline for the delta column
+  int warmup = 1, runs = 3, jobs = 1;
+  std::string json_path;
+};
+
+// Markdown leaderboard; the fastest CORRECT profile is starred (a wrong profile
+// never is). Returns 0 when every profile is correct, 1 otherwise.
+int sweep(const SweepOptions& opts);
+
+}  // namespace dc

@@ -1,0 +1,182 @@
+#include "harness/search/flag_trial.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "harness/check/compare.h"
+#include "harness/core/error.h"
+#include "harness/capture/store.h"
+#include "harness/search/trial.h"
+
+namespace dc {
+
+std::string join_flags(const FlagSet& flags) { return fmt::format("{}", fmt::join(flags, " ")); }
+
+FlagSet split_list(const std::string& s) {
+  FlagSet out;
+  std::stringstream ss(s);
+  std::string part;
+  while (std::getline(ss, part, ','))
+    if (!part.empty()) out.push_back(part);
+  return out;
+}
+
+void FlagTarget::validate() const {
+  if (external() == !scenario.empty())
+    input_error("give either --scenario NAME or a command after --, not both or neither");
+  if (external() && env_var.empty() &&
+      std::none_of(command.begin(), command.end(),
+                   [](const std::string& a) { return a.find("{flags}") != std::string::npos; }))
+    input_error("the command must receive the flags: use --env VAR (e.g. XLA_FLAGS) or a {{flags}} "
+                "placeholder in the command");
+  if (timeout_seconds <= 0) input_error("--timeout must be positive");
+}
+
+std::string FlagTarget::identity() const {
+  if (external())
+    return fmt::format("cmd={} env={} check={} timeout={}", fmt::join(command, "\x1f"), env_var,
+                       check_file, timeout_seconds);
+  return fmt::format("scenario={} n={} fault={} dtype={} size={} timeout={}", scenario, ranks, fault,
+                     dtype, size, timeout_seconds);
+}
+
+namespace {
+
+FlagTrialResult from_outcome(const TrialOutcome& t) {
+  FlagTrialResult r;
+  r.seconds = t.seconds;
+  r.detail = t.describe();
+  if (t.kind == TrialOutcome::Kind::crashed) r.verdict = Verdict::crashed;
+  else if (t.kind == TrialOutcome::Kind::timed_out) r.verdict = Verdict::timed_out;
+  else r.verdict = t.exit_code == 0 ? Verdict::pass : Verdict::fail;
+  return r;
+}
+
+std::string last_line(const std::string& s) {
+  std::string t = s;
+  while (!t.empty() && t.back() == '\n') t.pop_back();
+  auto p = t.find_last_of('\n');
+  return p == std::string::npos ? t : t.substr(p + 1);
+}
+
+FlagTrialResult run_scenario_trial(const FlagTarget& t, const FlagSet& flags, const std::string& dir) {
+  const std::string out = dir + "/run.h5", json = dir + "/report.json";
+  std::filesystem::remove(json);
+  TrialSpec spec{{t.mpirun, "-n", std::to_string(std::max(1, t.ranks)), self_executable(),
+                  "--scenario", t.scenario, "--dtype", t.dtype, "--size", t.size, "--out", out,
+                  "--json", json},
+                 {},
+                 t.timeout_seconds};
+  if (!t.fault.empty()) spec.argv.insert(spec.argv.end(), {"--inject", t.fault});
+  for (const auto& f : flags) spec.argv.insert(spec.argv.end(), {"--flag", f});
+  TrialOutcome o = run_trial(spec);
+  FlagTrialResult r = from_outcome(o);
+  if (o.kind == TrialOutcome::Kind::exited && o.exit_code == 2) {
+    r.verdict = Verdict::error;
+    r.detail = last_line(o.output);
+  } else if (r.verdict == Verdict::fail && std::filesystem::exists(json)) {
+    nlohmann::json j;
+    std::ifstream(json) >> j;
+    if (!j["first_divergence"].is_null())
+      r.detail = fmt::format("{} ({})", j["first_divergence"]["tap"].get<std::string>(),
+                             fmt::join(j["first_divergence"]["checks"].get<std::vector<std::string>>(), ","));
+  }
+  std::filesystem::remove(out);
+  return r;
+}
+
+FlagTrialResult run_external_trial(const FlagTarget& t, const FlagSet& flags) {
+  TrialSpec spec{{}, {}, t.timeout_seconds};
+  const std::string joined = join_flags(flags);
+  for (const auto& a : t.command) {
+    if (a == "{flags}") {
+      spec.argv.insert(spec.argv.end(), flags.begin(), flags.end());
+      continue;
+    }
+    std::string s = a;
+    for (auto p = s.find("{flags}"); p != std::string::npos; p = s.find("{flags}", p + joined.size()))
+      s.replace(p, 7, joined);
+    spec.argv.push_back(s);
+  }
+  if (!t.env_var.empty()) spec.env[t.env_var] = joined;
+  if (!t.check_file.empty()) std::filesystem::remove(t.check_file);
+  TrialOutcome o = run_trial(spec);
+  FlagTrialResult r = from_outcome(o);
+  if (r.verdict == Verdict::pass && !t.check_file.empty()) {
+    try {
+      CompareResult c = compare(read_activations(t.check_file), {});
+      if (!c.pass()) {
+        r.verdict = Verdict::fail;
+        r.detail = "check: first divergence " + c.taps[*c.first_divergence].name;
+      } else {
+        r.detail = "exit 0, check passes";
+      }
+    } catch (const InputError& e) {
+      r.verdict = Verdict::error;
+      r.detail = e.what();
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+FlagTrialResult run_flag_trial(const FlagTarget& target, const FlagSet& flags, const std::string& workdir) {
+  std::filesystem::create_directories(workdir);
+  return target.external() ? run_external_trial(target, flags)
+                           : run_scenario_trial(target, flags, workdir);
+}
+
+TrialCache::TrialCache(std::string path) : path_(std::move(path)) {
+  if (path_.empty()) return;
+  std::filesystem::path p(path_);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  std::ifstream in(path_);
+  std::string line;
+  while (std::getline(in, line)) {
+    try {
+      auto j = nlohmann::json::parse(line);
+      FlagTrialResult r{static_cast<Verdict>(j["verdict"].get<int>()), j["seconds"].get<double>(),
+                        j["detail"].get<std::string>()};
+      entries_[j["key"].get<std::string>()] = r;
+    } catch (const std::exception&) {
+      // A line cut short by an interrupted run: ignore it, the trial reruns.
+    }
+  }
+}
+
+std::optional<FlagTrialResult> TrialCache::get(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second;
+}
+
+void TrialCache::put(const std::string& key, const FlagSet& flags, const FlagTrialResult& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_[key] = r;
+  if (path_.empty()) return;
+  nlohmann::json j{{"key", key}, {"flags", flags}, {"verdict", static_cast<int>(r.verdict)},
+                   {"seconds", r.seconds}, {"detail", r.detail}};
+  std::ofstream(path_, std::ios::app) << j.dump() << "\n" << std::flush;
+}
+
+std::string TrialCache::key_of(const FlagTarget& t, const FlagSet& flags, int repeat) {
+  FlagSet sorted = flags;
+  std::sort(sorted.begin(), sorted.end());
+  std::string text = fmt::format("{}\n{}\nrepeat={}", t.identity(), fmt::join(sorted, "\x1f"), repeat);
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return fmt::format("{:016x}", h);
+}
+
+}  // namespace dc

@@ -1,0 +1,152 @@
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "harness/core/error.h"
+#include "harness/search/flag_search.h"
+
+namespace dc {
+
+std::vector<Profile> read_profiles(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) input_error("{}: cannot read the profiles file", path);
+  std::vector<Profile> out;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    line = line.substr(0, line.find('#'));
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto colon = line.find(':');
+    if (colon == std::string::npos) input_error("{}:{}: expected 'name: flag flag=value ...'", path, n);
+    Profile p;
+    std::stringstream name(line.substr(0, colon)), flags(line.substr(colon + 1));
+    name >> p.name;
+    if (p.name.empty()) input_error("{}:{}: profile without a name", path, n);
+    for (std::string f; flags >> f;) p.flags.push_back(f);
+    out.push_back(p);
+  }
+  if (out.empty()) input_error("{}: no profiles", path);
+  return out;
+}
+
+std::vector<Profile> all_subsets(const FlagSet& flags) {
+  if (flags.size() > 12) input_error("--all-subsets over {} flags is {} profiles; give at most 12", flags.size(), 1u << flags.size());
+  std::vector<Profile> out;
+  for (std::size_t mask = 0; mask < (std::size_t{1} << flags.size()); ++mask) {
+    Profile p;
+    for (std::size_t i = 0; i < flags.size(); ++i)
+      if (mask & (std::size_t{1} << i)) p.flags.push_back(flags[i]);
+    p.name = p.flags.empty() ? "baseline" : fmt::format("{}", fmt::join(p.flags, "+"));
+    out.push_back(p);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Profile& a, const Profile& b) { return a.flags.size() < b.flags.size(); });
+  return out;
+}
+
+namespace {
+
+struct Row {
+  Profile profile;
+  std::vector<double> times;
+  Verdict verdict = Verdict::pass;
+  std::string detail;
+  double median() const {
+    if (times.empty()) return 0;
+    auto t = times;
+    std::sort(t.begin(), t.end());
+    return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+  }
+};
+
+}  // namespace
+
+int sweep(const SweepOptions& opts) {
+  opts.target.validate();
+  if (opts.profiles.empty()) input_error("sweep: no profiles");
+  if (opts.runs < 1 || opts.warmup < 0 || opts.jobs < 1) input_error("sweep: --runs >= 1, --warmup >= 0, -j >= 1");
+  std::vector<Row> rows(opts.profiles.size());
+  const int per_profile = opts.warmup + opts.runs;
+  const int total = per_profile * static_cast<int>(rows.size());
+  std::atomic<int> done{0};
+  std::mutex mu;
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool tty = isatty(2);
+  auto base = std::filesystem::temp_directory_path() / fmt::format("diffcheck_sweep_{}", getpid());
+
+  auto work = [&](std::size_t i) {
+    Row& row = rows[i];
+    row.profile = opts.profiles[i];
+    const auto dir = (base / std::to_string(i)).string();
+    bool seen_fail = false, seen_pass = false;
+    for (int k = 0; k < per_profile; ++k) {
+      FlagTrialResult r = run_flag_trial(opts.target, row.profile.flags, dir);
+      if (k >= opts.warmup) row.times.push_back(r.seconds);
+      if (r.verdict == Verdict::pass) seen_pass = true;
+      else seen_fail = true;
+      if (r.verdict != Verdict::pass && (row.verdict == Verdict::pass || row.detail.empty())) {
+        row.verdict = r.verdict;
+        row.detail = r.detail;
+      }
+      int d = ++done;
+      if (tty) {
+        double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::lock_guard<std::mutex> lock(mu);
+        std::cerr << fmt::format("\rsweep: trial {} of {}, {:.0f} s elapsed, ~{:.0f} s left   ", d, total, el,
+                                 el / d * (total - d))
+                  << std::flush;
+      }
+    }
+    if (seen_fail && seen_pass) row.verdict = Verdict::flaky;
+  };
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> pool;
+  for (int j = 0; j < std::min<int>(opts.jobs, static_cast<int>(rows.size())); ++j)
+    pool.emplace_back([&] {
+      for (std::size_t i; (i = next++) < rows.size();) work(i);
+    });
+  for (auto& t : pool) t.join();
+  std::filesystem::remove_all(base);
+  if (tty) std::cerr << "\n";
+
+  const double base_median = rows.front().median();
+  std::size_t best = rows.size();
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].verdict == Verdict::pass && (best == rows.size() || rows[i].median() < rows[best].median())) best = i;
+  std::cout << fmt::format("sweep: {} profiles, {} warm-up + {} timed runs each{}\n", rows.size(), opts.warmup,
+                           opts.runs, opts.jobs > 1 ? fmt::format(", {} in parallel (times perturbed)", opts.jobs) : "");
+  std::cout << "| profile | flags | median s | min s | max s | Δ vs baseline | verdict |\n|---|---|---|---|---|---|---|\n";
+  int wrong = 0;
+  nlohmann::json j{{"profiles", nlohmann::json::array()}};
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const double med = r.median();
+    const double delta = base_median > 0 ? 100.0 * (med - base_median) / base_median : 0;
+    std::string verdict = r.verdict == Verdict::pass ? "correct" : fmt::format("WRONG: {} {}", verdict_name(r.verdict), r.detail);
+    if (r.verdict != Verdict::pass) ++wrong;
+    std::cout << fmt::format("| {}{} | {} | {:.2f} | {:.2f} | {:.2f} | {:+.1f}% | {} |\n", r.profile.name,
+                             i == best ? " ★" : "", r.profile.flags.empty() ? "-" : join_flags(r.profile.flags), med,
+                             *std::min_element(r.times.begin(), r.times.end()),
+                             *std::max_element(r.times.begin(), r.times.end()), delta, verdict);
+    j["profiles"].push_back({{"name", r.profile.name}, {"flags", r.profile.flags}, {"median", med},
+                             {"times", r.times}, {"delta_percent", delta}, {"verdict", verdict_name(r.verdict)},
+                             {"detail", r.detail}, {"best", i == best}});
+  }
+  if (best == rows.size()) std::cout << "no profile is correct: nothing is starred\n";
+  else std::cout << fmt::format("★ fastest correct: {}\n", rows[best].profile.name);
+  if (!opts.json_path.empty()) std::ofstream(opts.json_path) << j.dump(2) << "\n";
+  return wrong ? 1 : 0;
+}
+
+}  // namespace dc

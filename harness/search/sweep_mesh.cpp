@@ -1,0 +1,144 @@
+#include "harness/search/sweep_mesh.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "harness/core/error.h"
+#include "harness/search/trial.h"
+
+namespace dc {
+namespace {
+
+void factor(int rest, std::size_t axes, std::vector<int>& cur, std::vector<std::vector<int>>& out) {
+  if (cur.size() + 1 == axes) {
+    cur.push_back(rest);
+    out.push_back(cur);
+    cur.pop_back();
+    return;
+  }
+  for (int f = 1; f <= rest; ++f)
+    if (rest % f == 0) {
+      cur.push_back(f);
+      factor(rest / f, axes, cur, out);
+      cur.pop_back();
+    }
+}
+
+struct Row {
+  std::string mesh, verdict, first_tap, detail;
+  double seconds = 0;
+  bool failed = false;
+};
+
+Row judge(const std::string& mesh, const TrialOutcome& t, const std::string& json_file) {
+  Row row{mesh, "", "-", "", t.seconds, true};
+  if (t.kind != TrialOutcome::Kind::exited) {
+    row.verdict = t.kind == TrialOutcome::Kind::timed_out ? "TIMED OUT" : "CRASHED";
+    row.detail = t.describe();
+    return row;
+  }
+  if (t.exit_code == 2 || !std::filesystem::exists(json_file)) {
+    row.verdict = "ERROR";
+    auto last = t.output.find_last_of('\n', t.output.size() > 1 ? t.output.size() - 2 : 0);
+    row.detail = t.output.substr(last == std::string::npos ? 0 : last + 1);
+    while (!row.detail.empty() && row.detail.back() == '\n') row.detail.pop_back();
+    return row;
+  }
+  nlohmann::json j;
+  std::ifstream(json_file) >> j;
+  if (j["pass"].get<bool>()) {
+    row.verdict = "PASS";
+    row.failed = false;
+    return row;
+  }
+  row.verdict = "FAIL";
+  const auto& fd = j["first_divergence"];
+  row.first_tap = fd["tap"].get<std::string>();
+  row.detail = fmt::format("{}", fmt::join(fd["checks"].get<std::vector<std::string>>(), ","));
+  for (const auto& tap : j["taps"])
+    if (tap["name"] == fd["tap"] && tap["replica"].contains("worst")) {
+      const auto& w = tap["replica"]["worst"];
+      row.detail += fmt::format(": replicas differ across {} (max diff {})",
+                                fmt::join(w["axes"].get<std::vector<std::string>>(), ", "),
+                                tap["replica"]["max_abs"].dump());
+    }
+  return row;
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> mesh_factorizations(int ranks, std::size_t axes) {
+  std::vector<std::vector<int>> out;
+  std::vector<int> cur;
+  if (ranks >= 1 && axes >= 1) factor(ranks, axes, cur, out);
+  return out;
+}
+
+int sweep_mesh(const SweepMeshOptions& opts) {
+  if (opts.ranks < 1) input_error("sweep-mesh: -n must be at least 1");
+  if (opts.axes.empty() || !opts.check_mesh)
+    input_error("sweep-mesh: scenario '{}' gives no mesh axes", opts.scenario);
+  const auto& axes = opts.axes;
+  auto dir = std::filesystem::temp_directory_path() / fmt::format("diffcheck_sweep_{}", getpid());
+  std::filesystem::create_directories(dir);
+
+  std::vector<Row> rows;
+  std::vector<std::pair<std::string, std::string>> skipped;
+  int index = 0;
+  for (const auto& sizes : mesh_factorizations(opts.ranks, axes.size())) {
+    std::vector<Axis> ax;
+    for (std::size_t i = 0; i < axes.size(); ++i) ax.push_back({axes[i], sizes[i]});
+    Mesh mesh(ax);
+    try {
+      opts.check_mesh(mesh);
+    } catch (const InputError& e) {
+      skipped.emplace_back(mesh.str(), e.what());
+      continue;
+    }
+    const std::string out = (dir / fmt::format("mesh{}.h5", index)).string();
+    const std::string json = (dir / fmt::format("mesh{}.json", index++)).string();
+    TrialSpec t{{opts.mpirun, "-n", std::to_string(opts.ranks), self_executable(), "--scenario",
+                 opts.scenario, "--mesh", mesh.str(), "--dtype", opts.dtype, "--size", opts.size,
+                 "--out", out, "--json", json},
+                {},
+                opts.timeout_seconds};
+    if (!opts.fault.empty()) t.argv.insert(t.argv.end(), {"--inject", opts.fault});
+    for (const auto& f : opts.flags) t.argv.insert(t.argv.end(), {"--flag", f});
+    if (isatty(2)) std::cerr << fmt::format("sweep-mesh: {} ...\r", mesh.str()) << std::flush;
+    rows.push_back(judge(mesh.str(), run_trial(t), json));
+    std::filesystem::remove(out);
+    std::filesystem::remove(json);
+  }
+  std::filesystem::remove_all(dir);
+
+  std::cout << fmt::format("sweep-mesh: {} on {} ranks{}{}\n", opts.scenario, opts.ranks,
+                           opts.fault.empty() ? "" : ", inject " + opts.fault,
+                           opts.flags.empty() ? "" : fmt::format(", flags {}", fmt::join(opts.flags, " ")));
+  std::cout << "| mesh | wall s | verdict | first divergent tap | detail |\n|---|---|---|---|---|\n";
+  int failed = 0;
+  for (const auto& r : rows) {
+    std::cout << fmt::format("| {} | {:.1f} | {} | {} | {} |\n", r.mesh, r.seconds, r.verdict, r.first_tap, r.detail);
+    failed += r.failed;
+  }
+  for (const auto& [m, why] : skipped) std::cout << fmt::format("| {} | - | skipped | - | {} |\n", m, why);
+  std::cout << fmt::format("{} meshes run, {} fail, {} skipped by the problem size\n", rows.size(),
+                           failed, skipped.size());
+  if (!opts.json_path.empty()) {
+    nlohmann::json j{{"scenario", opts.scenario}, {"ranks", opts.ranks}, {"fault", opts.fault},
+                     {"flags", opts.flags}, {"rows", nlohmann::json::array()}, {"skipped", nlohmann::json::array()}};
+    for (const auto& r : rows)
+      j["rows"].push_back({{"mesh", r.mesh}, {"seconds", r.seconds}, {"verdict", r.verdict},
+                           {"first_divergence", r.first_tap}, {"detail", r.detail}});
+    for (const auto& [m, why] : skipped) j["skipped"].push_back({{"mesh", m}, {"reason", why}});
+    std::ofstream(opts.json_path) << j.dump(2) << "\n";
+  }
+  return failed || rows.empty() ? 1 : 0;
+}
+
+}  // namespace dc

@@ -1,0 +1,37 @@
+// diffcheck sweep-mesh: run a scenario on every mesh shape N ranks can form
+// over its axes (that the problem size allows), each as a child mpirun with a
+// time limit, and say which shapes fail.
+//
+// The search subsystem runs scenarios only as child processes, so it does not
+// know them: the caller (the CLI, which links the scenarios) says which axes
+// the scenario has and which meshes it accepts.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness/core/mesh.h"
+
+namespace dc {
+
+struct SweepMeshOptions {
+  std::string scenario;
+  int ranks = 0;
+  std::string fault, dtype = "float32", size = "default";
+  std::vector<std::string> flags;
+  double timeout_seconds = 600;
+  std::string json_path;
+  std::string mpirun = "mpirun";
+  // The scenario's mesh axes, in order, and its mesh check: throws InputError
+  // (with the reason) for a mesh the scenario or its size cannot run on.
+  std::vector<std::string> axes;
+  std::function<void(const Mesh&)> check_mesh;
+};
+
+// Every ordered assignment of sizes (>= 1) to `axes` whose product is `ranks`.
+std::vector<std::vector<int>> mesh_factorizations(int ranks, std::size_t axes);
+
+// Prints a table to stdout; returns 0 when every mesh passes, 1 otherwise.
+int sweep_mesh(const SweepMeshOptions& opts);
+
+}  // namespace dc
