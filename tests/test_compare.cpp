@@ -11,9 +11,15 @@ namespace {
 
 using namespace dc;
 
+// A tap with its values held in the test: pieces per rank, optional reference.
+struct Tap : TapData {
+  std::vector<std::vector<double>> pieces;
+  std::optional<RefTensor> reference;
+};
+
 // A tap on mesh dp=2,tp=2 with spec "-,tp": pieces of local shape [2,2].
-TapData sharded_tap(const std::string& name, long order) {
-  TapData t;
+Tap sharded_tap(const std::string& name, long order) {
+  Tap t;
   t.name = name;
   t.order = order;
   t.dtype = "float32";
@@ -34,12 +40,21 @@ TapData sharded_tap(const std::string& name, long order) {
   return t;
 }
 
-ActivationSet set_of(std::vector<TapData> taps) {
+ActivationSet set_of(std::vector<Tap> taps) {
   ActivationSet s;
   s.mesh = Mesh::parse("dp=2,tp=2");
   s.world_size = 4;
   s.source = "test";
-  s.taps = std::move(taps);
+  auto data = std::make_shared<InMemoryData>();
+  for (auto& t : taps) {
+    TapData meta = t;
+    meta.data_id = data->pieces.size();
+    if (t.reference) meta.reference_shape = t.reference->shape;
+    data->pieces.push_back(t.pieces);
+    data->references.push_back(t.reference ? t.reference->data : std::vector<double>{});
+    s.taps.push_back(meta);
+  }
+  s.data = data;
   return s;
 }
 
@@ -131,7 +146,7 @@ TEST(Compare, FirstDivergenceFollowsOrder) {
 }
 
 TEST(Compare, PartialAxesAreSummedBeforeTheReferenceCheck) {
-  TapData t;
+  Tap t;
   t.name = "p";
   t.dtype = "float64";
   t.layout = Layout::parse("", "dp");

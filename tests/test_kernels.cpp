@@ -94,7 +94,7 @@ TEST(FluxBlock, MatchesPyTorch) {
   ActivationSet f = read_activations(path);
   auto get = [&](const std::string& name) {
     for (const auto& t : f.taps)
-      if (t.name == name) return RefTensor(t.local_shape, t.pieces[0]);
+      if (t.name == name) return RefTensor(t.local_shape, read_whole_piece(f, t, 0));
     ADD_FAILURE() << "fixture has no tap " << name;
     return RefTensor();
   };
@@ -148,7 +148,7 @@ TEST(FlashAttention, MatchesPyTorch) {
   const std::string path = std::string(DIFFCHECK_SOURCE_DIR) + "/tests/fixtures/attention_small.h5";
   ActivationSet f = read_activations(path);
   std::map<std::string, RefTensor> t;
-  for (const auto& tap : f.taps) t[tap.name] = RefTensor(tap.local_shape, tap.pieces[0]);
+  for (const auto& tap : f.taps) t[tap.name] = RefTensor(tap.local_shape, read_whole_piece(f, tap, 0));
   auto out = ref::flash_attention(t["q"], t["k"], t["v"], 16, 16);
   ASSERT_EQ(out.shape, t["out"].shape);
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out.data[i], t["out"].data[i], 1e-12) << i;

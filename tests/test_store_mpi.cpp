@@ -59,12 +59,12 @@ TEST(Store, RunFileRoundTrip) {
       EXPECT_EQ(q.stored, StoredKind::float32);
       EXPECT_EQ(q.reduction_depth.value_or(0), 64);
       EXPECT_EQ(q.local_shape, (Shape{2, 3}));
-      for (int r = 0; r < n; ++r) EXPECT_EQ(q.pieces[r][5], r * 10 + 5);
-      ASSERT_TRUE(q.reference);
-      EXPECT_EQ(q.reference->data, ref.data);
+      for (int r = 0; r < n; ++r) EXPECT_EQ(read_whole_piece(s, q, r)[5], r * 10 + 5);
+      ASSERT_TRUE(q.reference_shape);
+      EXPECT_EQ(read_whole_reference(s, q), ref.data);
       EXPECT_EQ(s.taps[1].name, "scalar_like");
       EXPECT_EQ(s.taps[1].atol.value_or(-1), 0.25);
-      EXPECT_FALSE(s.taps[1].reference);
+      EXPECT_FALSE(s.taps[1].reference_shape);
     } else {
       ok = 0;
       ADD_FAILURE() << "expected 2 taps, got " << s.taps.size();

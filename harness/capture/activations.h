@@ -1,9 +1,14 @@
-// An activation file in memory, as the comparator sees it: the mesh, every
-// tap's per-rank pieces and attributes, and its reference when there is one.
-// Produced by store (from a run file or from rank files); the comparator never
+// An activation file as the comparator sees it: the mesh, every tap's layout,
+// shapes and attributes — and a way to stream its data. The values are not
+// held here: `ActivationSet::data` reads any hyperslab of any rank's piece, or
+// of a tap's reference, on demand, so a checker can walk a tensor far larger
+// than memory in bounded chunks. Produced by store (from a run file or from
+// rank files) or built in memory (tests, small tools); the comparator never
 // knows which scenario, or which framework, wrote it.
 #pragma once
+#include <cstddef>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,8 +33,25 @@ struct TapData {
   std::optional<double> atol, rtol;
   std::optional<long> reduction_depth;
   Shape local_shape;
-  std::vector<std::vector<double>> pieces;  // [world_size][numel(local_shape)]
-  std::optional<RefTensor> reference;
+  std::optional<Shape> reference_shape;  // the global shape, when the tap has a reference
+  std::size_t data_id = 0;               // which tap the data source means (taps get sorted)
+};
+
+// A box of a tensor: `count[d]` elements from `start[d]` along each dimension,
+// read into a flat buffer in the box's own row-major order.
+struct Slab {
+  Shape start, count;
+};
+
+// Streamed access to tap values, as float64 in row-major order. Implementations
+// may be called from several threads at once (they serialize what must be).
+class ActivationData {
+ public:
+  virtual ~ActivationData() = default;
+  // Rank `rank`'s piece of tap `t`, restricted to `slab` (local coordinates).
+  virtual void read_piece(const TapData& t, int rank, const Slab& slab, double* out) const = 0;
+  // The reference of tap `t`, restricted to `slab` (global coordinates).
+  virtual void read_reference(const TapData& t, const Slab& slab, double* out) const = 0;
 };
 
 struct ActivationSet {
@@ -38,6 +60,21 @@ struct ActivationSet {
   int world_size = 1;
   std::map<std::string, std::string> info;  // optional root attributes, as text
   std::vector<TapData> taps;                // in comparison order
+  std::shared_ptr<const ActivationData> data;
+};
+
+// Whole tensors, for small sets (tests, fixtures): rank's piece, the reference.
+std::vector<double> read_whole_piece(const ActivationSet& set, const TapData& t, int rank);
+std::vector<double> read_whole_reference(const ActivationSet& set, const TapData& t);
+
+// Data held in memory, for sets built in code. `pieces[data_id][rank]` and
+// `references[data_id]` (empty when the tap has none).
+class InMemoryData final : public ActivationData {
+ public:
+  std::vector<std::vector<std::vector<double>>> pieces;
+  std::vector<std::vector<double>> references;
+  void read_piece(const TapData& t, int rank, const Slab& slab, double* out) const override;
+  void read_reference(const TapData& t, const Slab& slab, double* out) const override;
 };
 
 }  // namespace dc

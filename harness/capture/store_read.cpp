@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "harness/core/error.h"
+#include "harness/capture/h5_data.h"
 #include "harness/capture/h5util.h"
 #include "harness/capture/store.h"
 
@@ -104,13 +105,6 @@ Shape dataset_shape(hid_t ds) {
   return Shape(d.begin(), d.end());
 }
 
-std::vector<double> read_all(hid_t ds, std::size_t n, const std::string& where) {
-  std::vector<double> v(n);
-  if (n && H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
-    input_error("{}: cannot read data: {}", where, h5::last_error());
-  return v;
-}
-
 // Attributes of a tap dataset, checked against the mesh.
 void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapData& t) {
   auto spec = h5::read_string_attr(ds, "spec", where).value_or("");
@@ -143,7 +137,7 @@ std::string rank_file(const std::string& prefix, long long r) {
   return fmt::format("{}.rank{}.h5", prefix, r);
 }
 
-void attach_references(ActivationSet& set, const std::vector<std::string>& files) {
+void attach_references(ActivationSet& set, H5Data& data, const std::vector<std::string>& files) {
   std::vector<Handle> handles;
   for (const auto& f : files) handles.push_back(open_file(f));
   for (auto& t : set.taps) {
@@ -174,7 +168,8 @@ void attach_references(ActivationSet& set, const std::vector<std::string>& files
                     where, shape_str(s), shape_str(global), shape_str(t.local_shape),
                     t.layout.spec_str(), set.mesh.str());
       stored_kind(ds.get(), where);
-      t.reference = RefTensor(s, read_all(ds.get(), numel(s), where));
+      t.reference_shape = s;
+      data.set_reference(t.data_id, f, path);
       break;
     }
   }
@@ -201,7 +196,8 @@ Mesh parse_mesh(const Root& root, const std::string& path) {
   return mesh;
 }
 
-ActivationSet read_run_file(hid_t file, const std::string& path, const Root& root) {
+ActivationSet read_run_file(hid_t file, const std::string& path, const Root& root,
+                            H5Data& data) {
   ActivationSet set;
   set.source = path;
   set.mesh = parse_mesh(root, path);
@@ -223,16 +219,20 @@ ActivationSet read_run_file(hid_t file, const std::string& path, const Root& roo
                   set.world_size, shape_str(s));
     t.local_shape.assign(s.begin() + 1, s.end());
     read_tap_attrs(ds.get(), where, set.mesh, t);
-    auto all = read_all(ds.get(), numel(s), where);
-    const std::size_t n_local = numel(t.local_shape);
-    for (int r = 0; r < set.world_size; ++r)
-      t.pieces.emplace_back(all.begin() + r * n_local, all.begin() + (r + 1) * n_local);
+    t.data_id = data.add_tap("/taps/" + n);
     set.taps.push_back(std::move(t));
   }
   return set;
 }
 
-ActivationSet read_rank_files(const std::string& prefix, const std::string& first_path) {
+std::vector<std::string> rank_files(const std::string& prefix, int world) {
+  std::vector<std::string> files;
+  for (int r = 0; r < world; ++r) files.push_back(rank_file(prefix, r));
+  return files;
+}
+
+ActivationSet read_rank_files(const std::string& prefix, const std::string& first_path,
+                              std::shared_ptr<H5Data>& data) {
   std::string f0 = rank_file(prefix, 0);
   if (!fs::exists(f0))
     input_error("{}: rank file for rank 0 is missing (looked for '{}')", first_path, f0);
@@ -249,9 +249,10 @@ ActivationSet read_rank_files(const std::string& prefix, const std::string& firs
     TapData t;
     t.name = names[i];
     t.visit_index = static_cast<long>(i);
-    t.pieces.resize(set.world_size);
     set.taps.push_back(std::move(t));
   }
+  data = H5Data::rank_files(rank_files(prefix, set.world_size));
+  for (auto& t : set.taps) t.data_id = data->add_tap("/taps/" + t.name);
   for (int r = 0; r < set.world_size; ++r) {
     std::string fr = rank_file(prefix, r);
     if (!fs::exists(fr))
@@ -278,7 +279,6 @@ ActivationSet read_rank_files(const std::string& prefix, const std::string& firs
         input_error("{}: local shape {} differs from rank 0's {}", where, shape_str(s),
                     shape_str(t.local_shape));
       }
-      t.pieces[r] = read_all(ds.get(), numel(s), where);
     }
     if (names_r.size() != set.taps.size())
       input_error("{}: has {} taps, rank 0 has {}", fr, names_r.size(), set.taps.size());
@@ -300,6 +300,7 @@ std::string stored_kind_name(StoredKind k) {
 ActivationSet read_activations(const std::string& source, const std::string& reference_path) {
   h5::silence_errors();
   ActivationSet set;
+  std::shared_ptr<H5Data> data;
   std::vector<std::string> ref_files;
   std::smatch m;
   if (fs::exists(source) && !fs::is_directory(source)) {
@@ -309,15 +310,16 @@ ActivationSet read_activations(const std::string& source, const std::string& ref
       if (!std::regex_match(source, m, kRankFile))
         input_error("{}: has a 'rank' attribute but is not named <prefix>.rank<R>.h5", source);
       file.reset();
-      set = read_rank_files(m[1].str(), source);
-      for (int r = 0; r < set.world_size; ++r) ref_files.push_back(rank_file(m[1].str(), r));
+      set = read_rank_files(m[1].str(), source, data);
+      ref_files = rank_files(m[1].str(), set.world_size);
     } else {
-      set = read_run_file(file.get(), source, root);
+      data = H5Data::run_file(source);
+      set = read_run_file(file.get(), source, root, *data);
       ref_files.push_back(source);
     }
   } else if (fs::exists(rank_file(source, 0))) {
-    set = read_rank_files(source, source);
-    for (int r = 0; r < set.world_size; ++r) ref_files.push_back(rank_file(source, r));
+    set = read_rank_files(source, source, data);
+    ref_files = rank_files(source, set.world_size);
   } else {
     input_error("{}: no such file, and no rank files '{}'", source, rank_file(source, 0));
   }
@@ -326,7 +328,8 @@ ActivationSet read_activations(const std::string& source, const std::string& ref
     read_root(rf.get(), reference_path, false);  // must carry diffcheck_schema = 1
     ref_files.insert(ref_files.begin(), reference_path);
   }
-  attach_references(set, ref_files);
+  attach_references(set, *data, ref_files);
+  set.data = data;
   sort_taps(set.taps);
   return set;
 }

@@ -1,13 +1,22 @@
 #include "harness/check/compare.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <limits>
+#include <mutex>
+#include <thread>
+
+#include "harness/check/chunks.h"
+#include "harness/check/tap_stats.h"
 
 namespace dc {
 namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Maps a float's bits onto a line where adjacent floats are adjacent integers.
 template <class F, class I>
@@ -18,129 +27,291 @@ I ordered_bits(F x) {
 
 bool same_value(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 
-void check_nonfinite(const TapData& t, NonFinite& nf) {
-  for (std::size_t r = 0; r < t.pieces.size(); ++r) {
-    bool any = false;
-    const auto& p = t.pieces[r];
-    for (std::size_t i = 0; i < p.size(); ++i) {
-      if (std::isnan(p[i])) {
-        ++nf.nan;
-        any = true;
-        if (!nf.first_nan) nf.first_nan = ElementRef{static_cast<int>(r), unravel(i, t.local_shape)};
-      } else if (std::isinf(p[i])) {
-        ++nf.inf;
-        any = true;
-        if (!nf.first_inf) nf.first_inf = ElementRef{static_cast<int>(r), unravel(i, t.local_shape)};
-      }
-    }
-    if (any) nf.ranks.push_back(static_cast<int>(r));
-  }
-}
+// The pieces a block of the global tensor is made of: its partial-sum leaders
+// (rank order, the order of the float64 sum) and each leader's replicas.
+struct BlockGroup {
+  int owner = 0;
+  std::vector<std::size_t> block;
+  std::vector<int> leaders;
+  std::vector<std::vector<int>> replicas;  // per leader, without the leader
+};
 
-void check_replicas(const TapData& t, const Mesh& mesh, long allowed_ulps, ReplicaCheck& rc) {
-  double worst_key = -1;
+struct TapPlan {
+  const TapData* tap = nullptr;
+  Shape global;
+  std::vector<BlockGroup> groups;
+  bool replicated = false;  // some replica group has more than one rank
+};
+
+// Coordinates decide everything: a rank is a replica leader when its
+// coordinates on the replica axes are 0, a block owner when also those on the
+// partial axes are; each is O(axes) per rank.
+TapPlan plan_tap(const TapData& t, const Mesh& mesh) {
+  TapPlan p;
+  p.tap = &t;
+  p.global = t.layout.global_shape(mesh, t.local_shape);
+  std::vector<bool> is_replica_axis(mesh.axes().size(), false), is_partial_axis = is_replica_axis;
+  for (const auto& a : t.layout.replica_axes(mesh)) {
+    is_replica_axis[mesh.axis_index(a)] = true;
+    p.replicated = p.replicated || mesh.axis_size(a) > 1;
+  }
+  for (const auto& a : t.layout.partial) is_partial_axis[mesh.axis_index(a)] = true;
+  const auto replica_axes = t.layout.replica_axes(mesh);
   for (int r = 0; r < mesh.world_size(); ++r) {
-    int leader = t.layout.replica_leader(mesh, r);
-    if (leader == r) continue;
-    rc.applies = true;
-    const auto& a = t.pieces[leader];
-    const auto& b = t.pieces[r];
-    bool differs = false;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      if (same_value(a[i], b[i])) continue;
-      differs = true;
-      double d = std::abs(a[i] - b[i]);
-      long long u = ulp_distance(a[i], b[i], t.stored);
-      // Rank NaN-vs-number differences above any finite one.
-      double key = std::isnan(d) ? std::numeric_limits<double>::infinity() : d;
-      if (key > worst_key) {
-        worst_key = key;
-        rc.max_abs = d;
-        rc.leader = leader;
-        rc.other = r;
-        rc.index = unravel(i, t.local_shape);
-        rc.leader_value = a[i];
-        rc.other_value = b[i];
-      }
-      rc.max_ulp = std::max(rc.max_ulp, u);
+    auto c = mesh.coords(r);
+    bool owner = true;
+    for (std::size_t i = 0; i < c.size() && owner; ++i)
+      owner = c[i] == 0 || (!is_replica_axis[i] && !is_partial_axis[i]);
+    if (!owner) continue;
+    BlockGroup g;
+    g.owner = r;
+    g.block = t.layout.block_of(mesh, r, t.local_shape.size());
+    g.leaders = mesh.group(r, t.layout.partial);
+    for (int l : g.leaders) {
+      auto reps = mesh.group(l, replica_axes);
+      reps.erase(std::remove(reps.begin(), reps.end(), l), reps.end());
+      g.replicas.push_back(std::move(reps));
     }
-    if (differs) rc.differing.push_back(r);
+    p.groups.push_back(std::move(g));
   }
-  rc.pass = rc.differing.empty() || rc.max_ulp <= allowed_ulps;
-  // Every axis along which some differing rank sits apart from its leader.
-  std::vector<bool> apart(mesh.axes().size(), false);
-  for (int r : rc.differing) {
-    auto a = mesh.coords(t.layout.replica_leader(mesh, r)), b = mesh.coords(r);
-    for (std::size_t i = 0; i < a.size(); ++i) apart[i] = apart[i] || a[i] != b[i];
-  }
-  for (std::size_t i = 0; i < apart.size(); ++i)
-    if (apart[i]) rc.axes.push_back(mesh.axes()[i].name);
+  return p;
 }
 
-// Ranks (replica leaders) whose block holds global element `g`.
-std::vector<int> owners(const TapData& t, const Mesh& mesh, const Shape& global,
-                        const std::vector<std::size_t>& g) {
-  std::vector<int> out;
-  for (int r = 0; r < mesh.world_size(); ++r) {
-    if (t.layout.replica_leader(mesh, r) != r) continue;
-    auto block = t.layout.block_of(mesh, r, t.local_shape.size());
-    bool inside = true;
-    for (std::size_t d = 0; d < global.size(); ++d)
-      if (g[d] / t.local_shape[d] != block[d]) inside = false;
-    if (inside) out.push_back(r);
-  }
-  return out;
+int replica_leader_of(const TapData& t, const Mesh& mesh, int rank) {
+  auto c = mesh.coords(rank);
+  for (const auto& a : t.layout.replica_axes(mesh)) c[mesh.axis_index(a)] = 0;
+  return mesh.rank_of(c);
 }
 
-void check_reference(const TapData& t, const Mesh& mesh, const CompareOptions& opts,
-                     ReferenceCheck& rc) {
-  if (!t.reference) return;
-  rc.present = true;
-  auto x = reassemble(t.layout, mesh, t.local_shape,
-                      [&](int r) { return t.pieces[r].data(); });
-  const auto& ref = t.reference->data;
-  double sum_sq_ref = 0;
-  for (double v : ref) sum_sq_ref += v * v;
-  double rms = ref.empty() ? 0.0 : std::sqrt(sum_sq_ref / static_cast<double>(ref.size()));
-  rc.tol = derive_tolerance({t.dtype, t.reduction_depth, t.atol, t.rtol, opts.atol, opts.rtol, rms});
+void scan_nonfinite(const double* x, std::size_t n, int rank, std::size_t first, TapStats& s) {
+  bool any = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (std::isfinite(x[i])) continue;
+    any = true;
+    std::pair<int, std::size_t> at{rank, first + i};
+    if (std::isnan(x[i])) {
+      ++s.nan;
+      if (!s.first_nan || at < *s.first_nan) s.first_nan = at;
+    } else {
+      ++s.inf;
+      if (!s.first_inf || at < *s.first_inf) s.first_inf = at;
+    }
+  }
+  if (any) s.nonfinite_ranks.push_back(rank);
+}
 
-  double sum_sq_err = 0, worst_ratio = -1;
+void scan_replica(const double* a, const double* b, std::size_t n, int leader, int rank,
+                  std::size_t first, StoredKind kind, TapStats& s) {
+  bool differs = false;
+  TapStats::ReplicaWorst w;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (same_value(a[i], b[i])) continue;
+    differs = true;
+    double d = std::abs(a[i] - b[i]);
+    double key = std::isnan(d) ? kInf : d;
+    if (key > w.key) w = {key, rank, leader, first + i, a[i], b[i], d};
+    s.max_ulp = std::max(s.max_ulp, ulp_distance(a[i], b[i], kind));
+  }
+  if (!differs) return;
+  s.differing.push_back(rank);
+  s.offer_replica(w);
+}
+
+void scan_reference(const double* x, const double* ref, std::size_t n, const Tolerance& tol,
+                    const TapPlan& p, const BlockGroup& g, std::size_t first, TapStats& s) {
+  double worst_ratio = -1;
   std::size_t worst = 0;
-  rc.n_total = static_cast<long long>(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     double err = std::abs(x[i] - ref[i]);
-    double bound = rc.tol.atol + rc.tol.rtol * std::abs(ref[i]);
-    bool ok = err <= bound;  // false for NaN
-    if (!ok) ++rc.n_fail;
-    double ratio = std::isnan(err) ? std::numeric_limits<double>::infinity()
-                   : bound > 0     ? err / bound
-                   : err > 0       ? std::numeric_limits<double>::infinity()
-                                   : 0.0;
+    double bound = tol.atol + tol.rtol * std::abs(ref[i]);
+    if (!(err <= bound)) ++s.n_fail;  // NaN fails
+    double ratio = std::isnan(err) ? kInf : bound > 0 ? err / bound : err > 0 ? kInf : 0.0;
     if (ratio > worst_ratio) {
       worst_ratio = ratio;
       worst = i;
     }
     if (std::isnan(err)) {
-      rc.max_abs = err;
-    } else if (!std::isnan(rc.max_abs)) {
-      rc.max_abs = std::max(rc.max_abs, err);
+      s.any_nan_error = true;
+    } else {
+      s.max_abs = std::max(s.max_abs, err);
+      if (ref[i] != 0) s.max_rel = std::max(s.max_rel, err / std::abs(ref[i]));
     }
-    if (ref[i] != 0 && !std::isnan(err)) rc.max_rel = std::max(rc.max_rel, err / std::abs(ref[i]));
-    sum_sq_err += err * err;
+    s.err_sq.add(err * err);
+    s.ref_sq.add(ref[i] * ref[i]);
   }
-  if (std::isnan(rc.max_abs)) rc.max_rel = std::numeric_limits<double>::quiet_NaN();
-  rc.rel_l2 = sum_sq_ref > 0 ? std::sqrt(sum_sq_err / sum_sq_ref) : std::sqrt(sum_sq_err);
-  Shape global = t.reference->shape;
-  rc.worst.index = unravel(worst, global);
-  rc.worst_ratio = std::max(0.0, worst_ratio);
-  rc.worst_value = x.empty() ? 0 : x[worst];
-  rc.worst_reference = ref.empty() ? 0 : ref[worst];
-  rc.worst_ranks = owners(t, mesh, global, rc.worst.index);
-  rc.worst.rank = rc.worst_ranks.empty() ? -1 : rc.worst_ranks.front();
-  rc.pass = rc.n_fail == 0;
+  s.n_total += static_cast<long long>(n);
+  if (n == 0) return;
+  // Within a block, local row-major order is global order, so the first worst
+  // element of the chunk is also its lowest global index.
+  s.offer_reference({worst_ratio,
+                     global_flat_index(p.tap->local_shape, p.global, g.block, first + worst),
+                     g.owner, x[worst], ref[worst]});
+}
+
+// Runs `work(item, stats)` for items 0..n-1 on `threads` threads, each with its
+// own stats, and merges them. The first exception (e.g. an unreadable file)
+// stops the others and is rethrown.
+template <class Work>
+TapStats run_items(std::size_t n, int threads, Work&& work) {
+  threads = static_cast<int>(std::min<std::size_t>(std::max(1, threads), std::max<std::size_t>(n, 1)));
+  std::vector<TapStats> parts(static_cast<std::size_t>(threads));
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto loop = [&](int k) {
+    try {
+      for (std::size_t i; !stop && (i = next++) < n;) work(i, parts[static_cast<std::size_t>(k)], k);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mu);
+      if (!error) error = std::current_exception();
+      stop = true;
+    }
+  };
+  if (threads == 1) {
+    loop(0);
+  } else {
+    std::vector<std::thread> pool;
+    for (int k = 0; k < threads; ++k) pool.emplace_back(loop, k);
+    for (auto& t : pool) t.join();
+  }
+  if (error) std::rethrow_exception(error);
+  TapStats all;
+  for (const auto& p : parts) all.merge(p);
+  all.finish();
+  return all;
+}
+
+struct Buffers {
+  std::vector<double> leader, other, sum, ref;
+  explicit Buffers(std::size_t n) : leader(n), other(n), sum(n), ref(n) {}
+};
+
+// RMS of the reference, for a tolerance derived from it: one pass over the
+// reference alone.
+double reference_rms(const ActivationSet& set, const TapPlan& p, std::size_t chunk, int threads,
+                     std::vector<Buffers>& bufs) {
+  const Shape& shape = *p.tap->reference_shape;
+  const std::size_t n = numel(shape);
+  if (n == 0) return 0;
+  ChunkPlan plan(shape, chunk);
+  TapStats s = run_items(plan.count(), threads, [&](std::size_t i, TapStats& st, int k) {
+    Slab slab = plan.slab(i);
+    double* r = bufs[static_cast<std::size_t>(k)].ref.data();
+    set.data->read_reference(*p.tap, slab, r);
+    for (std::size_t j = 0, m = numel(slab.count); j < m; ++j) st.ref_sq.add(r[j] * r[j]);
+  });
+  return std::sqrt(s.ref_sq.value() / static_cast<double>(n));
+}
+
+TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOptions& opts,
+                     std::size_t chunk, int threads, std::vector<Buffers>& bufs) {
+  const Mesh& mesh = set.mesh;
+  TapPlan p = plan_tap(t, mesh);
+  TapVerdict v;
+  v.name = t.name;
+  v.layout = t.layout.str();
+  v.dtype = t.dtype;
+  v.local_shape = t.local_shape;
+  v.global_shape = p.global;
+  const bool has_ref = t.reference_shape.has_value();
+
+  Tolerance tol;
+  if (has_ref) {
+    ToleranceInputs in{t.dtype, t.reduction_depth, t.atol, t.rtol, opts.atol, opts.rtol, 0.0};
+    if (!t.atol && !opts.atol) in.reference_rms = reference_rms(set, p, chunk, threads, bufs);
+    tol = derive_tolerance(in);
+  }
+
+  ChunkPlan plan(t.local_shape, chunk);
+  const std::size_t n_items = plan.count() * p.groups.size();
+  TapStats s = run_items(n_items, threads, [&](std::size_t item, TapStats& st, int k) {
+    const BlockGroup& g = p.groups[item % p.groups.size()];
+    const std::size_t ci = item / p.groups.size();
+    Slab slab = plan.slab(ci);
+    const std::size_t n = numel(slab.count), first = plan.first_flat(ci);
+    Buffers& b = bufs[static_cast<std::size_t>(k)];
+    const bool sum = has_ref && g.leaders.size() > 1;
+    if (sum) std::fill_n(b.sum.begin(), n, 0.0);
+    for (std::size_t li = 0; li < g.leaders.size(); ++li) {
+      const int l = g.leaders[li];
+      set.data->read_piece(t, l, slab, b.leader.data());
+      scan_nonfinite(b.leader.data(), n, l, first, st);
+      for (int r : g.replicas[li]) {
+        set.data->read_piece(t, r, slab, b.other.data());
+        scan_nonfinite(b.other.data(), n, r, first, st);
+        scan_replica(b.leader.data(), b.other.data(), n, l, r, first, t.stored, st);
+      }
+      if (sum)
+        for (std::size_t j = 0; j < n; ++j) b.sum[j] += b.leader[j];
+    }
+    if (!has_ref) return;
+    set.data->read_reference(t, to_global(slab, t.local_shape, g.block), b.ref.data());
+    scan_reference(sum ? b.sum.data() : b.leader.data(), b.ref.data(), n, tol, p, g, first, st);
+  });
+
+  NonFinite& nf = v.nonfinite;
+  nf.nan = s.nan;
+  nf.inf = s.inf;
+  if (s.first_nan) nf.first_nan = ElementRef{s.first_nan->first, unravel(s.first_nan->second, t.local_shape)};
+  if (s.first_inf) nf.first_inf = ElementRef{s.first_inf->first, unravel(s.first_inf->second, t.local_shape)};
+  nf.ranks = s.nonfinite_ranks;
+
+  ReplicaCheck& rc = v.replica;
+  rc.applies = p.replicated;
+  rc.differing = s.differing;
+  rc.max_ulp = s.max_ulp;
+  if (s.replica_worst) {
+    const auto& w = *s.replica_worst;
+    rc.max_abs = w.diff;
+    rc.leader = w.leader;
+    rc.other = w.rank;
+    rc.index = unravel(w.flat, t.local_shape);
+    rc.leader_value = w.leader_value;
+    rc.other_value = w.value;
+  }
+  rc.pass = rc.differing.empty() || rc.max_ulp <= opts.replica_ulps;
+  // Every axis along which some differing rank sits apart from its leader.
+  std::vector<bool> apart(mesh.axes().size(), false);
+  for (int r : rc.differing) {
+    auto a = mesh.coords(replica_leader_of(t, mesh, r)), b = mesh.coords(r);
+    for (std::size_t i = 0; i < a.size(); ++i) apart[i] = apart[i] || a[i] != b[i];
+  }
+  for (std::size_t i = 0; i < apart.size(); ++i)
+    if (apart[i]) rc.axes.push_back(mesh.axes()[i].name);
+
+  if (has_ref) {
+    ReferenceCheck& ref = v.reference;
+    ref.present = true;
+    ref.tol = tol;
+    ref.n_fail = s.n_fail;
+    ref.n_total = s.n_total;
+    ref.max_abs = s.any_nan_error ? std::nan("") : s.max_abs;
+    ref.max_rel = s.any_nan_error ? std::nan("") : s.max_rel;
+    double err_sq = s.err_sq.value(), ref_sq = s.ref_sq.value();
+    ref.rel_l2 = ref_sq > 0 ? std::sqrt(err_sq / ref_sq) : std::sqrt(err_sq);
+    if (s.ref_worst) {
+      const auto& w = *s.ref_worst;
+      ref.worst.index = unravel(w.global_flat, p.global);
+      ref.worst_ratio = std::max(0.0, w.ratio);
+      ref.worst_value = w.value;
+      ref.worst_reference = w.reference;
+      for (const auto& g : p.groups)
+        if (g.owner == w.owner) ref.worst_ranks = g.leaders;
+      ref.worst.rank = ref.worst_ranks.empty() ? -1 : ref.worst_ranks.front();
+    }
+    ref.pass = ref.n_fail == 0;
+  }
+  return v;
 }
 
 }  // namespace
+
+std::size_t chunk_elements(std::size_t budget, int threads) {
+  std::size_t for_buffers = budget > 2 * kProcessAllowance ? budget - kProcessAllowance : budget / 2;
+  std::size_t per_buffer = for_buffers / (4 * sizeof(double) * static_cast<std::size_t>(std::max(1, threads)));
+  return std::max<std::size_t>(per_buffer, 4096);
+}
 
 long long ulp_distance(double a, double b, StoredKind kind) {
   if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<long long>::max();
@@ -168,17 +339,21 @@ std::vector<std::string> TapVerdict::failed_checks() const {
 }
 
 CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
+  int threads = opts.threads > 0 ? opts.threads
+                                 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::size_t chunk = chunk_elements(opts.memory_budget, threads);
+  // Buffers for the largest chunk any tap needs, made once.
+  std::size_t need = 1;
+  for (const auto& t : set.taps) {
+    need = std::max(need, std::min(chunk, numel(t.local_shape)));
+    if (t.reference_shape) need = std::max(need, std::min(chunk, numel(*t.reference_shape)));
+  }
+  std::vector<Buffers> bufs;
+  for (int k = 0; k < threads; ++k) bufs.emplace_back(need);
+
   CompareResult res;
   for (const auto& t : set.taps) {
-    TapVerdict v;
-    v.name = t.name;
-    v.layout = t.layout.str();
-    v.dtype = t.dtype;
-    v.local_shape = t.local_shape;
-    v.global_shape = t.layout.global_shape(set.mesh, t.local_shape);
-    check_nonfinite(t, v.nonfinite);
-    check_replicas(t, set.mesh, opts.replica_ulps, v.replica);
-    check_reference(t, set.mesh, opts, v.reference);
+    TapVerdict v = check_tap(set, t, opts, chunk, threads, bufs);
     if (!v.pass() && !res.first_divergence) res.first_divergence = res.taps.size();
     res.taps.push_back(std::move(v));
   }

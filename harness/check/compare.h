@@ -6,6 +6,13 @@
 // The checks of the activation format, per tap in order: non-finite values,
 // replica agreement, agreement with the reference; and the first divergence.
 // Mismatches are data (counts, maxima, indices), never exceptions.
+//
+// Streaming: each tap is walked in chunks (ChunkPlan) per block of the global
+// tensor — the block's partial-sum leaders and their replicas read chunk by
+// chunk, summed in float64 in rank order, compared with the same chunk of the
+// reference — so memory is bounded by the budget whatever the tensor size, and
+// every statistic comes out of one pass (a second pass over the reference only
+// when the tolerance needs its RMS). Items (chunk x block) run on all cores.
 #pragma once
 #include <optional>
 #include <string>
@@ -19,7 +26,17 @@ namespace dc {
 struct CompareOptions {
   std::optional<double> atol, rtol;  // override the derived defaults
   long replica_ulps = 0;             // allowed ULP distance between replicas
+  // Bytes the whole process may use; the chunk buffers get what is left after
+  // a fixed allowance for the program itself (kProcessAllowance).
+  std::size_t memory_budget = std::size_t{128} << 20;
+  int threads = 0;  // 0: one per core
 };
+
+inline constexpr std::size_t kProcessAllowance = std::size_t{48} << 20;
+
+// Elements per chunk buffer for `threads` threads under `budget` bytes (each
+// thread holds four float64 buffers). Never below 4096.
+std::size_t chunk_elements(std::size_t budget, int threads);
 
 struct ElementRef {
   int rank = -1;                   // owning rank (lowest of its replica group)

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -34,7 +35,33 @@ int launcher_size() {
   return 1;
 }
 
+// "128", "128M", "512MiB", "2G": a size in bytes; a bare number means MiB.
+std::size_t parse_size(const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw CLI::ValidationError("--memory-budget", "'" + text + "' is not a size (e.g. 128M, 2G)");
+  }
+  std::string unit = text.substr(used);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double scale = unit == "" || unit == "M" || unit == "MB" || unit == "MIB" ? 1 << 20
+                 : unit == "G" || unit == "GB" || unit == "GIB"             ? double(1 << 30)
+                 : unit == "K" || unit == "KB" || unit == "KIB"             ? 1 << 10
+                                                                            : -1;
+  if (scale < 0 || !(v > 0))
+    throw CLI::ValidationError("--memory-budget", "'" + text + "' is not a size (e.g. 128M, 2G)");
+  return static_cast<std::size_t>(v * scale);
+}
+
 void add_report_options(CLI::App& app, dc::ReportOptions& r) {
+  app.add_option_function<std::string>(
+         "--memory-budget", [&r](const std::string& v) { r.compare.memory_budget = parse_size(v); },
+         "Memory the checker may use, whole process included (e.g. 128M, 2G; a bare number is MiB). "
+         "Tensors are streamed in chunks sized to fit [default: 128M]");
+  app.add_option("--threads", r.compare.threads, "Threads that check chunks (default: one per core)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--json", r.json_path, "Also write the full report as JSON to FILE");
   app.add_option("--atol", r.compare.atol, "Absolute tolerance for every tap (overrides the dtype-derived default; a tap's own atol attribute still wins)");
   app.add_option("--rtol", r.compare.rtol, "Relative tolerance for every tap (same precedence as --atol)");

@@ -1,0 +1,53 @@
+// Streams tap values out of activation files (either form) for the
+// comparator: hyperslab reads converted to float64, one at a time (HDF5 is not
+// thread-safe), with the datasets kept open in a small LRU cache so that a
+// walk over many ranks' files neither reopens a file per chunk nor holds
+// thousands of files open. Private to store.
+#pragma once
+#include <list>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "harness/capture/activations.h"
+#include "harness/capture/h5util.h"
+
+namespace dc {
+
+class H5Data final : public ActivationData {
+ public:
+  // Run file: `path`, tap datasets [world, *local]. Rank files: `rank_files[r]`,
+  // tap datasets [*local].
+  static std::shared_ptr<H5Data> run_file(std::string path);
+  static std::shared_ptr<H5Data> rank_files(std::vector<std::string> files);
+
+  // Registers a tap (its dataset path below the root); returns its data_id.
+  std::size_t add_tap(const std::string& dataset);
+  void set_reference(std::size_t data_id, const std::string& file, const std::string& dataset);
+
+  void read_piece(const TapData& t, int rank, const Slab& slab, double* out) const override;
+  void read_reference(const TapData& t, const Slab& slab, double* out) const override;
+
+ private:
+  H5Data() = default;
+  // `leading` is the rank row of a run file's dataset, -1 for none.
+  void read(const std::string& file, const std::string& dataset, long long leading,
+            const Slab& slab, double* out, const std::string& what) const;
+  hid_t dataset(const std::string& file, const std::string& path) const;  // caller holds mu_
+
+  std::string run_path_;
+  std::vector<std::string> rank_files_;
+  std::vector<std::string> taps_;
+  std::vector<std::optional<std::pair<std::string, std::string>>> references_;
+
+  static constexpr std::size_t kOpenDatasets = 256;
+  mutable std::mutex mu_;
+  mutable std::list<std::pair<std::string, h5::Handle>> open_;  // most recent first
+  mutable std::unordered_map<std::string, std::list<std::pair<std::string, h5::Handle>>::iterator>
+      index_;
+};
+
+}  // namespace dc
