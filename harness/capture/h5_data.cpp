@@ -1,8 +1,103 @@
 #include "harness/capture/h5_data.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "harness/core/error.h"
 
 namespace dc {
+
+DirectDataset::~DirectDataset() {
+  if (fd >= 0) ::close(fd);
+}
+
+namespace {
+
+// The direct-read description of `ds`, or null when HDF5 must do the reading.
+std::shared_ptr<const DirectDataset> direct_access(hid_t ds, const std::string& file) {
+  h5::Handle dcpl(H5Dget_create_plist(ds));
+  if (H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS || H5Pget_nfilters(dcpl.get()) != 0 ||
+      H5Pget_external_count(dcpl.get()) != 0)
+    return nullptr;
+  h5::Handle type(H5Dget_type(ds));
+  std::size_t size = 0;
+  if (H5Tequal(type.get(), H5T_NATIVE_FLOAT) > 0) size = 4;
+  if (H5Tequal(type.get(), H5T_NATIVE_DOUBLE) > 0) size = 8;
+  haddr_t offset = H5Dget_offset(ds);
+  if (size == 0 || offset == HADDR_UNDEF) return nullptr;
+  h5::Handle space(H5Dget_space(ds));
+  int nd = H5Sget_simple_extent_ndims(space.get());
+  if (nd < 0) return nullptr;
+  std::vector<hsize_t> dims(static_cast<std::size_t>(nd));
+  if (nd > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  auto d = std::make_shared<DirectDataset>();
+  d->fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (d->fd < 0) return nullptr;
+  d->offset = static_cast<long long>(offset);
+  d->element_size = size;
+  d->dims.assign(dims.begin(), dims.end());
+  d->file = file;
+  return d;
+}
+
+void pread_all(const DirectDataset& d, std::size_t first, std::size_t n, char* into,
+               const std::string& what) {
+  std::size_t bytes = n * d.element_size;
+  off_t at = static_cast<off_t>(d.offset + static_cast<long long>(first * d.element_size));
+  while (bytes > 0) {
+    ssize_t got = ::pread(d.fd, into, bytes, at);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      input_error("{}: cannot read {} bytes at offset {}: {}", what, bytes, at,
+                  got < 0 ? std::strerror(errno) : "the file ends early (truncated?)");
+    bytes -= static_cast<std::size_t>(got);
+    at += got;
+    into += got;
+  }
+}
+
+// Copies n elements from element `first` of the dataset into `to` as float64
+// (float32 through a per-thread staging buffer, widened in one vector loop).
+void read_run(const DirectDataset& d, std::size_t first, std::size_t n, double* to,
+              const std::string& what) {
+  if (d.element_size == 8) return pread_all(d, first, n, reinterpret_cast<char*>(to), what);
+  thread_local std::vector<float> staging;
+  if (staging.size() < n) staging.resize(n);
+  pread_all(d, first, n, reinterpret_cast<char*>(staging.data()), what);
+  const float* f = staging.data();
+  for (std::size_t i = 0; i < n; ++i) to[i] = static_cast<double>(f[i]);
+}
+
+// Reads the box (start, count) of a direct dataset into `out` as float64, one
+// contiguous run at a time.
+void read_direct(const DirectDataset& d, const std::vector<hsize_t>& start,
+                 const std::vector<hsize_t>& count, double* out, const std::string& what) {
+  const std::size_t nd = d.dims.size();
+  std::size_t n = 1;
+  for (auto c : count) n *= c;
+  if (n == 0) return;
+  // Runs: the trailing dimensions the box covers whole, plus the next one's count.
+  std::size_t run = 1, k = nd;
+  while (k > 0 && start[k - 1] == 0 && count[k - 1] == d.dims[k - 1]) run *= d.dims[--k];
+  if (k > 0) run *= count[--k];
+  std::vector<std::size_t> stride(nd, 1);
+  for (std::size_t i = nd; i-- > 1;) stride[i - 1] = stride[i] * d.dims[i];
+  std::vector<hsize_t> idx(k, 0);  // odometer over dimensions [0, k)
+  for (std::size_t done = 0; done < n; done += run) {
+    std::size_t first = 0;
+    for (std::size_t i = 0; i < nd; ++i) first += (start[i] + (i < k ? idx[i] : 0)) * stride[i];
+    read_run(d, first, run, out + done, what);
+    for (std::size_t i = k; i-- > 0;) {
+      if (++idx[i] < count[i]) break;
+      idx[i] = 0;
+    }
+  }
+}
+
+}  // namespace
 
 std::shared_ptr<H5Data> H5Data::run_file(std::string path) {
   std::shared_ptr<H5Data> d(new H5Data());
@@ -27,32 +122,30 @@ void H5Data::set_reference(std::size_t data_id, const std::string& file,
   references_.at(data_id) = std::make_pair(file, dataset);
 }
 
-hid_t H5Data::dataset(const std::string& file, const std::string& path) const {
+const H5Data::Open& H5Data::dataset(const std::string& file, const std::string& path) const {
   std::string key = file + '\n' + path;
   if (auto it = index_.find(key); it != index_.end()) {
     open_.splice(open_.begin(), open_, it->second);
-    return it->second->second.get();
+    return it->second->second;
   }
   // The dataset keeps its file open after the file handle closes (HDF5's
   // default weak close), so only datasets are cached.
   h5::Handle f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!f.valid()) input_error("{}: cannot open HDF5 file: {}", file, h5::last_error());
-  h5::Handle ds(H5Dopen2(f.get(), path.c_str(), H5P_DEFAULT));
-  if (!ds.valid()) input_error("{}:{}: cannot open dataset: {}", file, path, h5::last_error());
+  Open o{h5::Handle(H5Dopen2(f.get(), path.c_str(), H5P_DEFAULT)), nullptr};
+  if (!o.ds.valid()) input_error("{}:{}: cannot open dataset: {}", file, path, h5::last_error());
+  o.direct = direct_access(o.ds.get(), file);
   if (open_.size() >= kOpenDatasets) {
     index_.erase(open_.back().first);
     open_.pop_back();
   }
-  open_.emplace_front(key, std::move(ds));
+  open_.emplace_front(key, std::move(o));
   index_[key] = open_.begin();
-  return open_.front().second.get();
+  return open_.front().second;
 }
 
 void H5Data::read(const std::string& file, const std::string& path, long long leading,
                   const Slab& slab, double* out, const std::string& what) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  hid_t ds = dataset(file, path);
-  h5::Handle space(H5Dget_space(ds));
   std::vector<hsize_t> start, count;
   if (leading >= 0) {
     start.push_back(static_cast<hsize_t>(leading));
@@ -60,6 +153,15 @@ void H5Data::read(const std::string& file, const std::string& path, long long le
   }
   start.insert(start.end(), slab.start.begin(), slab.start.end());
   count.insert(count.end(), slab.count.begin(), slab.count.end());
+  std::unique_lock<std::mutex> lock(mu_);
+  const Open& o = dataset(file, path);
+  if (auto direct = o.direct) {  // keeps the descriptor alive past an eviction
+    lock.unlock();
+    read_direct(*direct, start, count, out, what);
+    return;
+  }
+  hid_t ds = o.ds.get();
+  h5::Handle space(H5Dget_space(ds));
   hsize_t n = numel(slab.count);
   h5::Handle mem(H5Screate_simple(1, &n, nullptr));
   // A scalar dataspace (0-d tap in a rank file) takes no hyperslab.

@@ -5,6 +5,7 @@
 // thousands of files open. Private to store.
 #pragma once
 #include <list>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -16,6 +17,18 @@
 #include "harness/capture/h5util.h"
 
 namespace dc {
+
+// A dataset whose bytes can be read straight from the file: contiguous
+// layout, no filters, native little-endian float32/float64. Reads of it skip
+// HDF5 (and its lock), so threads read in parallel.
+struct DirectDataset {
+  int fd = -1;
+  long long offset = 0;  // of element 0 in the file
+  std::size_t element_size = 0;
+  Shape dims;
+  std::string file;
+  ~DirectDataset();
+};
 
 class H5Data final : public ActivationData {
  public:
@@ -36,7 +49,11 @@ class H5Data final : public ActivationData {
   // `leading` is the rank row of a run file's dataset, -1 for none.
   void read(const std::string& file, const std::string& dataset, long long leading,
             const Slab& slab, double* out, const std::string& what) const;
-  hid_t dataset(const std::string& file, const std::string& path) const;  // caller holds mu_
+  struct Open {
+    h5::Handle ds;
+    std::shared_ptr<const DirectDataset> direct;  // null: read through HDF5
+  };
+  const Open& dataset(const std::string& file, const std::string& path) const;  // caller holds mu_
 
   std::string run_path_;
   std::vector<std::string> rank_files_;
@@ -45,9 +62,8 @@ class H5Data final : public ActivationData {
 
   static constexpr std::size_t kOpenDatasets = 256;
   mutable std::mutex mu_;
-  mutable std::list<std::pair<std::string, h5::Handle>> open_;  // most recent first
-  mutable std::unordered_map<std::string, std::list<std::pair<std::string, h5::Handle>>::iterator>
-      index_;
+  mutable std::list<std::pair<std::string, Open>> open_;  // most recent first
+  mutable std::unordered_map<std::string, std::list<std::pair<std::string, Open>>::iterator> index_;
 };
 
 }  // namespace dc

@@ -30,6 +30,7 @@ struct CompareOptions {
   // a fixed allowance for the program itself (kProcessAllowance).
   std::size_t memory_budget = std::size_t{128} << 20;
   int threads = 0;  // 0: one per core
+  std::size_t chunk_elements = 0;  // 0: derived from the budget; tests force tiny chunks
 };
 
 inline constexpr std::size_t kProcessAllowance = std::size_t{48} << 20;

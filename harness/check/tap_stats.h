@@ -1,9 +1,10 @@
 // The statistics of one tap's three checks, accumulated chunk by chunk and
 // merged across threads (or processes) into the same result whatever the
 // partition: every "first" and "worst" is chosen by an explicit key with a
-// tie-break on the element's position, and sums of squares are kept as
-// double-double (error ~2^-106 relative), so their rounding to double does not
-// depend on the order of the partial sums.
+// tie-break on the element's position. Sums of squares (for rel L2 and the
+// reference RMS) are plain float64 within a chunk and double-double across
+// chunks, so they agree between partitions to the last few bits only; every
+// count, maximum, index and verdict is exact.
 #pragma once
 #include <cstddef>
 #include <optional>

@@ -219,6 +219,9 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : dc::kExitError;
   }
 
+  // Only scenario runs do linear algebra; elsewhere OpenBLAS's idle worker
+  // threads would just spin against the checker's own threads.
+  if (*list || *sweep || *bis || *swp || *compare) dc::ref::set_blas_threads(1);
   if (*list) {
     dc::setup_logging(-1);
     return list_json ? list_scenarios_json() : list_scenarios();
