@@ -90,16 +90,27 @@ int Mesh::rank_of(const std::vector<int>& c) const {
 }
 
 std::vector<int> Mesh::group(int rank, const std::vector<std::string>& group_axes) const {
-  std::vector<int> members;
-  auto mine = coords(rank);
+  // Walk only the group's own coordinates (an odometer over its axes, last
+  // axis fastest, which is rank order): O(group size), not O(world).
   std::vector<bool> in_group(axes_.size(), false);
-  for (const auto& n : group_axes) in_group[axis_index(n)] = true;
-  for (int r = 0; r < world_size(); ++r) {
-    auto c = coords(r);
-    bool same = true;
-    for (std::size_t i = 0; i < axes_.size(); ++i)
-      if (!in_group[i] && c[i] != mine[i]) same = false;
-    if (same) members.push_back(r);
+  for (const auto& n : group_axes) {
+    int i = axis_index(n);
+    if (i < 0) input_error("mesh {} has no axis '{}'", str(), n);
+    in_group[static_cast<std::size_t>(i)] = true;
+  }
+  auto c = coords(rank);
+  for (std::size_t i = 0; i < axes_.size(); ++i)
+    if (in_group[i]) c[i] = 0;
+  std::vector<int> members;
+  while (true) {
+    members.push_back(rank_of(c));
+    std::size_t i = axes_.size();
+    while (i-- > 0) {
+      if (!in_group[i]) continue;
+      if (++c[i] < axes_[i].size) break;
+      c[i] = 0;
+    }
+    if (i == static_cast<std::size_t>(-1)) break;
   }
   return members;
 }
