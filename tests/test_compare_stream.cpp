@@ -8,6 +8,7 @@
 
 #include "harness/check/chunks.h"
 #include "harness/check/compare.h"
+#include "harness/check/exact_sum.h"
 
 namespace {
 
@@ -30,6 +31,82 @@ TEST(ChunkPlan, CoversEveryElementOnceInOrder) {
   }
   EXPECT_EQ(ChunkPlan(Shape{}, 5).count(), 1u);      // a scalar
   EXPECT_EQ(ChunkPlan(Shape{3, 0}, 5).count(), 0u);  // zero-size
+}
+
+TEST(ChunkPlan, ChunksAreWholeSummationUnits) {
+  for (const Shape& shape : {Shape{7, 5, 3}, Shape{1, 13}, Shape{64}, Shape{2, 1, 9, 4}, Shape{3, 5000}}) {
+    for (std::size_t unit : {1, 2, 4, 6, 15, 100, 4096}) {
+      ChunkPlan units(shape, unit);
+      std::set<std::size_t> unit_starts;
+      for (std::size_t i = 0; i < units.count(); ++i) unit_starts.insert(units.first_flat(i));
+      unit_starts.insert(numel(shape));
+      for (std::size_t max : {1, 3, 7, 16, 45, 1000, 100000}) {
+        ChunkPlan plan(shape, max, unit);
+        std::size_t next = 0;
+        for (std::size_t i = 0; i < plan.count(); ++i) {
+          SCOPED_TRACE(shape_str(shape) + " unit " + std::to_string(unit) + " max " + std::to_string(max));
+          ASSERT_EQ(plan.first_flat(i), next);
+          ASSERT_LE(numel(plan.slab(i).count), std::max(max, unit));
+          ASSERT_TRUE(unit_starts.count(next)) << "chunk " << i << " starts inside a unit";
+          // unit_left walks exactly the unit starts
+          for (std::size_t at = next, end = next + numel(plan.slab(i).count); at < end;) {
+            at += plan.unit_left(at);
+            ASSERT_TRUE(unit_starts.count(at)) << "unit_left from a unit start lands at " << at;
+          }
+          next += numel(plan.slab(i).count);
+        }
+        EXPECT_EQ(next, numel(shape));
+      }
+    }
+  }
+}
+
+TEST(ExactSum, SameBitsInAnyOrderAndSplit) {
+  std::vector<double> xs;
+  std::uint64_t state = 12345;
+  for (int i = 0; i < 5000; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    double u = static_cast<double>(state >> 11) / 9007199254740992.0;
+    xs.push_back(std::ldexp(u - 0.3, static_cast<int>(state % 120) - 60));
+  }
+  ExactSum forward, backward, split;
+  for (double x : xs) forward.add(x);
+  for (auto it = xs.rbegin(); it != xs.rend(); ++it) backward.add(*it);
+  ExactSum parts[7];
+  for (std::size_t i = 0; i < xs.size(); ++i) parts[(i * 31) % 7].add(xs[i]);
+  for (auto& p : parts) split.add(p);
+  EXPECT_EQ(forward.value(), backward.value());
+  EXPECT_EQ(forward.value(), split.value());
+  long double ld = 0;  // a wider sum agrees to float64 rounding
+  for (double x : xs) ld += x;
+  EXPECT_NEAR(forward.value(), static_cast<double>(ld), 1e-15 * std::abs(static_cast<double>(ld)) + 1e-300);
+}
+
+TEST(ExactSum, CancellationSubnormalsAndSpecials) {
+  ExactSum s;
+  s.add(1e16);
+  s.add(1.0);
+  s.add(-1e16);
+  EXPECT_EQ(s.value(), 1.0);  // a float64 sum in this order gives 0
+  ExactSum tiny;
+  tiny.add(4.9406564584124654e-324);
+  tiny.add(4.9406564584124654e-324);
+  EXPECT_EQ(tiny.value(), 2 * 4.9406564584124654e-324);
+  ExactSum neg;
+  neg.add(-2.5);
+  neg.add(0.5);
+  EXPECT_EQ(neg.value(), -2.0);
+  ExactSum big;
+  big.add(1.7e308);
+  big.add(1.7e308);
+  big.add(-1.7e308);
+  EXPECT_EQ(big.value(), 1.7e308);  // no overflow in between
+  ExactSum inf;
+  inf.add(std::numeric_limits<double>::infinity());
+  EXPECT_EQ(inf.value(), std::numeric_limits<double>::infinity());
+  inf.add(std::nan(""));
+  EXPECT_TRUE(std::isnan(inf.value()));
+  EXPECT_EQ(ExactSum{}.value(), 0.0);
 }
 
 TEST(ChunkPlan, GlobalBoxOfALocalChunk) {
@@ -77,12 +154,12 @@ struct Fixture {
   std::vector<double>& piece(int r) { return data->pieces[0][static_cast<std::size_t>(r)]; }
 };
 
-// Equal, NaN included; sums of squares to 1e-12 (their partial sums follow the chunks).
-void expect_same_number(double a, double b, double rel = 0) {
+// Bit-identical, NaN included.
+void expect_same_number(double a, double b) {
   if (std::isnan(b)) {
     EXPECT_TRUE(std::isnan(a));
   } else {
-    EXPECT_NEAR(a, b, rel * std::abs(b));
+    EXPECT_EQ(a, b);
   }
 }
 
@@ -108,7 +185,8 @@ void expect_same(const TapVerdict& a, const TapVerdict& b, const std::string& wh
   EXPECT_EQ(a.reference.worst_ratio, b.reference.worst_ratio);
   expect_same_number(a.reference.max_rel, b.reference.max_rel);
   expect_same_number(a.reference.max_abs, b.reference.max_abs);
-  expect_same_number(a.reference.rel_l2, b.reference.rel_l2, 1e-12);
+  expect_same_number(a.reference.rel_l2, b.reference.rel_l2);
+  expect_same_number(a.reference.tol.atol, b.reference.tol.atol);
   EXPECT_EQ(a.pass(), b.pass());
 }
 
@@ -132,6 +210,7 @@ TEST(StreamingCompare, SameReportForEveryChunkSizeAndThreadCount) {
   CompareOptions big;
   big.threads = 1;
   big.chunk_elements = 1 << 20;
+  big.sum_unit = 1;
   const TapVerdict want = compare(f.set, big).taps[0];
   EXPECT_EQ(want.nonfinite.nan, 2);
   ASSERT_TRUE(want.nonfinite.first_nan);
@@ -146,6 +225,7 @@ TEST(StreamingCompare, SameReportForEveryChunkSizeAndThreadCount) {
       CompareOptions o;
       o.threads = threads;
       o.chunk_elements = chunk;
+      o.sum_unit = 1;
       expect_same(compare(f.set, o).taps[0], want,
                   "chunk " + std::to_string(chunk) + " threads " + std::to_string(threads));
     }
@@ -160,12 +240,63 @@ TEST(StreamingCompare, WorstElementAcrossABoundaryWithoutNaN) {
   f.piece(5)[44] += 1.0;
   CompareOptions o;
   o.chunk_elements = 45;
+  o.sum_unit = 1;
   const auto v = compare(f.set, o).taps[0];
   EXPECT_EQ(v.reference.n_fail, 2);
   EXPECT_EQ(v.reference.worst.index, (std::vector<std::size_t>{5, 9}));
   EXPECT_EQ(v.reference.worst_ranks, (std::vector<int>{1, 3}));  // the sp partial group
   EXPECT_EQ(v.reference.max_abs, 2.0);
   EXPECT_TRUE(v.replica.differing.empty());
+}
+
+// Values that are not exact in a few bits, and more elements than a
+// summation unit: rel L2 and a derived atol must still be bit-identical.
+TEST(StreamingCompare, SumsAreBitIdenticalForEveryChunkingWithTheDefaultUnit) {
+  Mesh mesh = Mesh::parse("dp=2,tp=2");
+  auto data = std::make_shared<InMemoryData>();
+  ActivationSet set;
+  set.mesh = mesh;
+  set.world_size = 4;
+  set.source = "memory";
+  set.data = data;
+  TapData t;
+  t.name = "noisy";
+  t.dtype = "float32";
+  t.layout = Layout::parse("-,tp", "");
+  t.local_shape = {130, 101};  // 13,130 elements a rank, not a multiple of anything
+  t.reference_shape = Shape{130, 202};
+  std::vector<std::vector<double>> pieces(4);
+  std::vector<double> ref(130 * 202);
+  std::uint64_t state = 7;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<double>(state >> 11) / 9007199254740992.0 - 0.5;
+  };
+  for (double& r : ref) r = next() * 3;
+  std::vector<double> noisy(ref.size());  // the sharded result: float32, slightly off
+  for (std::size_t i = 0; i < ref.size(); ++i) noisy[i] = static_cast<float>(ref[i] + 1e-7 * next());
+  for (int rank = 0; rank < 4; ++rank) {  // dp replicas hold the same values
+    const std::size_t tp = static_cast<std::size_t>(mesh.coords(rank)[1]);
+    for (std::size_t i = 0; i < 130 * 101; ++i)
+      pieces[static_cast<std::size_t>(rank)].push_back(
+          noisy[global_flat_index(t.local_shape, *t.reference_shape, {0, tp}, i)]);
+  }
+  data->pieces.push_back(pieces);
+  data->references.push_back(ref);
+  set.taps.push_back(t);
+  CompareOptions base;
+  base.threads = 1;
+  const TapVerdict want = compare(set, base).taps[0];
+  EXPECT_TRUE(want.pass()) << want.reference.n_fail << " fail, tol " << want.reference.tol.atol;
+  EXPECT_GT(want.reference.rel_l2, 0);
+  for (std::size_t chunk : {4096, 5000, 8192, 13130, 1 << 20}) {
+    for (int threads : {1, 2, 3}) {
+      CompareOptions o;
+      o.threads = threads;
+      o.chunk_elements = chunk;
+      expect_same(compare(set, o).taps[0], want, "chunk " + std::to_string(chunk) + " threads " + std::to_string(threads));
+    }
+  }
 }
 
 TEST(StreamingCompare, BudgetSetsChunkSize) {

@@ -12,6 +12,7 @@
 
 #include "harness/check/chunks.h"
 #include "harness/check/tap_stats.h"
+#include "harness/core/error.h"
 
 namespace dc {
 namespace {
@@ -127,10 +128,9 @@ void scan_replica(const double* a, const double* b, std::size_t n, int leader, i
 }
 
 void scan_reference(const double* x, const double* ref, std::size_t n, const Tolerance& tol,
-                    const TapPlan& p, const BlockGroup& g, std::size_t first, TapStats& s) {
+                    const TapPlan& p, const BlockGroup& g, std::size_t first, const ChunkPlan& plan,
+                    TapStats& s) {
   double worst_ratio = -1, max_abs = 0, max_rel = 0;
-  // Four independent lanes per sum, kept in registers, so no add waits on another.
-  double e0 = 0, e1 = 0, e2 = 0, e3 = 0, r0 = 0, r1 = 0, r2 = 0, r3 = 0;
   std::size_t worst = 0;
   long long fails = 0;
   bool nan_error = false;
@@ -155,20 +155,28 @@ void scan_reference(const double* x, const double* ref, std::size_t n, const Tol
       }
     }
   };
-  const std::size_t n4 = n / 4 * 4;
-  for (std::size_t i = 0; i < n4; i += 4) {
-    element(i, e0, r0);
-    element(i + 1, e1, r1);
-    element(i + 2, e2, r2);
-    element(i + 3, e3, r3);
+  // One summation unit at a time (see ChunkPlan), each in four independent
+  // lanes kept in registers so no add waits on another; a unit's sum goes
+  // into the exact sum.
+  for (std::size_t at = 0; at < n;) {
+    const std::size_t end = at + std::min(n - at, plan.unit_left(first + at));
+    double e0 = 0, e1 = 0, e2 = 0, e3 = 0, r0 = 0, r1 = 0, r2 = 0, r3 = 0;
+    const std::size_t end4 = at + (end - at) / 4 * 4;
+    for (std::size_t i = at; i < end4; i += 4) {
+      element(i, e0, r0);
+      element(i + 1, e1, r1);
+      element(i + 2, e2, r2);
+      element(i + 3, e3, r3);
+    }
+    for (std::size_t i = end4; i < end; ++i) element(i, e0, r0);
+    s.err_sq.add((e0 + e1) + (e2 + e3));
+    s.ref_sq.add((r0 + r1) + (r2 + r3));
+    at = end;
   }
-  for (std::size_t i = n4; i < n; ++i) element(i, e0, r0);
   s.n_fail += fails;
   s.any_nan_error = s.any_nan_error || nan_error;
   s.max_abs = std::max(s.max_abs, max_abs);
   s.max_rel = std::max(s.max_rel, max_rel);
-  s.err_sq.add((e0 + e1) + (e2 + e3));
-  s.ref_sq.add((r0 + r1) + (r2 + r3));
   s.n_total += static_cast<long long>(n);
   if (n == 0) return;
   // Within a block, local row-major order is global order, so the first worst
@@ -178,12 +186,23 @@ void scan_reference(const double* x, const double* ref, std::size_t n, const Tol
                      g.owner, x[worst], ref[worst]});
 }
 
-// Runs `work(item, stats)` for items 0..n-1 on `threads` threads, each with its
-// own stats, and merges them. The first exception (e.g. an unreadable file)
-// stops the others and is rethrown.
+// Where the items of a tap run: this process's threads, and the processes
+// that share the work (each takes the items i with i % size == rank).
+struct Workers {
+  int threads = 1;
+  const Comm* processes = nullptr;  // null: this process alone
+  int rank() const { return processes ? processes->rank() : 0; }
+  int size() const { return processes ? processes->size() : 1; }
+};
+
+// This process's share of items 0..n-1 on its threads, each thread with its
+// own stats, merged. The first exception (e.g. an unreadable file) stops the
+// other threads and is rethrown.
 template <class Work>
-TapStats run_items(std::size_t n, int threads, Work&& work) {
-  threads = static_cast<int>(std::min<std::size_t>(std::max(1, threads), std::max<std::size_t>(n, 1)));
+TapStats run_local_items(std::size_t n, const Workers& w, Work& work) {
+  const std::size_t stride = static_cast<std::size_t>(w.size());
+  const std::size_t mine = n / stride + (static_cast<std::size_t>(w.rank()) < n % stride ? 1 : 0);
+  int threads = static_cast<int>(std::min<std::size_t>(std::max(1, w.threads), std::max<std::size_t>(mine, 1)));
   std::vector<TapStats> parts(static_cast<std::size_t>(threads));
   std::atomic<std::size_t> next{0};
   std::atomic<bool> stop{false};
@@ -191,7 +210,8 @@ TapStats run_items(std::size_t n, int threads, Work&& work) {
   std::mutex error_mu;
   auto loop = [&](int k) {
     try {
-      for (std::size_t i; !stop && (i = next++) < n;) work(i, parts[static_cast<std::size_t>(k)], k);
+      for (std::size_t j; !stop && (j = next++) < mine;)
+        work(j * stride + static_cast<std::size_t>(w.rank()), parts[static_cast<std::size_t>(k)], k);
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mu);
       if (!error) error = std::current_exception();
@@ -208,8 +228,37 @@ TapStats run_items(std::size_t n, int threads, Work&& work) {
   if (error) std::rethrow_exception(error);
   TapStats all;
   for (const auto& p : parts) all.merge(p);
-  all.finish();
   return all;
+}
+
+// Every item's stats, merged on every process. Processes agree on failure as
+// well: a process that could not read its share sends its error instead, and
+// every process throws the lowest rank's error, so none waits for another.
+template <class Work>
+TapStats run_items(std::size_t n, const Workers& w, Work&& work) {
+  if (w.size() == 1) {
+    TapStats s = run_local_items(n, w, work);
+    s.finish();
+    return s;
+  }
+  std::string mine;
+  try {
+    mine = "S" + run_local_items(n, w, work).encode();
+  } catch (const InputError& e) {
+    mine = std::string("I") + e.what();
+  } catch (const std::exception& e) {
+    mine = std::string("E") + e.what();
+  }
+  auto all = w.processes->all_gather_strings(mine);
+  TapStats s;
+  for (const auto& part : all) {
+    if (part.empty()) fail("comparator: empty statistics from another process");
+    if (part[0] == 'I') throw InputError(part.substr(1));
+    if (part[0] == 'E') throw Error(part.substr(1));
+    s.merge(TapStats::decode(part.substr(1)));
+  }
+  s.finish();
+  return s;
 }
 
 struct Buffers {
@@ -219,26 +268,32 @@ struct Buffers {
 
 // RMS of the reference, for a tolerance derived from it: one pass over the
 // reference alone.
-double reference_rms(const ActivationSet& set, const TapPlan& p, std::size_t chunk, int threads,
-                     std::vector<Buffers>& bufs) {
+double reference_rms(const ActivationSet& set, const TapPlan& p, std::size_t chunk, std::size_t unit,
+                     const Workers& threads, std::vector<Buffers>& bufs) {
   const Shape& shape = *p.tap->reference_shape;
   const std::size_t n = numel(shape);
   if (n == 0) return 0;
-  ChunkPlan plan(shape, chunk);
+  ChunkPlan plan(shape, chunk, unit);
   TapStats s = run_items(plan.count(), threads, [&](std::size_t i, TapStats& st, int k) {
     Slab slab = plan.slab(i);
     double* r = bufs[static_cast<std::size_t>(k)].ref.data();
     set.data->read_reference(*p.tap, slab, r);
-    double sum = 0;
-    for (std::size_t j = 0, m = numel(slab.count); j < m; ++j) sum += r[j] * r[j];
-    st.ref_sq.add(sum);
+    const std::size_t first = plan.first_flat(i), m = numel(slab.count);
+    for (std::size_t at = 0; at < m;) {
+      const std::size_t end = at + std::min(m - at, plan.unit_left(first + at));
+      double sum = 0;
+      for (std::size_t j = at; j < end; ++j) sum += r[j] * r[j];
+      st.ref_sq.add(sum);
+      at = end;
+    }
   });
   return std::sqrt(s.ref_sq.value() / static_cast<double>(n));
 }
 
 TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOptions& opts,
-                     std::size_t chunk, int threads, std::vector<Buffers>& bufs) {
+                     std::size_t chunk, const Workers& threads, std::vector<Buffers>& bufs) {
   const Mesh& mesh = set.mesh;
+  const std::size_t unit = std::max<std::size_t>(opts.sum_unit, 1);
   TapPlan p = plan_tap(t, mesh);
   TapVerdict v;
   v.name = t.name;
@@ -251,11 +306,11 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
   Tolerance tol;
   if (has_ref) {
     ToleranceInputs in{t.dtype, t.reduction_depth, t.atol, t.rtol, opts.atol, opts.rtol, 0.0};
-    if (!t.atol && !opts.atol) in.reference_rms = reference_rms(set, p, chunk, threads, bufs);
+    if (!t.atol && !opts.atol) in.reference_rms = reference_rms(set, p, chunk, unit, threads, bufs);
     tol = derive_tolerance(in);
   }
 
-  ChunkPlan plan(t.local_shape, chunk);
+  ChunkPlan plan(t.local_shape, chunk, unit);
   const std::size_t n_items = plan.count() * p.groups.size();
   TapStats s = run_items(n_items, threads, [&](std::size_t item, TapStats& st, int k) {
     const BlockGroup& g = p.groups[item % p.groups.size()];
@@ -279,7 +334,7 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
     }
     if (!has_ref) return;
     set.data->read_reference(t, to_global(slab, t.local_shape, g.block), b.ref.data());
-    scan_reference(sum ? b.sum.data() : b.leader.data(), b.ref.data(), n, tol, p, g, first, st);
+    scan_reference(sum ? b.sum.data() : b.leader.data(), b.ref.data(), n, tol, p, g, first, plan, st);
   });
 
   NonFinite& nf = v.nonfinite;
@@ -375,8 +430,10 @@ std::vector<std::string> TapVerdict::failed_checks() const {
 CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
   int threads = opts.threads > 0 ? opts.threads
                                  : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const std::size_t chunk =
-      opts.chunk_elements ? opts.chunk_elements : chunk_elements(opts.memory_budget, threads);
+  // A chunk is at least one summation unit (ChunkPlan's rule).
+  const std::size_t chunk = std::max(
+      opts.chunk_elements ? opts.chunk_elements : chunk_elements(opts.memory_budget, threads),
+      std::max<std::size_t>(opts.sum_unit, 1));
   // Buffers for the largest chunk any tap needs, made once.
   std::size_t need = 1;
   for (const auto& t : set.taps) {
@@ -385,10 +442,11 @@ CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
   }
   std::vector<Buffers> bufs;
   for (int k = 0; k < threads; ++k) bufs.emplace_back(need);
+  const Workers workers{threads, opts.processes};
 
   CompareResult res;
   for (const auto& t : set.taps) {
-    TapVerdict v = check_tap(set, t, opts, chunk, threads, bufs);
+    TapVerdict v = check_tap(set, t, opts, chunk, workers, bufs);
     if (!v.pass() && !res.first_divergence) res.first_divergence = res.taps.size();
     res.taps.push_back(std::move(v));
   }

@@ -20,6 +20,7 @@
 
 #include "harness/capture/activations.h"
 #include "harness/check/tolerance.h"
+#include "harness/core/comm.h"
 
 namespace dc {
 
@@ -31,6 +32,14 @@ struct CompareOptions {
   std::size_t memory_budget = std::size_t{128} << 20;
   int threads = 0;  // 0: one per core
   std::size_t chunk_elements = 0;  // 0: derived from the budget; tests force tiny chunks
+  // Elements per summation unit of the rel L2 and RMS sums: fixed, so the
+  // sums do not depend on chunks, threads or processes. Chunks are never
+  // smaller; tests that force tiny chunks set 1 too.
+  std::size_t sum_unit = 4096;
+  // Processes that share the work (`mpirun -n K diffcheck compare`): each
+  // checks its share of every tap's chunks and the statistics are merged, so
+  // every process gets the same result as one process alone. Null: alone.
+  const Comm* processes = nullptr;
 };
 
 inline constexpr std::size_t kProcessAllowance = std::size_t{48} << 20;

@@ -11,10 +11,40 @@
 
 namespace dc {
 
+namespace {
+
+// Reads the input on every process; all agree on failure (the lowest rank's
+// error is thrown everywhere) before any of them starts comparing.
+ActivationSet read_everywhere(const std::string& source, const std::string& reference,
+                              const Comm* processes) {
+  if (!processes || processes->size() == 1) return read_activations(source, reference);
+  ActivationSet set;
+  std::string error;
+  char kind = 'I';
+  try {
+    set = read_activations(source, reference);
+  } catch (const InputError& e) {
+    error = fmt::format("rank {}: {}", processes->rank(), e.what());
+  } catch (const std::exception& e) {
+    error = fmt::format("rank {}: {}", processes->rank(), e.what());
+    kind = 'E';
+  }
+  for (const auto& e : processes->all_gather_strings(error.empty() ? "" : kind + error)) {
+    if (e.empty()) continue;
+    if (e[0] == 'I') throw InputError(e.substr(1));
+    throw Error(e.substr(1));
+  }
+  return set;
+}
+
+}  // namespace
+
 int compare_and_report(const std::string& source, const std::string& reference,
                        const ReportOptions& opts) {
-  ActivationSet set = read_activations(source, reference);
+  const Comm* processes = opts.compare.processes;
+  ActivationSet set = read_everywhere(source, reference, processes);
   CompareResult res = compare(set, opts.compare);
+  if (processes && processes->rank() != 0) return res.pass() ? kExitPass : kExitMismatch;
   make_console_reporter()->report(set, res, std::cout);
   std::cout.flush();
   if (!opts.json_path.empty()) {

@@ -14,7 +14,10 @@ struct ReportOptions {
 
 // Reads `source` (run file, rank file or prefix), checks it, prints the console
 // report to stdout (and JSON if asked). Returns 0 or 1; throws InputError for
-// unreadable input. Shared by `diffcheck compare` and the end of a run.
+// unreadable input. Shared by `diffcheck compare` and the end of a run. With
+// `opts.compare.processes`, collective over them: every process reads and
+// checks its share, all return the same status (or throw the same error), and
+// only rank 0 prints.
 int compare_and_report(const std::string& source, const std::string& reference,
                        const ReportOptions& opts);
 

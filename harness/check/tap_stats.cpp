@@ -1,7 +1,11 @@
 #include "harness/check/tap_stats.h"
 
 #include <algorithm>
+#include <cstring>
 #include <tuple>
+#include <type_traits>
+
+#include "harness/core/error.h"
 
 namespace dc {
 namespace {
@@ -18,7 +22,97 @@ void sort_unique(std::vector<int>& v) {
   v.erase(std::unique(v.begin(), v.end()), v.end());
 }
 
+// Plain bytes of trivially copyable values, in a fixed field order.
+struct Writer {
+  std::string out;
+  template <class T>
+  void put(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    out.append(reinterpret_cast<const char*>(&v), sizeof(T));
+  }
+  template <class T>
+  void put(const std::optional<T>& v) {
+    put(v.has_value());
+    if (v) put(*v);
+  }
+  void put(const std::pair<int, std::size_t>& v) {
+    put(v.first);
+    put(v.second);
+  }
+  void put(const std::vector<int>& v) {
+    put(v.size());
+    out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int));
+  }
+};
+
+struct Reader {
+  const std::string& in;
+  std::size_t at = 0;
+  void need(std::size_t n) {
+    if (at + n > in.size()) fail("comparator: truncated statistics from another process");
+  }
+  template <class T>
+  void get(T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    need(sizeof(T));
+    std::memcpy(&v, in.data() + at, sizeof(T));
+    at += sizeof(T);
+  }
+  template <class T>
+  void get(std::optional<T>& v) {
+    bool has = false;
+    get(has);
+    v.reset();
+    if (has) get(v.emplace());
+  }
+  void get(std::pair<int, std::size_t>& v) {
+    get(v.first);
+    get(v.second);
+  }
+  void get(std::vector<int>& v) {
+    std::size_t n = 0;
+    get(n);
+    need(n * sizeof(int));
+    v.resize(n);
+    std::memcpy(v.data(), in.data() + at, n * sizeof(int));
+    at += n * sizeof(int);
+  }
+};
+
+template <class Stats, class IO>
+void fields(Stats& s, IO& io) {
+  io.put_or_get(s.nan), io.put_or_get(s.inf), io.put_or_get(s.first_nan),
+      io.put_or_get(s.first_inf), io.put_or_get(s.nonfinite_ranks),
+      io.put_or_get(s.replica_worst), io.put_or_get(s.max_ulp), io.put_or_get(s.differing),
+      io.put_or_get(s.n_fail), io.put_or_get(s.n_total), io.put_or_get(s.any_nan_error),
+      io.put_or_get(s.max_abs), io.put_or_get(s.max_rel), io.put_or_get(s.err_sq),
+      io.put_or_get(s.ref_sq), io.put_or_get(s.ref_worst);
+}
+
+struct Encode : Writer {
+  template <class T>
+  void put_or_get(const T& v) { put(v); }
+};
+struct Decode : Reader {
+  template <class T>
+  void put_or_get(T& v) { get(v); }
+};
+
 }  // namespace
+
+std::string TapStats::encode() const {
+  Encode e;
+  fields(*this, e);
+  return e.out;
+}
+
+TapStats TapStats::decode(const std::string& bytes) {
+  TapStats s;
+  Decode d{{bytes}};
+  fields(s, d);
+  if (d.at != bytes.size()) fail("comparator: malformed statistics from another process");
+  return s;
+}
 
 void TapStats::offer_replica(const ReplicaWorst& w) {
   if (!replica_worst ||

@@ -1,34 +1,20 @@
 // The statistics of one tap's three checks, accumulated chunk by chunk and
 // merged across threads (or processes) into the same result whatever the
 // partition: every "first" and "worst" is chosen by an explicit key with a
-// tie-break on the element's position. Sums of squares (for rel L2 and the
-// reference RMS) are plain float64 within a chunk and double-double across
-// chunks, so they agree between partitions to the last few bits only; every
-// count, maximum, index and verdict is exact.
+// tie-break on the element's position, and sums of squares (for rel L2 and the
+// reference RMS) are exact sums of per-unit partial sums (units that do not
+// depend on the partition), so a merged result is bit-identical whatever the
+// chunks, threads or processes.
 #pragma once
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
-namespace dc {
+#include "harness/check/exact_sum.h"
 
-// A sum kept as an unevaluated pair hi + lo (Knuth's TwoSum on every add).
-struct DoubleDouble {
-  double hi = 0, lo = 0;
-  void add(double x) {
-    double s = hi + x;
-    double bp = s - hi;
-    double err = (hi - (s - bp)) + (x - bp);
-    hi = s;
-    lo += err;
-  }
-  void add(const DoubleDouble& o) {
-    add(o.hi);
-    add(o.lo);
-  }
-  double value() const { return hi + lo; }
-};
+namespace dc {
 
 struct TapStats {
   // non-finite: counts, first (rank, local flat index) of each, ranks with any
@@ -51,7 +37,7 @@ struct TapStats {
   long long n_fail = 0, n_total = 0;
   bool any_nan_error = false;
   double max_abs = 0, max_rel = 0;
-  DoubleDouble err_sq, ref_sq;
+  ExactSum err_sq, ref_sq;  // per summation unit, see compare.cpp
   struct RefWorst {
     double ratio = -1;
     std::size_t global_flat = 0;
@@ -63,6 +49,9 @@ struct TapStats {
   void offer_replica(const ReplicaWorst& w);
   void offer_reference(const RefWorst& w);
   void merge(const TapStats& o);
+  // A byte string another process can merge (same build, same machine kind).
+  std::string encode() const;
+  static TapStats decode(const std::string& bytes);
   // Sorts and de-duplicates the rank lists (after the last merge).
   void finish();
 };

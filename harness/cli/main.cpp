@@ -35,6 +35,15 @@ int launcher_size() {
   return 1;
 }
 
+// Cores per process of this host (OpenMPI says how many share it).
+int threads_per_process() {
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  int local = 1;
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(s));
+  else local = launcher_size();
+  return std::max(1, static_cast<int>(cores) / local);
+}
+
 // "128", "128M", "512MiB", "2G": a size in bytes; a bare number means MiB.
 std::size_t parse_size(const std::string& text) {
   std::size_t used = 0;
@@ -257,13 +266,32 @@ int main(int argc, char** argv) {
     }
   }
   if (*compare) {
-    dc::setup_logging(-1);
-    try {
-      return dc::compare_and_report(source, reference, cmp);
-    } catch (const std::exception& e) {
-      spdlog::error("{}", e.what());
-      return dc::kExitError;
+    if (launcher_size() == 1) {
+      dc::setup_logging(-1);
+      try {
+        return dc::compare_and_report(source, reference, cmp);
+      } catch (const std::exception& e) {
+        spdlog::error("{}", e.what());
+        return dc::kExitError;
+      }
     }
+    // Under mpirun: the processes share every tap's chunks; rank 0 reports.
+    dc::Comm::init(&argc, &argv);
+    int status = dc::kExitError;
+    {
+      dc::Comm world = dc::Comm::world();
+      dc::setup_logging(world.rank());
+      cmp.compare.processes = &world;
+      if (cmp.compare.threads == 0) cmp.compare.threads = threads_per_process();
+      try {
+        status = dc::compare_and_report(source, reference, cmp);
+      } catch (const std::exception& e) {
+        // Every process throws the same error: say it once.
+        if (world.rank() == 0) spdlog::error("{}", e.what());
+      }
+    }
+    dc::Comm::finalize();
+    return status;
   }
 
   // Run mode: every rank of the job runs this.
@@ -276,6 +304,7 @@ int main(int argc, char** argv) {
     int per_rank = std::max(1, static_cast<int>(cores) / std::max(1, launcher_size()));
     dc::ref::set_blas_threads(per_rank);
   }
+  if (run.report.compare.threads == 0) run.report.compare.threads = threads_per_process();
   int status = dc::kExitPass;
   try {
     status = dc::run_scenario(run);

@@ -293,6 +293,29 @@ std::string Comm::broadcast_string(const std::string& s, int root) const {
   return out;
 }
 
+std::vector<std::string> Comm::all_gather_strings(const std::string& s) const {
+  fingerprint(*impl_, "all_gather_strings", 0);
+  int len = to_int_count(s.size(), "MPI_Allgatherv", *impl_);
+  std::vector<int> lens(static_cast<std::size_t>(impl_->size)), at(lens.size(), 0);
+  check(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, impl_->comm),
+        "MPI_Allgather(lengths)", *impl_);
+  long long total = 0;
+  for (std::size_t r = 0; r < lens.size(); ++r) {
+    at[r] = static_cast<int>(total);
+    total += lens[r];
+  }
+  std::string all(static_cast<std::size_t>(to_int_count(static_cast<std::size_t>(total),
+                                                         "MPI_Allgatherv", *impl_)),
+                  '\0');
+  check(MPI_Allgatherv(s.data(), len, MPI_CHAR, all.data(), lens.data(), at.data(), MPI_CHAR,
+                       impl_->comm),
+        "MPI_Allgatherv(strings)", *impl_);
+  std::vector<std::string> out;
+  for (std::size_t r = 0; r < lens.size(); ++r)
+    out.push_back(all.substr(static_cast<std::size_t>(at[r]), static_cast<std::size_t>(lens[r])));
+  return out;
+}
+
 // --- Request ---------------------------------------------------------------
 
 Request::Request() = default;

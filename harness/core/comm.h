@@ -81,6 +81,8 @@ class Comm {
   int max_int(int v) const;
   long long sum_ll(long long v) const;
   std::string broadcast_string(const std::string& s, int root) const;
+  // Every rank's `s` (any length), in rank order, on every rank.
+  std::vector<std::string> all_gather_strings(const std::string& s) const;
 
   struct Impl;
 

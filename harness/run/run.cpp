@@ -92,21 +92,18 @@ int run_scenario(const RunOptions& opts) {
   write_run_file(world, out, info, taps);
   spdlog::info("wrote {} in {:.3f}s", out, seconds_since(t1));
 
-  // Rank 0 reads the file back and compares: the same path `diffcheck compare`
-  // takes, so a run and a later comparison of its file cannot disagree.
+  // Every rank reads the file back and checks its share of each tap's chunks:
+  // the same path `diffcheck compare` takes (so a run and a later comparison
+  // of its file cannot disagree), and rank 0 prints the report. The ranks
+  // agree on errors, so a failure ends every rank alike.
+  ReportOptions report = opts.report;
+  report.compare.processes = &world;
   int status = kExitPass;
-  std::string error;
-  if (rank == 0) {
-    try {
-      status = compare_and_report(out, "", opts.report);
-    } catch (const std::exception& e) {
-      error = e.what();
-      status = kExitError;
-    }
+  try {
+    status = compare_and_report(out, "", report);
+  } catch (const std::exception& e) {
+    fail("rank {}: comparison of '{}' failed: {}", rank, out, e.what());
   }
-  status = world.max_int(status);
-  if (status == kExitError)
-    fail("rank {}: comparison of '{}' failed: {}", rank, out, rank == 0 ? error : "see rank 0");
   return status;
 }
 
