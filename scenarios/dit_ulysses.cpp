@@ -153,49 +153,50 @@ class DitUlysses final : public Scenario {
     ctx.taps.tap("ffn/hidden", ref::with_batch_dim(post.hidden), {.layout = tokens_l, .reduction_depth = dl});
     ctx.taps.tap("out", ref::with_batch_dim(post.out), {.layout = tokens_l, .reduction_depth = long(z.ffn)});
 
-    if (ctx.taps.is_reference_rank()) record_reference(ctx, z, dp, chunks);
+    record_reference(ctx, z, dp, chunks);
   }
 
  private:
-  // Every sample on one rank in float64, exact softmax.
+  // Every sample in float64 with exact softmax; the samples are spread over
+  // the ranks (TapRecorder's rule).
   void record_reference(RunContext& ctx, const WanSizes& z, std::size_t dp,
                         const std::vector<HeadChunk>& chunks) const {
+    const auto samples = ctx.taps.my_reference_rows(dp);
+    if (samples.empty()) return;
     const std::size_t s_all = z.tokens(), d = z.dim;
     const auto w = ref::make_wan_weights<double>(ctx.seed, z, ctx.dtype);
     const ref::RoundFn<double> exact = [](RefTensor&) {};
-    auto all = [&](const char* name, std::size_t rows, float scale) {
-      return ref::to_ref(ref::generate(ctx.seed, name, {dp, rows, d}, scale));
-    };
-    const RefTensor xs = all("x", s_all, 1.0f), es = all("e", 6, 0.1f), encs = all("enc", z.enc_len, 1.0f);
     std::vector<std::size_t> positions(s_all);
     for (std::size_t i = 0; i < s_all; ++i) positions[i] = i;
     const auto rope = ref::wan_rope(z, positions);
-    std::map<std::string, std::vector<RefTensor>> taps;
-    for (std::size_t b = 0; b < dp; ++b) {
-      auto item = [&](const RefTensor& t, std::size_t rows) { return ref::reshape(ref::batch_item(t, b), {rows, d}); };
-      auto x = item(xs, s_all), e = item(es, 6), enc = item(encs, z.enc_len);
+    for (std::size_t b : samples) {
+      auto input = [&](const char* name, std::size_t rows, float scale) {
+        return ref::reshape(ref::to_ref(ref::generate(ctx.seed, name, {dp, rows, d}, scale, {{b, b + 1}, {0, rows}, {0, d}})),
+                            {rows, d});
+      };
+      auto x = input("x", s_all, 1.0f), e = input("e", 6, 0.1f), enc = input("enc", z.enc_len, 1.0f);
       auto pre = ref::wan_pre_attention(x, e, w, z, rope, exact);
       auto attn = ref::attention(pre.q, pre.k, pre.v, 1.0);  // k is pre-scaled
       auto post = ref::wan_post_attention(x, ref::reshape(attn, {s_all, d}), pre.mod, enc, w, z, exact);
-      taps["mod"].push_back(pre.mod);
-      taps["n1"].push_back(pre.n1);
-      taps["attn/q"].push_back(pre.q);
-      taps["attn/k"].push_back(pre.k);
-      taps["attn/v"].push_back(pre.v);
+      auto put = [&](const std::string& name, const RefTensor& t) { ctx.taps.reference_row(name, dp, b, t); };
+      put("mod", pre.mod);
+      put("n1", pre.n1);
+      put("attn/q", pre.q);
+      put("attn/k", pre.k);
+      put("attn/v", pre.v);
       for (std::size_t i = 0; i < chunks.size(); ++i) {
         const std::string p = fmt::format("ulysses/chunk{}/", i);
-        taps[p + "q_after_a2a"].push_back(heads_major(pre.q, chunks[i].begin, chunks[i].end));
-        taps[p + "k_after_a2a"].push_back(heads_major(pre.k, chunks[i].begin, chunks[i].end));
-        taps[p + "v_after_a2a"].push_back(heads_major(pre.v, chunks[i].begin, chunks[i].end));
-        taps[p + "attn"].push_back(heads_major(attn, chunks[i].begin, chunks[i].end));
+        put(p + "q_after_a2a", heads_major(pre.q, chunks[i].begin, chunks[i].end));
+        put(p + "k_after_a2a", heads_major(pre.k, chunks[i].begin, chunks[i].end));
+        put(p + "v_after_a2a", heads_major(pre.v, chunks[i].begin, chunks[i].end));
+        put(p + "attn", heads_major(attn, chunks[i].begin, chunks[i].end));
       }
-      taps["attn/out"].push_back(ref::reshape(attn, {s_all, d}));
-      taps["x1"].push_back(post.x1);
-      taps["x2"].push_back(post.x2);
-      taps["ffn/hidden"].push_back(post.hidden);
-      taps["out"].push_back(post.out);
+      put("attn/out", ref::reshape(attn, {s_all, d}));
+      put("x1", post.x1);
+      put("x2", post.x2);
+      put("ffn/hidden", post.hidden);
+      put("out", post.out);
     }
-    for (auto& [name, xs_] : taps) ctx.taps.reference(name, ref::stack(xs_));
   }
 };
 

@@ -13,7 +13,6 @@
 
 #include <cmath>
 #include <functional>
-#include <map>
 
 #include "harness/core/error.h"
 #include "harness/run/scenario.h"
@@ -99,7 +98,7 @@ class FluxTp final : public Scenario {
     ctx.taps.tap("y", ref::with_batch_dim(y), {.layout = by_sample, .reduction_depth = long(d + z.mlp)});
     ctx.taps.tap("out", ref::with_batch_dim(out), {.layout = by_sample, .reduction_depth = long(d + z.mlp)});
 
-    if (ctx.taps.is_reference_rank()) record_reference(ctx, z, tp, dp, rope);
+    record_reference(ctx, z, tp, dp, rope);
   }
 
  private:
@@ -125,39 +124,43 @@ class FluxTp final : public Scenario {
                  {.layout = Layout::parse("dp", "tp"), .reduction_depth = d + m});
   }
 
-  // The single-rank reference in float64: every sample with the full weights.
+  // The single-rank reference in float64, every sample with the full
+  // weights; the samples are spread over the ranks (TapRecorder's rule).
   void record_reference(RunContext& ctx, const FluxSizes& z, std::size_t tp, std::size_t dp,
                         const ref::RopeTable& rope) const {
     const std::size_t n = z.tokens(), d = z.dim;
+    const auto packed = ref::packed_columns(z, tp);
+    if (ctx.taps.is_reference_rank()) {
+      // What the sharded run should hold: the dtype-rounded weight, packed.
+      auto w_run = ref::make_flux_weights<float>(ctx.seed, z, 1, 0, false, ctx.dtype);
+      ctx.taps.reference("proj_out/weight", ref::to_ref(ref::take_last(w_run.out_w, packed)));
+    }
+    const auto samples = ctx.taps.my_reference_rows(dp);
+    if (samples.empty()) return;
     const auto w = ref::make_flux_weights<double>(ctx.seed, z, 1, 0, false, ctx.dtype);
     const std::function<void(RefTensor&)> exact = [](RefTensor&) {};
-    const RefTensor h_all = ref::to_ref(ref::generate(ctx.seed, "hidden", {dp, n, d}, 1.0f));
-    const RefTensor temb_all = ref::to_ref(ref::generate(ctx.seed, "temb", {dp, 1, d}, 1.0f));
-    std::map<std::string, std::vector<RefTensor>> per_sample;
-    const auto packed = ref::packed_columns(z, tp);
-    for (std::size_t b = 0; b < dp; ++b) {
-      auto h = ref::reshape(ref::batch_item(h_all, b), {n, d});
-      auto temb = ref::reshape(ref::batch_item(temb_all, b), {1, d});
+    for (std::size_t b : samples) {
+      auto input = [&](const char* name, std::size_t rows) {
+        return ref::reshape(ref::to_ref(ref::generate(ctx.seed, name, {dp, rows, d}, 1.0f, {{b, b + 1}, {0, rows}, {0, d}})),
+                            {rows, d});
+      };
+      const RefTensor h = input("hidden", n), temb = input("temb", 1);
       auto a = ref::flux_block_forward(h, temb, w, z, rope, true, exact);
-      auto& s = per_sample;
-      s["input/hidden"].push_back(h);
-      s["input/temb"].push_back(temb);
-      s["adaln"].push_back(a.ada);
-      s["nx"].push_back(a.nx);
-      s["attn/q"].push_back(a.q);
-      s["attn/k"].push_back(a.k);
-      s["attn/v"].push_back(a.v);
-      s["attn/out"].push_back(a.attn);
-      s["mlp"].push_back(a.mlp);
-      s["proj_out/input_packed"].push_back(ref::take_last(a.cat, packed));
-      s["proj_out/partial"].push_back(a.partial);
-      s["y"].push_back(a.partial);
-      s["out"].push_back(ref::gated_residual(a.partial, a.ada, h));
+      auto put = [&](const char* name, const RefTensor& t) { ctx.taps.reference_row(name, dp, b, t); };
+      put("input/hidden", h);
+      put("input/temb", temb);
+      put("adaln", a.ada);
+      put("nx", a.nx);
+      put("attn/q", a.q);
+      put("attn/k", a.k);
+      put("attn/v", a.v);
+      put("attn/out", a.attn);
+      put("mlp", a.mlp);
+      put("proj_out/input_packed", ref::take_last(a.cat, packed));
+      put("proj_out/partial", a.partial);
+      put("y", a.partial);
+      put("out", ref::gated_residual(a.partial, a.ada, h));
     }
-    for (auto& [name, xs] : per_sample) ctx.taps.reference(name, ref::stack(xs));
-    // What the sharded run should hold: the dtype-rounded weight, packed.
-    auto w_run = ref::make_flux_weights<float>(ctx.seed, z, 1, 0, false, ctx.dtype);
-    ctx.taps.reference("proj_out/weight", ref::to_ref(ref::take_last(w_run.out_w, packed)));
   }
 };
 

@@ -84,3 +84,61 @@ TEST(Store, RanksRecordingDifferentTapsIsAnError) {
   EXPECT_THROW(write_run_file(world(), path, {}, taps), Error);
   EXPECT_FALSE(std::filesystem::exists(path));
 }
+
+// References computed row by row on different ranks (each rank some rows,
+// rank 0 possibly several) land whole in the file.
+TEST(Store, ReferenceRowsFromEveryRank) {
+  const int n = world().size(), me = world().rank();
+  Mesh mesh = Mesh::parse(fmt::format("dp={}", n));
+  TapRecorder taps(mesh, me, DType::float32);
+  const std::size_t rows = static_cast<std::size_t>(2 * n + 1);  // rank 0 gets three rows
+  taps.tap("y", Tensor({rows, 3, 2}, 1.0f));  // replicated: global = local
+  RefTensor want({rows, 3, 2}, 0.0);
+  for (std::size_t i = 0; i < want.size(); ++i) want.data[i] = static_cast<double>(i) * 0.25;
+  for (std::size_t r : taps.my_reference_rows(rows)) {
+    RefTensor item({3, 2}, 0.0);
+    std::copy_n(want.data.begin() + static_cast<long>(r * 6), 6, item.data.begin());
+    taps.reference_row("y", rows, r, item);
+  }
+  std::string path = temp_path("rows");
+  write_run_file(world(), path, {"unit", "", "float32", 1, "test"}, taps);
+  if (me == 0) {
+    ActivationSet s = read_activations(path);
+    ASSERT_EQ(s.taps.size(), 1u);
+    ASSERT_TRUE(s.taps[0].reference_shape);
+    EXPECT_EQ(*s.taps[0].reference_shape, (Shape{rows, 3, 2}));
+    EXPECT_EQ(read_whole_reference(s, s.taps[0]), want.data);
+    std::filesystem::remove(path);
+  }
+  world().barrier();
+}
+
+// A row nobody computed would read as zeros: every rank refuses instead.
+TEST(Store, MissingReferenceRowsAreAnError) {
+  const int n = world().size(), me = world().rank();
+  Mesh mesh = Mesh::parse(fmt::format("dp={}", n));
+  TapRecorder taps(mesh, me, DType::float32);
+  taps.tap("y", Tensor({2}, 1.0f));
+  for (std::size_t r : taps.my_reference_rows(static_cast<std::size_t>(n)))
+    if (r != 0) taps.reference_row("y", static_cast<std::size_t>(n) + 1, r, RefTensor({2}, 1.0));
+  if (me == 0) taps.reference_row("y", static_cast<std::size_t>(n) + 1, 0, RefTensor({2}, 1.0));
+  std::string path = temp_path("missing_rows");
+  try {
+    write_run_file(world(), path, {}, taps);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("reference of tap 'y'"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  world().barrier();
+}
+
+TEST(TapRecorder, ReferenceRowsOverlappingOrMisshapenAreRefused) {
+  Mesh mesh = Mesh::parse("dp=1");
+  TapRecorder taps(mesh, 0, DType::float32);
+  taps.reference_row("y", 4, 1, RefTensor({2}, 1.0));
+  EXPECT_THROW(taps.reference_row("y", 4, 1, RefTensor({2}, 1.0)), Error);
+  EXPECT_THROW(taps.reference_row("y", 4, 4, RefTensor({2}, 1.0)), Error);
+  EXPECT_THROW(taps.reference_row("y", 5, 2, RefTensor({2}, 1.0)), Error);  // other shape
+  EXPECT_THROW(taps.reference_rows("y", {4, 2}, 2, RefTensor({2, 3}, 1.0)), Error);
+}

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include "harness/core/comm_native.h"
@@ -38,28 +39,52 @@ std::string first_difference(const std::string& mine, const std::string& root) {
   }
 }
 
-// name\tdim,dim,...\n for each reference, as known on the reference rank.
+// name\tdim,dim,...\trows\n for each reference this rank holds rows of
+// (a scalar counts as one row).
 std::string reference_manifest(const TapRecorder& taps) {
   std::string m;
-  for (const auto& [name, t] : taps.references()) {
+  for (const auto& [name, part] : taps.references()) {
     std::string dims;
-    for (auto d : t.shape) dims += fmt::format("{}{}", dims.empty() ? "" : ",", d);
-    m += name + "\t" + dims + "\n";
+    for (auto d : part.global) dims += fmt::format("{}{}", dims.empty() ? "" : ",", d);
+    std::size_t rows = 0;
+    for (const auto& b : part.blocks) rows += part.global.empty() ? 1 : b.rows.shape[0];
+    m += fmt::format("{}\t{}\t{}\n", name, dims, rows);
   }
   return m;
 }
 
-std::vector<std::pair<std::string, Shape>> parse_reference_manifest(const std::string& m) {
-  std::vector<std::pair<std::string, Shape>> out;
-  std::stringstream ss(m);
-  std::string line;
-  while (std::getline(ss, line)) {
-    auto tab = line.find('\t');
-    Shape s;
-    std::stringstream ds(line.substr(tab + 1));
-    std::string d;
-    while (std::getline(ds, d, ',')) s.push_back(std::stoull(d));
-    out.emplace_back(line.substr(0, tab), s);
+struct ReferenceEntry {
+  Shape shape;
+  std::size_t rows = 0;  // held by all ranks together
+  int first_rank = -1;   // who declared the shape first, for messages
+};
+
+// Every rank's manifest merged; identical on every rank, so every rank takes
+// the same decisions (and the same error) below.
+std::map<std::string, ReferenceEntry> merge_reference_manifests(const std::vector<std::string>& all) {
+  std::map<std::string, ReferenceEntry> out;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    std::stringstream ss(all[r]);
+    std::string line;
+    while (std::getline(ss, line)) {
+      auto t1 = line.find('\t'), t2 = line.rfind('\t');
+      Shape shape;
+      std::stringstream ds(line.substr(t1 + 1, t2 - t1 - 1));
+      std::string d;
+      while (std::getline(ds, d, ',')) shape.push_back(std::stoull(d));
+      const std::string name = line.substr(0, t1);
+      auto [it, fresh] = out.try_emplace(name, ReferenceEntry{shape, 0, static_cast<int>(r)});
+      if (!fresh && it->second.shape != shape)
+        fail("reference of tap '{}' has shape {} on rank {} but {} on rank {}", name,
+             shape_str(it->second.shape), it->second.first_rank, shape_str(shape), r);
+      it->second.rows += std::stoull(line.substr(t2 + 1));
+    }
+  }
+  for (const auto& [name, e] : out) {
+    const std::size_t want = e.shape.empty() ? 1 : e.shape[0];
+    if (e.rows != want)
+      fail("reference of tap '{}' ({}) has {} rows computed over all ranks, expected {} once each", name,
+           shape_str(e.shape), e.rows, want);
   }
   return out;
 }
@@ -124,17 +149,48 @@ void write_taps(hid_t file, const TapRecorder& taps, int world, int rank) {
   }
 }
 
+// Collective write of each reference: every rank writes the rows it
+// computed (one hyperslab per block), in one call per reference.
 void write_references(hid_t file, const Comm& world, const TapRecorder& taps) {
-  const int root = 0;
-  auto manifest = world.broadcast_string(taps.is_reference_rank() ? reference_manifest(taps) : "",
-                                         root);
-  for (const auto& [name, shape] : parse_reference_manifest(manifest)) {
-    std::string path = "/reference/" + name;
-    Handle ds = create_dataset(file, path, H5T_IEEE_F64LE, shape, world.rank());
+  const auto manifest = merge_reference_manifests(world.all_gather_strings(reference_manifest(taps)));
+  const int rank = world.rank();
+  for (const auto& [name, entry] : manifest) {
+    const std::string path = "/reference/" + name;
+    Handle ds = create_dataset(file, path, H5T_IEEE_F64LE, entry.shape, rank);
+    Handle fspace(H5Dget_space(ds.get()));
+    H5Sselect_none(fspace.get());
+    std::vector<double> joined;  // only when this rank holds several blocks
     const double* data = nullptr;
-    if (taps.is_reference_rank()) data = taps.references().at(name).ptr();
-    write_rows(ds.get(), H5T_NATIVE_DOUBLE, data, shape, true, data != nullptr, 0, world.rank(),
-               path);
+    hsize_t n = 0;
+    auto it = taps.references().find(name);
+    if (it != taps.references().end()) {
+      const auto& blocks = it->second.blocks;
+      bool first = true;
+      for (const auto& b : blocks) {
+        if (entry.shape.empty() || b.rows.size() == 0) continue;  // a scalar: selected whole below
+        std::vector<hsize_t> start(entry.shape.size(), 0), count(entry.shape.begin(), entry.shape.end());
+        start[0] = b.first_row;
+        count[0] = b.rows.shape[0];
+        H5Sselect_hyperslab(fspace.get(), first ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(), nullptr,
+                            count.data(), nullptr);
+        first = false;
+      }
+      if (entry.shape.empty()) H5Sselect_all(fspace.get());
+      for (const auto& b : blocks) n += b.rows.size();
+      if (blocks.size() == 1) {
+        data = blocks[0].rows.ptr();
+      } else {
+        for (const auto& b : blocks) joined.insert(joined.end(), b.rows.data.begin(), b.rows.data.end());
+        data = joined.data();
+      }
+    }
+    const hsize_t mem_n = std::max<hsize_t>(n, 1);
+    Handle mspace(H5Screate_simple(1, &mem_n, nullptr));
+    if (n == 0) H5Sselect_none(mspace.get());
+    Handle xfer(H5Pcreate(H5P_DATASET_XFER));
+    H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_COLLECTIVE);
+    if (H5Dwrite(ds.get(), H5T_NATIVE_DOUBLE, mspace.get(), fspace.get(), xfer.get(), data) < 0)
+      fail("rank {}: HDF5 collective write of '{}' failed: {}", rank, path, h5::last_error());
   }
 }
 

@@ -34,8 +34,44 @@ void TapRecorder::tap(const std::string& name, const Tensor& local, TapOptions o
 void TapRecorder::reference(const std::string& name, const RefTensor& global) {
   if (!is_reference_rank()) return;
   validate_tap_name(name);
-  if (!references_.emplace(name, global).second)
+  if (!references_.emplace(name, ReferencePart{global.shape, {{0, global}}}).second)
     fail("rank {}: reference of tap '{}' recorded twice", rank_, name);
+}
+
+std::vector<std::size_t> TapRecorder::my_reference_rows(std::size_t n) const {
+  std::vector<std::size_t> rows;
+  const auto world = static_cast<std::size_t>(mesh_.world_size());
+  for (std::size_t r = static_cast<std::size_t>(rank_); r < n; r += world) rows.push_back(r);
+  return rows;
+}
+
+void TapRecorder::reference_rows(const std::string& name, const Shape& global, std::size_t first_row,
+                                 const RefTensor& rows) {
+  validate_tap_name(name);
+  if (global.empty()) fail("rank {}: reference rows of tap '{}': a scalar has no rows", rank_, name);
+  Shape want = global;
+  want[0] = rows.shape.empty() ? 0 : rows.shape[0];
+  if (rows.shape != want || first_row + want[0] > global[0])
+    fail("rank {}: reference rows of tap '{}': shape {} at row {} does not fit {}", rank_, name,
+         shape_str(rows.shape), first_row, shape_str(global));
+  auto [it, fresh] = references_.try_emplace(name, ReferencePart{global, {}});
+  if (!fresh && it->second.global != global)
+    fail("rank {}: reference of tap '{}' recorded with shapes {} and {}", rank_, name,
+         shape_str(it->second.global), shape_str(global));
+  auto& blocks = it->second.blocks;
+  for (const auto& b : blocks)
+    if (first_row < b.first_row + b.rows.shape[0] && b.first_row < first_row + want[0])
+      fail("rank {}: reference rows of tap '{}' recorded twice (row {})", rank_, name, first_row);
+  auto at = std::find_if(blocks.begin(), blocks.end(), [&](const auto& b) { return b.first_row > first_row; });
+  blocks.insert(at, ReferenceRows{first_row, rows});
+}
+
+void TapRecorder::reference_row(const std::string& name, std::size_t n, std::size_t row,
+                                const RefTensor& item) {
+  Shape global = item.shape, one = item.shape;
+  global.insert(global.begin(), n);
+  one.insert(one.begin(), 1);
+  reference_rows(name, global, row, RefTensor(one, item.data));
 }
 
 }  // namespace dc

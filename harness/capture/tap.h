@@ -1,6 +1,8 @@
 // The tap recorder: what a scenario calls to capture a named tensor with its
-// layout. Records keep execution order; the reference rank also keeps the
-// single-rank reference of each tap (its GLOBAL tensor, in float64).
+// layout. Records keep execution order. References (each tap's GLOBAL tensor,
+// in float64) are kept by the ranks that compute them: a whole reference on
+// the reference rank, or rows of it (independent samples) spread over the
+// ranks, so the references of a run are computed in parallel.
 #pragma once
 #include <map>
 #include <optional>
@@ -19,6 +21,18 @@ struct TapOptions {
   long reduction_depth = 0;        // terms summed into each element; 0 = not stated
   std::optional<double> atol;      // per-tap tolerance overrides
   std::optional<double> rtol;
+};
+
+// Rows [first_row, first_row + rows.shape[0]) of a reference along its first
+// dimension (all of it for a scalar).
+struct ReferenceRows {
+  std::size_t first_row = 0;
+  RefTensor rows;
+};
+
+struct ReferencePart {
+  Shape global;                        // the whole reference's shape
+  std::vector<ReferenceRows> blocks;   // what this rank holds, by first row
 };
 
 struct TapRecord {
@@ -40,8 +54,18 @@ class TapRecorder {
   bool is_reference_rank() const { return rank_ == reference_rank_; }
   void reference(const std::string& name, const RefTensor& global);
 
+  // The rows of an `n`-row reference this rank computes: row r on rank
+  // r % world, so samples are computed in parallel. Every rank calls
+  // reference_rows for each of its rows of each such tap; together the ranks
+  // must cover every row once (the store checks).
+  std::vector<std::size_t> my_reference_rows(std::size_t n) const;
+  void reference_rows(const std::string& name, const Shape& global, std::size_t first_row,
+                      const RefTensor& rows);
+  // Row `row` of an `n`-row reference whose rows have the shape of `item`.
+  void reference_row(const std::string& name, std::size_t n, std::size_t row, const RefTensor& item);
+
   const std::vector<TapRecord>& records() const { return records_; }
-  const std::map<std::string, RefTensor>& references() const { return references_; }
+  const std::map<std::string, ReferencePart>& references() const { return references_; }
   const Mesh& mesh() const { return mesh_; }
   DType dtype() const { return dtype_; }
   int rank() const { return rank_; }
@@ -52,7 +76,7 @@ class TapRecorder {
   DType dtype_;
   int reference_rank_;
   std::vector<TapRecord> records_;
-  std::map<std::string, RefTensor> references_;
+  std::map<std::string, ReferencePart> references_;
 };
 
 // Tap names are paths below /taps: non-empty parts separated by '/'.

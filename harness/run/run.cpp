@@ -99,8 +99,10 @@ int run_scenario(const RunOptions& opts) {
   ReportOptions report = opts.report;
   report.compare.processes = &world;
   int status = kExitPass;
+  auto t2 = std::chrono::steady_clock::now();
   try {
     status = compare_and_report(out, "", report);
+    spdlog::info("checked {} in {:.3f}s", out, seconds_since(t2));
   } catch (const std::exception& e) {
     fail("rank {}: comparison of '{}' failed: {}", rank, out, e.what());
   }
