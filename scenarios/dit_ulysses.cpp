@@ -161,6 +161,7 @@ class DitUlysses final : public Scenario {
   // the ranks (TapRecorder's rule).
   void record_reference(RunContext& ctx, const WanSizes& z, std::size_t dp,
                         const std::vector<HeadChunk>& chunks) const {
+    const ReferenceClock clock(ctx.taps);
     const auto samples = ctx.taps.my_reference_rows(dp);
     if (samples.empty()) return;
     const std::size_t s_all = z.tokens(), d = z.dim;

@@ -128,6 +128,7 @@ class FluxTp final : public Scenario {
   // weights; the samples are spread over the ranks (TapRecorder's rule).
   void record_reference(RunContext& ctx, const FluxSizes& z, std::size_t tp, std::size_t dp,
                         const ref::RopeTable& rope) const {
+    const ReferenceClock clock(ctx.taps);
     const std::size_t n = z.tokens(), d = z.dim;
     const auto packed = ref::packed_columns(z, tp);
     if (ctx.taps.is_reference_rank()) {

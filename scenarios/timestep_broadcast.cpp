@@ -106,7 +106,10 @@ class TimestepBroadcast final : public Scenario {
   void run(RunContext& ctx) const override {
     const Sizes z;
     broadcast_schedule_and_embed(ctx, z);
-    if (ctx.taps.is_reference_rank()) record_reference(ctx, z);
+    if (ctx.taps.is_reference_rank()) {
+      const ReferenceClock clock(ctx.taps);
+      record_reference(ctx, z);
+    }
   }
 
  private:

@@ -121,6 +121,7 @@ class UnreducedReshard final : public Scenario {
     ctx.taps.tap("result", result, {.layout = kTarget, .reduction_depth = depth});
 
     if (ctx.taps.is_reference_rank()) {
+      const ReferenceClock clock(ctx.taps);
       RefTensor xr = ref::to_ref(ref::generate(ctx.seed, "x", xs, 1.0f));
       RefTensor gr = ref::to_ref(ref::generate(ctx.seed, "g", gs, 1.0f));
       RefTensor full = ref::matmul_tn(ref::reshape(xr, {z.batch * z.seq, z.hidden}),

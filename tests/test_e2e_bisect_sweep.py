@@ -97,6 +97,15 @@ class BisectSweep(E2ETest):
         best = next(r for r in rows.values() if r["best"])
         self.assertEqual(best["verdict"], "pass")
         self.assertIn("★", res.out)
+        # The sharded run's own time apart from references and checking; the
+        # star goes to the correct profile with the smallest run time.
+        self.assertIn("| run s | check s |", res.out)
+        for r in rows.values():
+            self.assertEqual(len(r["run_times"]), 2)
+            self.assertGreater(r["run_median"], 0)
+            self.assertLess(r["run_median"] + r["check_median"], r["median"])
+        correct = [r for r in rows.values() if r["verdict"] == "pass"]
+        self.assertEqual(best["run_median"], min(r["run_median"] for r in correct))
 
     def test_sweep_profiles_file_and_external_command(self):
         prof = self.path("profiles.txt")
@@ -107,6 +116,7 @@ class BisectSweep(E2ETest):
         self.assertExit(res, 1)
         self.assertIn("| broken | --xla_c --xla_f |", res.out)
         self.assertIn("WRONG", res.out)
+        self.assertNotIn("run s", res.out)  # an external command has only its wall time
 
     def test_bad_usage(self):
         self.assertExit(self.diffcheck("bisect", "--flags", "a"), 2)  # neither scenario nor command

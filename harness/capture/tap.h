@@ -4,6 +4,7 @@
 // the reference rank, or rows of it (independent samples) spread over the
 // ranks, so the references of a run are computed in parallel.
 #pragma once
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -64,6 +65,12 @@ class TapRecorder {
   // Row `row` of an `n`-row reference whose rows have the shape of `item`.
   void reference_row(const std::string& name, std::size_t n, std::size_t row, const RefTensor& item);
 
+  // Seconds this rank spent computing references, so a run can report the
+  // sharded block's own time apart: scenarios compute their references in
+  // the scope of a ReferenceClock.
+  double reference_seconds() const { return reference_seconds_; }
+  void add_reference_seconds(double s) { reference_seconds_ += s; }
+
   const std::vector<TapRecord>& records() const { return records_; }
   const std::map<std::string, ReferencePart>& references() const { return references_; }
   const Mesh& mesh() const { return mesh_; }
@@ -77,6 +84,21 @@ class TapRecorder {
   int reference_rank_;
   std::vector<TapRecord> records_;
   std::map<std::string, ReferencePart> references_;
+  double reference_seconds_ = 0;
+};
+
+class ReferenceClock {
+ public:
+  explicit ReferenceClock(TapRecorder& taps) : taps_(taps), t0_(std::chrono::steady_clock::now()) {}
+  ~ReferenceClock() {
+    taps_.add_reference_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
+  }
+  ReferenceClock(const ReferenceClock&) = delete;
+  ReferenceClock& operator=(const ReferenceClock&) = delete;
+
+ private:
+  TapRecorder& taps_;
+  std::chrono::steady_clock::time_point t0_;
 };
 
 // Tap names are paths below /taps: non-empty parts separated by '/'.

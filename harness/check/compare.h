@@ -98,6 +98,9 @@ struct TapVerdict {
 struct CompareResult {
   std::vector<TapVerdict> taps;
   std::optional<std::size_t> first_divergence;  // index into taps
+  // Phases of the run that produced the result, in seconds (run reports
+  // only; JSON "timings"): e.g. sharded_s, reference_s, write_s, check_s.
+  std::vector<std::pair<std::string, double>> timings;
   bool pass() const { return !first_divergence.has_value(); }
 };
 

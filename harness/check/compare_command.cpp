@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -43,7 +44,12 @@ int compare_and_report(const std::string& source, const std::string& reference,
                        const ReportOptions& opts) {
   const Comm* processes = opts.compare.processes;
   ActivationSet set = read_everywhere(source, reference, processes);
+  const auto t0 = std::chrono::steady_clock::now();
   CompareResult res = compare(set, opts.compare);
+  if (!opts.timings.empty()) {
+    res.timings = opts.timings;
+    res.timings.emplace_back("check_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   if (processes && processes->rank() != 0) return res.pass() ? kExitPass : kExitMismatch;
   make_console_reporter()->report(set, res, std::cout);
   std::cout.flush();

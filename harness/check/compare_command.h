@@ -10,6 +10,9 @@ namespace dc {
 struct ReportOptions {
   CompareOptions compare;
   std::string json_path;  // empty: no JSON report
+  // A run's phase times (see CompareResult::timings); when given, the check's
+  // own time is added as check_s.
+  std::vector<std::pair<std::string, double>> timings;
 };
 
 // Reads `source` (run file, rank file or prefix), checks it, prints the console

@@ -74,6 +74,10 @@ class JsonReporter final : public Reporter {
     } else {
       j["first_divergence"] = nullptr;
     }
+    if (!res.timings.empty()) {
+      j["timings"] = json::object();
+      for (const auto& [name, s] : res.timings) j["timings"][name] = s;
+    }
     out << j.dump(2) << "\n";
   }
 };

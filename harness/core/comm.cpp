@@ -273,6 +273,13 @@ int Comm::max_int(int v) const {
   return out;
 }
 
+double Comm::max_double(double v) const {
+  fingerprint(*impl_, "max_double", 1);
+  double out = 0;
+  check(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, impl_->comm), "MPI_Allreduce(max)", *impl_);
+  return out;
+}
+
 long long Comm::sum_ll(long long v) const {
   fingerprint(*impl_, "sum_ll", 1);
   long long out = 0;

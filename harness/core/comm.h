@@ -79,6 +79,7 @@ class Comm {
 
   // Small helpers for verdicts and metadata.
   int max_int(int v) const;
+  double max_double(double v) const;
   long long sum_ll(long long v) const;
   std::string broadcast_string(const std::string& s, int root) const;
   // Every rank's `s` (any length), in rank order, on every rank.

@@ -80,12 +80,17 @@ FlagTrialResult run_scenario_trial(const FlagTarget& t, const FlagSet& flags, co
   if (o.kind == TrialOutcome::Kind::exited && o.exit_code == 2) {
     r.verdict = Verdict::error;
     r.detail = last_line(o.output);
-  } else if (r.verdict == Verdict::fail && std::filesystem::exists(json)) {
+  } else if ((r.verdict == Verdict::fail || r.verdict == Verdict::pass) && std::filesystem::exists(json)) {
     nlohmann::json j;
     std::ifstream(json) >> j;
-    if (!j["first_divergence"].is_null())
+    if (r.verdict == Verdict::fail && !j["first_divergence"].is_null())
       r.detail = fmt::format("{} ({})", j["first_divergence"]["tap"].get<std::string>(),
                              fmt::join(j["first_divergence"]["checks"].get<std::vector<std::string>>(), ","));
+    if (j.contains("timings")) {
+      const auto& tm = j["timings"];
+      r.run_seconds = tm.value("sharded_s", 0.0);
+      r.check_seconds = tm.value("reference_s", 0.0) + tm.value("write_s", 0.0) + tm.value("check_s", 0.0);
+    }
   }
   std::filesystem::remove(out);
   return r;
@@ -144,6 +149,8 @@ TrialCache::TrialCache(std::string path) : path_(std::move(path)) {
       auto j = nlohmann::json::parse(line);
       FlagTrialResult r{static_cast<Verdict>(j["verdict"].get<int>()), j["seconds"].get<double>(),
                         j["detail"].get<std::string>()};
+      if (j.contains("run_seconds")) r.run_seconds = j["run_seconds"].get<double>();
+      if (j.contains("check_seconds")) r.check_seconds = j["check_seconds"].get<double>();
       entries_[j["key"].get<std::string>()] = r;
     } catch (const std::exception&) {
       // A line cut short by an interrupted run: ignore it, the trial reruns.
@@ -164,6 +171,8 @@ void TrialCache::put(const std::string& key, const FlagSet& flags, const FlagTri
   if (path_.empty()) return;
   nlohmann::json j{{"key", key}, {"flags", flags}, {"verdict", static_cast<int>(r.verdict)},
                    {"seconds", r.seconds}, {"detail", r.detail}};
+  if (r.run_seconds) j["run_seconds"] = *r.run_seconds;
+  if (r.check_seconds) j["check_seconds"] = *r.check_seconds;
   std::ofstream(path_, std::ios::app) << j.dump() << "\n" << std::flush;
 }
 

@@ -32,8 +32,11 @@ struct FlagTarget {
 
 struct FlagTrialResult {
   Verdict verdict = Verdict::error;
-  double seconds = 0;
-  std::string detail;  // first divergent tap, exit status, or the error
+  double seconds = 0;   // wall time of the whole trial
+  std::string detail;   // first divergent tap, exit status, or the error
+  // Scenario trials: the sharded block's own time (slowest rank) and the
+  // rest the run spent on references, writing and checking.
+  std::optional<double> run_seconds, check_seconds;
 };
 
 // `workdir` holds the trial's scratch files (run file, JSON report).

@@ -57,17 +57,22 @@ std::vector<Profile> all_subsets(const FlagSet& flags) {
 
 namespace {
 
+double median_of(std::vector<double> t) {
+  if (t.empty()) return 0;
+  std::sort(t.begin(), t.end());
+  return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+}
+
 struct Row {
   Profile profile;
-  std::vector<double> times;
+  std::vector<double> times, run_times, check_times;  // wall; the sharded run's own; the rest
   Verdict verdict = Verdict::pass;
   std::string detail;
-  double median() const {
-    if (times.empty()) return 0;
-    auto t = times;
-    std::sort(t.begin(), t.end());
-    return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
-  }
+  double median() const { return median_of(times); }
+  // What profiles are ranked by: the sharded run's own time when every timed
+  // run reported it (diffcheck scenarios), else the wall time.
+  bool has_run_times() const { return !times.empty() && run_times.size() == times.size(); }
+  double rank_time() const { return has_run_times() ? median_of(run_times) : median(); }
 };
 
 }  // namespace
@@ -92,7 +97,11 @@ int sweep(const SweepOptions& opts) {
     bool seen_fail = false, seen_pass = false;
     for (int k = 0; k < per_profile; ++k) {
       FlagTrialResult r = run_flag_trial(opts.target, row.profile.flags, dir);
-      if (k >= opts.warmup) row.times.push_back(r.seconds);
+      if (k >= opts.warmup) {
+        row.times.push_back(r.seconds);
+        if (r.run_seconds) row.run_times.push_back(*r.run_seconds);
+        if (r.check_seconds) row.check_times.push_back(*r.check_seconds);
+      }
       if (r.verdict == Verdict::pass) seen_pass = true;
       else seen_fail = true;
       if (r.verdict != Verdict::pass && (row.verdict == Verdict::pass || row.detail.empty())) {
@@ -120,28 +129,45 @@ int sweep(const SweepOptions& opts) {
   std::filesystem::remove_all(base);
   if (tty) std::cerr << "\n";
 
-  const double base_median = rows.front().median();
+  // Deltas and the star use the sharded run's own time when every profile
+  // has it, so a few percent between flags is not drowned by the constant
+  // cost of references and checking.
+  const bool by_run = std::all_of(rows.begin(), rows.end(), [](const Row& r) { return r.has_run_times(); });
+  auto ranked = [&](const Row& r) { return by_run ? r.rank_time() : r.median(); };
+  const double base_time = ranked(rows.front());
   std::size_t best = rows.size();
   for (std::size_t i = 0; i < rows.size(); ++i)
-    if (rows[i].verdict == Verdict::pass && (best == rows.size() || rows[i].median() < rows[best].median())) best = i;
+    if (rows[i].verdict == Verdict::pass && (best == rows.size() || ranked(rows[i]) < ranked(rows[best]))) best = i;
   std::cout << fmt::format("sweep: {} profiles, {} warm-up + {} timed runs each{}\n", rows.size(), opts.warmup,
                            opts.runs, opts.jobs > 1 ? fmt::format(", {} in parallel (times perturbed)", opts.jobs) : "");
-  std::cout << "| profile | flags | median s | min s | max s | Δ vs baseline | verdict |\n|---|---|---|---|---|---|---|\n";
+  if (by_run)
+    std::cout << "run s: the sharded run alone (slowest rank); check s: references, writing and checking; "
+                 "Δ and ★ by run s\n";
+  std::cout << (by_run ? "| profile | flags | run s | check s | median s | min s | max s | Δ vs baseline | verdict |\n"
+                         "|---|---|---|---|---|---|---|---|---|\n"
+                       : "| profile | flags | median s | min s | max s | Δ vs baseline | verdict |\n"
+                         "|---|---|---|---|---|---|---|\n");
   int wrong = 0;
   nlohmann::json j{{"profiles", nlohmann::json::array()}};
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const double med = r.median();
-    const double delta = base_median > 0 ? 100.0 * (med - base_median) / base_median : 0;
+    const double delta = base_time > 0 ? 100.0 * (ranked(r) - base_time) / base_time : 0;
     std::string verdict = r.verdict == Verdict::pass ? "correct" : fmt::format("WRONG: {} {}", verdict_name(r.verdict), r.detail);
     if (r.verdict != Verdict::pass) ++wrong;
-    std::cout << fmt::format("| {}{} | {} | {:.2f} | {:.2f} | {:.2f} | {:+.1f}% | {} |\n", r.profile.name,
-                             i == best ? " ★" : "", r.profile.flags.empty() ? "-" : join_flags(r.profile.flags), med,
+    const std::string split = by_run ? fmt::format("{:.3f} | {:.3f} | ", median_of(r.run_times), median_of(r.check_times)) : "";
+    std::cout << fmt::format("| {}{} | {} | {}{:.2f} | {:.2f} | {:.2f} | {:+.1f}% | {} |\n", r.profile.name,
+                             i == best ? " ★" : "", r.profile.flags.empty() ? "-" : join_flags(r.profile.flags), split, med,
                              *std::min_element(r.times.begin(), r.times.end()),
                              *std::max_element(r.times.begin(), r.times.end()), delta, verdict);
     j["profiles"].push_back({{"name", r.profile.name}, {"flags", r.profile.flags}, {"median", med},
                              {"times", r.times}, {"delta_percent", delta}, {"verdict", verdict_name(r.verdict)},
                              {"detail", r.detail}, {"best", i == best}});
+    if (r.has_run_times()) {
+      j["profiles"].back()["run_median"] = median_of(r.run_times);
+      j["profiles"].back()["check_median"] = median_of(r.check_times);
+      j["profiles"].back()["run_times"] = r.run_times;
+    }
   }
   if (best == rows.size()) std::cout << "no profile is correct: nothing is starred\n";
   else std::cout << fmt::format("★ fastest correct: {}\n", rows[best].profile.name);
