@@ -58,9 +58,22 @@ TEST(Ddmin, CulpritThatNeedsABaselineFlag) {
 
 TEST(Ddmin, BaselineThatFailsAndNothingToFind) {
   EXPECT_EQ(ddmin(flags(3), [](const FlagSet&) { return Verdict::fail; }).status,
-            DdminResult::Status::baseline_fails);
+            DdminResult::Status::baseline_not_passing);
   EXPECT_EQ(ddmin(flags(3), [](const FlagSet&) { return Verdict::pass; }).status,
             DdminResult::Status::full_set_passes);
+}
+
+// A full set (or baseline) that crashes, hangs or errors is not "passing":
+// the search stops and says which, instead of reporting nothing to find.
+TEST(Ddmin, FullSetOrBaselineThatDoesNotRunIsNamed) {
+  for (Verdict v : {Verdict::crashed, Verdict::timed_out, Verdict::error}) {
+    auto r = ddmin(flags(3), [&](const FlagSet& s) { return s.size() == 3 ? v : Verdict::pass; });
+    EXPECT_EQ(r.status, DdminResult::Status::full_set_not_failing) << verdict_name(v);
+    EXPECT_EQ(r.full_set, v);
+    auto b = ddmin(flags(3), [&](const FlagSet& s) { return s.empty() ? v : Verdict::fail; });
+    EXPECT_EQ(b.status, DdminResult::Status::baseline_not_passing) << verdict_name(v);
+    EXPECT_EQ(b.baseline, v);
+  }
 }
 
 TEST(Ddmin, CrashesAndTimeoutsAreNotFailures) {

@@ -203,6 +203,15 @@ int main(int argc, char** argv) {
   bis->add_option("--cache", bo.cache_path, "Trial cache (JSON lines); '' disables")->capture_default_str();
   bis->add_option("--max-trials", bo.max_trials, "Stop after this many new trials (resume later from the cache)");
   bis->add_option("--json", bo.json_path, "Also write the result as JSON");
+  std::string fail_on;
+  bis->add_option("--fail-on", fail_on,
+                  "Also count these outcomes as the failure to hunt: crash, timeout (comma-separated); by default only a "
+                  "wrong answer (exit 1 / a failing --check) is, and a full set that crashes or hangs is refused")
+      ->check([](const std::string& v) {
+        for (const auto& f : dc::split_list(v))
+          if (f != "crash" && f != "timeout") return "--fail-on takes crash and/or timeout, not '" + f + "'";
+        return std::string();
+      });
 
   auto* swp = app.add_subcommand("sweep", "Time each flag profile (warm-up + timed runs) and check its correctness; markdown leaderboard, fastest correct profile starred");
   dc::SweepOptions so;
@@ -254,6 +263,7 @@ int main(int argc, char** argv) {
       if (*bis) {
         bo.flags = dc::split_list(bis_flags);
         bo.baseline = dc::split_list(bis_baseline);
+        for (const auto& f : dc::split_list(fail_on)) (f == "crash" ? bo.fail_on_crash : bo.fail_on_timeout) = true;
         return dc::bisect(bo);
       }
       if (all_subsets == !profiles_file.empty())

@@ -4,11 +4,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "harness/core/error.h"
 #include "harness/search/flag_search.h"
+#include "harness/search/trial.h"
 
 namespace dc {
 namespace {
@@ -17,6 +19,17 @@ struct Interrupted {};
 
 std::string set_str(const FlagSet& s) { return s.empty() ? "{}" : fmt::format("{{{}}}", fmt::join(s, ", ")); }
 
+// "crashed", "timed out", "ended in an error", ...: what a set did.
+std::string did(Verdict v) {
+  switch (v) {
+    case Verdict::pass: return "passed";
+    case Verdict::fail: return "FAILED";
+    case Verdict::error: return "ended in an error";
+    case Verdict::flaky: return "was FLAKY";
+    default: return verdict_name(v);
+  }
+}
+
 }  // namespace
 
 int bisect(const BisectOptions& opts) {
@@ -24,10 +37,19 @@ int bisect(const BisectOptions& opts) {
   if (opts.flags.empty()) input_error("bisect: --flags lists no flags");
   if (opts.repeat < 1) input_error("bisect: --repeat must be >= 1");
   TrialCache cache(opts.cache_path);
+  install_interrupt_handlers();
   const auto workdir = (std::filesystem::temp_directory_path() / fmt::format("diffcheck_bisect_{}", getpid())).string();
   long fresh = 0, cached = 0;
   std::vector<std::string> notes;  // per trial: cached or not, detail, time
+  std::map<FlagSet, std::string> tally;  // per subset: "crashed in 2 of 2 runs: <detail>"
+  bool signalled = false;
+  std::vector<std::pair<FlagSet, Verdict>> asked;  // every trial so far, also when interrupted
 
+  auto counted = [&](Verdict v) {
+    if (v == Verdict::crashed && opts.fail_on_crash) return Verdict::fail;
+    if (v == Verdict::timed_out && opts.fail_on_timeout) return Verdict::fail;
+    return v;
+  };
   auto one = [&](const FlagSet& subset) {
     FlagSet flags = opts.baseline;
     flags.insert(flags.end(), subset.begin(), subset.end());
@@ -35,23 +57,32 @@ int bisect(const BisectOptions& opts) {
     if (auto hit = cache.get(key)) {
       ++cached;
       notes.push_back(fmt::format("cached  {}", hit->detail));
-      return hit->verdict;
+      tally[subset] = fmt::format("{} (cached): {}", did(hit->verdict), hit->detail);
+      asked.emplace_back(subset, counted(hit->verdict));
+      return counted(hit->verdict);
     }
     if (opts.max_trials >= 0 && fresh >= opts.max_trials) throw Interrupted{};
     ++fresh;
-    FlagTrialResult last;
-    Predicate single = [&](const FlagSet&) {
-      last = run_flag_trial(opts.target, flags, workdir);
-      return last.verdict;
-    };
-    FlagTrialResult r = last;
-    r.verdict = repeated(single, opts.repeat)(subset);
-    r.seconds = last.seconds;
-    r.detail = last.detail;
-    cache.put(key, flags, r);
+    // Every run of the trial; all alike gives that verdict, a mix is flaky.
+    std::vector<FlagTrialResult> runs;
+    for (int k = 0; k < opts.repeat; ++k) {
+      runs.push_back(run_flag_trial(opts.target, flags, workdir));
+      if (runs.back().verdict == Verdict::interrupted || interrupted()) {
+        signalled = true;
+        throw Interrupted{};
+      }
+    }
+    FlagTrialResult r = runs.back();
+    const auto same = std::count_if(runs.begin(), runs.end(), [&](const auto& x) { return x.verdict == r.verdict; });
+    if (same != static_cast<long>(runs.size())) r.verdict = Verdict::flaky;
+    tally[subset] = fmt::format("{} in {} of {} runs: {}", did(runs.back().verdict), same, runs.size(), r.detail);
+    // Errors and time-outs may be passing trouble (a busy machine, a full
+    // disk): they are retried next time, not cached as final.
+    if (r.verdict != Verdict::error && r.verdict != Verdict::timed_out) cache.put(key, flags, r);
     notes.push_back(fmt::format("{:.1f} s  {}", r.seconds, r.detail));
     if (isatty(2)) std::cerr << fmt::format("bisect: trial {} {} -> {}\n", fresh, set_str(subset), verdict_name(r.verdict));
-    return r.verdict;
+    asked.emplace_back(subset, counted(r.verdict));
+    return counted(r.verdict);
   };
 
   DdminResult res;
@@ -70,17 +101,21 @@ int bisect(const BisectOptions& opts) {
                            opts.flags.size(),
                            opts.baseline.empty() ? "" : ", baseline " + set_str(opts.baseline));
   std::cout << "| # | flags (beyond the baseline) | outcome | detail |\n|---|---|---|---|\n";
-  for (std::size_t i = 0; i < res.trials.size(); ++i)
-    std::cout << fmt::format("| {} | {} | {} | {} |\n", i + 1, set_str(res.trials[i].first),
-                             verdict_name(res.trials[i].second), i < notes.size() ? notes[i] : "");
-  std::cout << fmt::format("{} trials ({} run now, {} from the cache{})\n", res.trials.size(), fresh,
+  for (std::size_t i = 0; i < asked.size(); ++i)
+    std::cout << fmt::format("| {} | {} | {} | {} |\n", i + 1, set_str(asked[i].first),
+                             verdict_name(asked[i].second), i < notes.size() ? notes[i] : "");
+  if (opts.fail_on_crash || opts.fail_on_timeout)
+    std::cout << fmt::format("(counted as FAIL: {}{})\n", opts.fail_on_crash ? "crashes " : "",
+                             opts.fail_on_timeout ? "time-outs" : "");
+  std::cout << fmt::format("{} trials ({} run now, {} from the cache{})\n", asked.size(), fresh,
                            cached, opts.cache_path.empty() ? "" : ": " + opts.cache_path);
   int status = 2;
   nlohmann::json j{{"flags", opts.flags}, {"baseline", opts.baseline}, {"trials", nlohmann::json::array()},
                    {"fresh", fresh}, {"cached", cached}};
-  for (const auto& [s, v] : res.trials) j["trials"].push_back({{"flags", s}, {"outcome", verdict_name(v)}});
+  for (const auto& [s, v] : asked) j["trials"].push_back({{"flags", s}, {"outcome", verdict_name(v)}});
   if (interrupted) {
-    std::cout << fmt::format("INTERRUPTED after {} new trials (--max-trials); rerun to resume from the cache\n", fresh);
+    std::cout << fmt::format("INTERRUPTED after {} new trials ({}); rerun to resume from the cache\n", fresh,
+                             signalled ? "signal" : "--max-trials");
     j["result"] = "interrupted";
   } else if (res.status == DdminResult::Status::found) {
     std::cout << fmt::format("1-minimal failing set: {}  (each flag alone is needed: removing any one passes)\n",
@@ -92,9 +127,17 @@ int bisect(const BisectOptions& opts) {
     std::cout << "the full set of flags passes: nothing to bisect\n";
     j["result"] = "full_set_passes";
     status = 0;
-  } else if (res.status == DdminResult::Status::baseline_fails) {
-    std::cout << "the baseline already fails: bisection needs a passing baseline\n";
-    j["result"] = "baseline_fails";
+  } else if (res.status == DdminResult::Status::full_set_not_failing) {
+    std::cout << fmt::format("the full set {}; bisection needs a full set that FAILS{}\n", tally[opts.flags],
+                             res.full_set == Verdict::crashed || res.full_set == Verdict::timed_out
+                                 ? " (to hunt this outcome instead, add --fail-on crash,timeout)"
+                                 : "");
+    j["result"] = "full_set_not_failing";
+    j["full_set"] = verdict_name(res.full_set);
+  } else if (res.status == DdminResult::Status::baseline_not_passing) {
+    std::cout << fmt::format("the baseline {}; bisection needs a passing baseline\n", tally[FlagSet{}]);
+    j["result"] = "baseline_not_passing";
+    j["baseline"] = verdict_name(res.baseline);
   } else {
     std::cout << fmt::format("FLAKY: {} gave different outcomes over {} runs; not bisecting noise\n",
                              set_str(res.flaky_set), opts.repeat);

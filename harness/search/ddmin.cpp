@@ -12,6 +12,7 @@ std::string verdict_name(Verdict v) {
     case Verdict::crashed: return "crashed";
     case Verdict::timed_out: return "timed out";
     case Verdict::flaky: return "FLAKY";
+    case Verdict::interrupted: return "interrupted";
     default: return "error";
   }
 }
@@ -96,12 +97,15 @@ class Search {
 DdminResult ddmin(const FlagSet& candidates, const Predicate& test) {
   Search s(candidates, test);
   try {
-    if (s.ask({}) == Verdict::fail) {
-      s.result.status = DdminResult::Status::baseline_fails;
+    s.result.baseline = s.ask({});
+    if (s.result.baseline != Verdict::pass) {
+      s.result.status = DdminResult::Status::baseline_not_passing;
       return s.result;
     }
-    if (s.ask(candidates) != Verdict::fail) {
-      s.result.status = DdminResult::Status::full_set_passes;
+    s.result.full_set = s.ask(candidates);
+    if (s.result.full_set != Verdict::fail) {
+      s.result.status = s.result.full_set == Verdict::pass ? DdminResult::Status::full_set_passes
+                                                           : DdminResult::Status::full_set_not_failing;
       return s.result;
     }
     s.result.minimal = s.run();
@@ -115,9 +119,10 @@ DdminResult ddmin(const FlagSet& candidates, const Predicate& test) {
 Predicate repeated(Predicate test, int k) {
   return [test, k](const FlagSet& subset) {
     Verdict first = test(subset);
-    for (int i = 1; i < k; ++i) {
+    for (int i = 1; i < k && first != Verdict::interrupted; ++i) {
       Verdict v = test(subset);
-      if ((v == Verdict::fail) != (first == Verdict::fail)) return Verdict::flaky;
+      if (v == Verdict::interrupted) return v;
+      if (v != first) return Verdict::flaky;  // pass/fail, or a crash now and then
     }
     return first;
   };

@@ -22,11 +22,16 @@ struct BisectOptions {
   std::string cache_path;
   long max_trials = -1;  // stop after this many new (uncached) trials; -1: no limit
   std::string json_path;
+  // Outcomes counted as the failure being hunted besides a wrong answer
+  // (--fail-on crash,timeout): to bisect a crash or a hang.
+  bool fail_on_crash = false, fail_on_timeout = false;
 };
 
 // Prints the trials and the 1-minimal failing subset. Returns 1 when a failing
-// subset was found, 0 when the full set passes, 2 when the baseline fails, a
-// trial was flaky, or the search was stopped by --max-trials.
+// subset was found, 0 when the full set passes, 2 when the baseline does not
+// pass, the full set crashed / timed out / errored (unless --fail-on counts
+// it), a trial was flaky, or the search was stopped (--max-trials, SIGINT,
+// SIGTERM: INTERRUPTED, resumable from the cache).
 int bisect(const BisectOptions& opts);
 
 struct Profile {

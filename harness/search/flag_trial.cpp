@@ -3,16 +3,22 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "harness/check/compare.h"
 #include "harness/core/error.h"
 #include "harness/capture/store.h"
 #include "harness/search/trial.h"
+
+extern char** environ;
 
 namespace dc {
 
@@ -48,21 +54,34 @@ std::string FlagTarget::identity() const {
 
 namespace {
 
-FlagTrialResult from_outcome(const TrialOutcome& t) {
-  FlagTrialResult r;
-  r.seconds = t.seconds;
-  r.detail = t.describe();
-  if (t.kind == TrialOutcome::Kind::crashed) r.verdict = Verdict::crashed;
-  else if (t.kind == TrialOutcome::Kind::timed_out) r.verdict = Verdict::timed_out;
-  else r.verdict = t.exit_code == 0 ? Verdict::pass : Verdict::fail;
-  return r;
-}
-
 std::string last_line(const std::string& s) {
   std::string t = s;
   while (!t.empty() && t.back() == '\n') t.pop_back();
   auto p = t.find_last_of('\n');
   return p == std::string::npos ? t : t.substr(p + 1);
+}
+
+FlagTrialResult from_outcome(const TrialOutcome& t) {
+  FlagTrialResult r;
+  r.seconds = t.seconds;
+  r.detail = t.describe();
+  switch (t.classify()) {
+    case TrialOutcome::Class::pass: r.verdict = Verdict::pass; break;
+    case TrialOutcome::Class::fail: r.verdict = Verdict::fail; break;
+    case TrialOutcome::Class::crashed:
+      r.verdict = Verdict::crashed;
+      if (t.kind == TrialOutcome::Kind::exited && t.exit_code < 128)  // known from mpirun's words
+        r.detail = fmt::format("{}, a process killed by signal {} ({})", t.describe(), t.crash_signal(),
+                               strsignal(t.crash_signal()));
+      break;
+    case TrialOutcome::Class::timed_out: r.verdict = Verdict::timed_out; break;
+    case TrialOutcome::Class::interrupted: r.verdict = Verdict::interrupted; break;
+    case TrialOutcome::Class::error:
+      r.verdict = Verdict::error;
+      r.detail = fmt::format("{}: {}", t.describe(), last_line(t.output));
+      break;
+  }
+  return r;
 }
 
 FlagTrialResult run_scenario_trial(const FlagTarget& t, const FlagSet& flags, const std::string& dir) {
@@ -77,6 +96,8 @@ FlagTrialResult run_scenario_trial(const FlagTarget& t, const FlagSet& flags, co
   for (const auto& f : flags) spec.argv.insert(spec.argv.end(), {"--flag", f});
   TrialOutcome o = run_trial(spec);
   FlagTrialResult r = from_outcome(o);
+  // diffcheck's own exit 2 is an error of the trial (bad flag, bad input),
+  // not a wrong answer.
   if (o.kind == TrialOutcome::Kind::exited && o.exit_code == 2) {
     r.verdict = Verdict::error;
     r.detail = last_line(o.output);
@@ -176,10 +197,52 @@ void TrialCache::put(const std::string& key, const FlagSet& flags, const FlagTri
   std::ofstream(path_, std::ios::app) << j.dump() << "\n" << std::flush;
 }
 
+namespace {
+
+// Path, size and modification time of the program a trial runs: a rebuilt
+// binary is another program, and its old verdicts do not carry over.
+std::string program_identity(const std::string& name) {
+  std::string path = name;
+  if (name.find('/') == std::string::npos)
+    if (const char* p = std::getenv("PATH")) {
+      std::stringstream dirs(p);
+      for (std::string d; std::getline(dirs, d, ':');)
+        if (!d.empty() && access((d + "/" + name).c_str(), X_OK) == 0) {
+          path = d + "/" + name;
+          break;
+        }
+    }
+  std::error_code ec;
+  auto canonical = std::filesystem::canonical(path, ec);
+  if (ec) return "missing:" + name;
+  auto size = std::filesystem::file_size(canonical, ec);
+  auto mtime = std::filesystem::last_write_time(canonical, ec).time_since_epoch().count();
+  return fmt::format("{}:{}:{}", canonical.string(), size, mtime);
+}
+
+// The environment that reaches a trial, minus what shells change on their
+// own and a trial does not read.
+std::string environment_identity() {
+  static const std::set<std::string> ignored{"_", "OLDPWD", "SHLVL", "TERM", "COLUMNS", "LINES",
+                                             "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "TMUX", "TMUX_PANE"};
+  std::vector<std::string> vars;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    if (!ignored.count(kv.substr(0, kv.find('=')))) vars.push_back(kv);
+  }
+  std::sort(vars.begin(), vars.end());
+  return fmt::format("{}", fmt::join(vars, "\x1e"));
+}
+
+}  // namespace
+
 std::string TrialCache::key_of(const FlagTarget& t, const FlagSet& flags, int repeat) {
   FlagSet sorted = flags;
   std::sort(sorted.begin(), sorted.end());
-  std::string text = fmt::format("{}\n{}\nrepeat={}", t.identity(), fmt::join(sorted, "\x1f"), repeat);
+  const std::string programs = t.external() ? program_identity(t.command.front())
+                                            : program_identity(self_executable()) + " " + program_identity(t.mpirun);
+  std::string text = fmt::format("{}\n{}\nrepeat={}\n{}\n{}", t.identity(), fmt::join(sorted, "\x1f"), repeat,
+                                 programs, environment_identity());
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a 64
   for (unsigned char c : text) {
     h ^= c;

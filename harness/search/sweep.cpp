@@ -15,6 +15,7 @@
 
 #include "harness/core/error.h"
 #include "harness/search/flag_search.h"
+#include "harness/search/trial.h"
 
 namespace dc {
 
@@ -81,6 +82,7 @@ int sweep(const SweepOptions& opts) {
   opts.target.validate();
   if (opts.profiles.empty()) input_error("sweep: no profiles");
   if (opts.runs < 1 || opts.warmup < 0 || opts.jobs < 1) input_error("sweep: --runs >= 1, --warmup >= 0, -j >= 1");
+  install_interrupt_handlers();
   std::vector<Row> rows(opts.profiles.size());
   const int per_profile = opts.warmup + opts.runs;
   const int total = per_profile * static_cast<int>(rows.size());
@@ -95,8 +97,9 @@ int sweep(const SweepOptions& opts) {
     row.profile = opts.profiles[i];
     const auto dir = (base / std::to_string(i)).string();
     bool seen_fail = false, seen_pass = false;
-    for (int k = 0; k < per_profile; ++k) {
+    for (int k = 0; k < per_profile && !interrupted(); ++k) {
       FlagTrialResult r = run_flag_trial(opts.target, row.profile.flags, dir);
+      if (r.verdict == Verdict::interrupted) break;
       if (k >= opts.warmup) {
         row.times.push_back(r.seconds);
         if (r.run_seconds) row.run_times.push_back(*r.run_seconds);
@@ -128,6 +131,10 @@ int sweep(const SweepOptions& opts) {
   for (auto& t : pool) t.join();
   std::filesystem::remove_all(base);
   if (tty) std::cerr << "\n";
+  if (interrupted()) {
+    std::cout << fmt::format("sweep: INTERRUPTED after {} of {} trials; the running trial was ended\n", done.load(), total);
+    return 2;
+  }
 
   // Deltas and the star use the sharded run's own time when every profile
   // has it, so a few percent between flags is not drowned by the constant

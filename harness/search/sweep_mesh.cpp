@@ -38,8 +38,10 @@ struct Row {
 
 Row judge(const std::string& mesh, const TrialOutcome& t, const std::string& json_file) {
   Row row{mesh, "", "-", "", t.seconds, true};
-  if (t.kind != TrialOutcome::Kind::exited) {
-    row.verdict = t.kind == TrialOutcome::Kind::timed_out ? "TIMED OUT" : "CRASHED";
+  const auto c = t.classify();
+  if (c == TrialOutcome::Class::timed_out || c == TrialOutcome::Class::crashed ||
+      c == TrialOutcome::Class::interrupted) {
+    row.verdict = c == TrialOutcome::Class::timed_out ? "TIMED OUT" : c == TrialOutcome::Class::crashed ? "CRASHED" : "INTERRUPTED";
     row.detail = t.describe();
     return row;
   }

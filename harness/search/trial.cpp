@@ -1,15 +1,24 @@
 #include "harness/search/trial.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "harness/core/error.h"
@@ -17,20 +26,183 @@
 extern char** environ;
 
 namespace dc {
+namespace {
+
+volatile std::sig_atomic_t g_interrupted = 0;
+
+void on_interrupt(int) { g_interrupted = 1; }
+
+// The trials running now (their top pids): a child of ours that is not one
+// of them is an orphan some trial left behind.
+std::mutex g_active_mu;
+std::set<pid_t> g_active;
+
+// pid -> parent pid of every process, from /proc.
+std::map<pid_t, pid_t> parents() {
+  std::map<pid_t, pid_t> out;
+  DIR* d = opendir("/proc");
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    char* end = nullptr;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end) continue;
+    std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: comm may hold spaces and parentheses.
+    auto close = line.rfind(')');
+    if (close == std::string::npos || close + 4 > line.size()) continue;
+    char state = 0;
+    long ppid = 0;
+    if (std::sscanf(line.c_str() + close + 2, "%c %ld", &state, &ppid) == 2 && state != 'Z')
+      out[static_cast<pid_t>(pid)] = static_cast<pid_t>(ppid);
+  }
+  closedir(d);
+  return out;
+}
+
+// `root` and all its living descendants.
+std::set<pid_t> tree(pid_t root) {
+  auto par = parents();
+  std::set<pid_t> out{root};
+  bool grew = true;
+  while (grew) {
+    grew = false;
+    for (const auto& [p, pp] : par)
+      if (out.count(pp) && out.insert(p).second) grew = true;
+  }
+  return out;
+}
+
+// Our children that are no trial's top process: orphans adopted as subreaper.
+std::set<pid_t> adopted_orphans() {
+  std::set<pid_t> roots;
+  {
+    std::lock_guard<std::mutex> lock(g_active_mu);
+    for (const auto& [p, pp] : parents())
+      if (pp == getpid() && !g_active.count(p)) roots.insert(p);
+  }
+  std::set<pid_t> all;
+  for (pid_t r : roots) all.merge(tree(r));
+  return all;
+}
+
+void signal_all(const std::set<pid_t>& pids, int sig) {
+  for (pid_t p : pids) kill(p, sig);
+}
+
+// Reaps those of `pids` that are our (adopted) children, except `keep`: the
+// trial's top process, whose status its own loop collects.
+void reap(const std::set<pid_t>& pids, pid_t keep = 0) {
+  for (pid_t p : pids)
+    if (p != keep) waitpid(p, nullptr, WNOHANG);
+}
+
+bool any_alive(const std::set<pid_t>& pids) {
+  return std::any_of(pids.begin(), pids.end(), [](pid_t p) {
+    if (kill(p, 0) != 0) return false;
+    std::ifstream stat(fmt::format("/proc/{}/stat", p));
+    std::string line;
+    std::getline(stat, line);
+    auto close = line.rfind(')');
+    return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+  });
+}
+
+// Ends the process tree of `pid`: SIGTERM to its group and every descendant,
+// up to `grace` to go, then SIGKILL to whatever is left (descendants found
+// on the way included, orphans among them).
+void end_tree(pid_t pid, std::chrono::milliseconds grace) {
+  std::set<pid_t> seen = tree(pid);
+  kill(-pid, SIGTERM);
+  signal_all(seen, SIGTERM);
+  const auto until = std::chrono::steady_clock::now() + grace;
+  while (std::chrono::steady_clock::now() < until) {
+    seen.merge(tree(pid));
+    reap(seen, pid);
+    if (!any_alive(seen)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  seen.merge(tree(pid));
+  kill(-pid, SIGKILL);
+  signal_all(seen, SIGKILL);
+}
+
+// Kills and reaps orphans left by trials that are over.
+void clean_orphans() {
+  for (int round = 0; round < 50; ++round) {
+    auto orphans = adopted_orphans();
+    if (orphans.empty()) return;
+    signal_all(orphans, SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    reap(orphans);
+  }
+}
+
+}  // namespace
+
+void install_interrupt_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool interrupted() { return g_interrupted != 0; }
 
 std::string TrialOutcome::describe() const {
   switch (kind) {
-    case Kind::exited: return fmt::format("exit {}", exit_code);
+    case Kind::exited:
+      if (exit_code >= 128 && exit_code < 128 + 65)
+        return fmt::format("exit {} (a process killed by signal {}: {})", exit_code, exit_code - 128,
+                           strsignal(exit_code - 128));
+      if (exit_code == 127) return "exit 127 (command not found)";
+      if (exit_code == 126) return "exit 126 (command not executable)";
+      return fmt::format("exit {}", exit_code);
     case Kind::crashed: return fmt::format("crashed (signal {}: {})", signal, strsignal(signal));
     case Kind::timed_out: return fmt::format("timed out after {:.0f} s", seconds);
+    case Kind::interrupted: return "interrupted";
     default: return "not started";
   }
+}
+
+int TrialOutcome::crash_signal() const {
+  if (kind == Kind::crashed) return signal;
+  if (kind == Kind::exited && exit_code >= 128 && exit_code < 128 + 65) return exit_code - 128;
+  // OpenMPI: "mpirun noticed that process rank 3 with PID 123 on node x exited on signal 11 (...)"
+  auto at = output.find("exited on signal ");
+  if (at != std::string::npos) return std::atoi(output.c_str() + at + 17);
+  return 0;
+}
+
+TrialOutcome::Class TrialOutcome::classify() const {
+  switch (kind) {
+    case Kind::timed_out: return Class::timed_out;
+    case Kind::interrupted: return Class::interrupted;
+    case Kind::crashed: return Class::crashed;
+    case Kind::not_started: return Class::error;
+    case Kind::exited: break;
+  }
+  if (exit_code == 0) return Class::pass;
+  if (exit_code == 126 || exit_code == 127) return Class::error;
+  if (crash_signal() != 0) return Class::crashed;
+  return Class::fail;
 }
 
 std::string self_executable() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
 
 TrialOutcome run_trial(const TrialSpec& spec) {
   if (spec.argv.empty()) fail("trial: empty command");
+  // Orphaned descendants of a trial (MPI ranks whose mpirun died) become our
+  // children instead of init's, so they can be found and ended.
+  static const bool subreaper = prctl(PR_SET_CHILD_SUBREAPER, 1) == 0;
+  (void)subreaper;
+  TrialOutcome out;
+  if (interrupted()) {
+    out.kind = TrialOutcome::Kind::interrupted;
+    return out;
+  }
   char tmpl[] = "/tmp/diffcheck_trial_XXXXXX";
   int out_fd = mkstemp(tmpl);
   if (out_fd < 0) fail("trial: cannot create a temporary output file: {}", std::strerror(errno));
@@ -50,39 +222,54 @@ TrialOutcome run_trial(const TrialSpec& spec) {
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
 
-  TrialOutcome out;
   auto t0 = std::chrono::steady_clock::now();
-  pid_t pid = fork();
-  if (pid < 0) fail("trial: fork failed: {}", std::strerror(errno));
-  if (pid == 0) {
-    setpgid(0, 0);
-    int devnull = open("/dev/null", O_RDONLY);
-    dup2(devnull, 0);
-    dup2(out_fd, 1);
-    dup2(out_fd, 2);
-    execvpe(argv[0], argv.data(), envp.data());
-    dprintf(2, "diffcheck trial: cannot run '%s': %s\n", argv[0], strerror(errno));
-    _exit(127);
+  pid_t pid;
+  {
+    std::lock_guard<std::mutex> lock(g_active_mu);  // registered before anyone looks for orphans
+    pid = fork();
+    if (pid < 0) fail("trial: fork failed: {}", std::strerror(errno));
+    if (pid == 0) {
+      setpgid(0, 0);
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      int devnull = open("/dev/null", O_RDONLY);
+      dup2(devnull, 0);
+      dup2(out_fd, 1);
+      dup2(out_fd, 2);
+      execvpe(argv[0], argv.data(), envp.data());
+      dprintf(2, "diffcheck trial: cannot run '%s': %s\n", argv[0], strerror(errno));
+      _exit(127);
+    }
+    g_active.insert(pid);
   }
   setpgid(pid, pid);
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   int status = 0;
-  bool timed_out = false;
+  bool timed_out = false, stopped = false;
   while (true) {
     pid_t r = waitpid(pid, &status, WNOHANG);
     if (r == pid) break;
     if (r < 0 && errno != EINTR) fail("trial: waitpid failed: {}", std::strerror(errno));
-    if (!timed_out && elapsed() > spec.timeout_seconds) {
-      timed_out = true;
-      kill(-pid, SIGTERM);
-      std::this_thread::sleep_for(std::chrono::seconds(2));
-      kill(-pid, SIGKILL);
+    if (!timed_out && !stopped && (elapsed() > spec.timeout_seconds || interrupted())) {
+      (interrupted() ? stopped : timed_out) = true;
+      std::set<pid_t> before = tree(pid);
+      end_tree(pid, std::chrono::seconds(2));
+      reap(before, pid);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  kill(-pid, SIGKILL);  // stragglers of the group (orphaned ranks)
+  // Whatever of the tree outlived its top: its process group, and orphans
+  // (adopted by us) of this and earlier trials.
+  kill(-pid, SIGKILL);
+  {
+    std::lock_guard<std::mutex> lock(g_active_mu);
+    g_active.erase(pid);
+  }
+  clean_orphans();
   out.seconds = elapsed();
-  if (timed_out) {
+  if (stopped) {
+    out.kind = TrialOutcome::Kind::interrupted;
+  } else if (timed_out) {
     out.kind = TrialOutcome::Kind::timed_out;
   } else if (WIFSIGNALED(status)) {
     out.kind = TrialOutcome::Kind::crashed;
