@@ -1,6 +1,8 @@
 """Bad command lines under mpirun: each exits 2 with one clear message from
 rank 0, never a hang or an abort trace."""
-from e2e import E2ETest
+import subprocess
+
+from e2e import EXE, MPIEXEC, E2ETest
 
 
 class CliErrors(E2ETest):
@@ -13,6 +15,33 @@ class CliErrors(E2ETest):
         # Reported once (rank 0), not once per rank.
         self.assertLessEqual(res.err.count("error"), 1, msg=str(res))
         return res
+
+    def mpmd(self, env_on_rank, n=4):
+        """mpirun with DIFFCHECK_FLAGS=bogus=1 given to one rank only (MPMD)."""
+        out = ["--scenario", "timestep_broadcast", "--out", self.path("run.h5")]
+        parts = []
+        for r in range(n):
+            env = ["-x", "DIFFCHECK_FLAGS=bogus=1"] if r == env_on_rank else []
+            parts += [":"] if parts else []
+            parts += ["-n", "1", *env, EXE, *out]
+        try:
+            return self.run_cmd_timeout([MPIEXEC, *parts], 60)
+        except subprocess.TimeoutExpired:
+            self.fail("the job hung: ranks disagreed on their options")
+
+    def run_cmd_timeout(self, args, timeout):
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return proc
+
+    def test_options_come_from_rank_0_for_every_rank(self):
+        # Rank 0's environment holds for all: its bad flag ends every rank at once...
+        res = self.mpmd(env_on_rank=0)
+        self.assertEqual(res.returncode, 2, msg=res.stdout + res.stderr)
+        self.assertEqual(res.stderr.count("unknown flag 'bogus'"), 1, msg=res.stderr)
+        # ...and another rank's differing environment does not split the job.
+        res = self.mpmd(env_on_rank=2)
+        self.assertEqual(res.returncode, 0, msg=res.stdout + res.stderr)
+        self.assertIn("PASS", res.stdout)
 
     def test_bad_mesh_string(self):
         self.expect_usage_error(2, "--scenario", "timestep_broadcast", "--mesh", "dp=two",

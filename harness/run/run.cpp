@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
@@ -47,15 +48,53 @@ void check_size(const Scenario& s, const std::string& size) {
   input_error("unknown size '{}' for scenario '{}'; its sizes are: {}", size, s.name(), known);
 }
 
+// Rank 0's options (its command line and its DIFFCHECK_FLAGS) for every rank:
+// ranks started with other arguments or another environment (an MPMD launch,
+// a per-host environment) would otherwise validate differently, and the ones
+// that passed would wait forever in their first collective for the others.
+RunOptions agree_on_options(const Comm& world, RunOptions opts) {
+  if (const char* env = std::getenv("DIFFCHECK_FLAGS")) {
+    auto from_env = split_flag_list(env);
+    opts.flags.insert(opts.flags.begin(), from_env.begin(), from_env.end());
+  }
+  const char sep = '\x1f';
+  std::string mine;
+  auto put = [&](const std::string& s) { mine += s + sep; };
+  auto put_opt = [&](const std::optional<double>& v) { put(v ? fmt::format("{:.17g}", *v) : ""); };
+  const auto& c = opts.report.compare;
+  put(opts.scenario), put(opts.mesh), put(opts.dtype), put(std::to_string(opts.seed)), put(opts.fault);
+  put(opts.size), put(opts.out), put(opts.report.json_path), put_opt(c.atol), put_opt(c.rtol);
+  put(std::to_string(c.replica_ulps)), put(std::to_string(c.memory_budget)), put(std::to_string(c.threads));
+  for (const auto& f : opts.flags) put(f);
+  const std::string agreed = world.broadcast_string(mine, 0);
+  std::vector<std::string> v;
+  for (std::size_t at = 0; at < agreed.size();) {
+    auto end = agreed.find(sep, at);
+    v.push_back(agreed.substr(at, end - at));
+    at = end + 1;
+  }
+  auto opt = [](const std::string& s) { return s.empty() ? std::optional<double>{} : std::optional<double>{std::stod(s)}; };
+  RunOptions out = opts;
+  out.scenario = v[0], out.mesh = v[1], out.dtype = v[2], out.seed = std::stoull(v[3]), out.fault = v[4];
+  out.size = v[5], out.out = v[6], out.report.json_path = v[7];
+  out.report.compare.atol = opt(v[8]), out.report.compare.rtol = opt(v[9]);
+  out.report.compare.replica_ulps = std::stol(v[10]);
+  out.report.compare.memory_budget = std::stoull(v[11]);
+  out.report.compare.threads = std::stoi(v[12]);
+  out.flags.assign(v.begin() + 13, v.end());
+  return out;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace
 
-int run_scenario(const RunOptions& opts) {
+int run_scenario(const RunOptions& given) {
   Comm world = Comm::world();
   const int rank = world.rank();
+  const RunOptions opts = agree_on_options(world, given);
 
   // Everything below until the scenario runs is decided identically on every
   // rank, so a bad option ends every rank with the same InputError, no hang.
@@ -65,10 +104,7 @@ int run_scenario(const RunOptions& opts) {
   Mesh mesh = Mesh::parse(opts.mesh.empty() ? scenario.default_mesh(world.size()) : opts.mesh);
   mesh.require_world(world.size());
   scenario.check_mesh(mesh, opts.size);
-  std::vector<std::string> assignments;
-  if (const char* env = std::getenv("DIFFCHECK_FLAGS")) assignments = split_flag_list(env);
-  assignments.insert(assignments.end(), opts.flags.begin(), opts.flags.end());
-  FlagValues flags = FlagValues::resolve(scenario.flags(), assignments, scenario.name());
+  FlagValues flags = FlagValues::resolve(scenario.flags(), opts.flags, scenario.name());
   check_fault(scenario, opts.fault);
   std::string out = opts.out.empty() ? fmt::format("results/{}.h5", scenario.name()) : opts.out;
 

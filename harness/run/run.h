@@ -15,6 +15,7 @@ struct RunOptions {
   std::string dtype = "float32";
   std::uint64_t seed = 1234;
   std::vector<std::string> flags;  // --flag values, applied after DIFFCHECK_FLAGS
+  // (rank 0's command line and DIFFCHECK_FLAGS hold for every rank)
   std::string fault;
   std::string size = "default";
   std::string out;  // empty: results/<scenario>.h5
