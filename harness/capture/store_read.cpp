@@ -1,8 +1,12 @@
 // Reader for both file forms: a run file ([world, *local] per tap) or one
 // file per rank (`<prefix>.rank<R>.h5`, [*local] per tap).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <regex>
 
@@ -58,8 +62,17 @@ Root read_root(hid_t file, const std::string& path, bool need_mesh) {
   return r;
 }
 
+// Limits against hostile files: a file may declare at most this many times
+// its own size in data (beyond kDeclaredFloor), and groups nest this deep.
+constexpr std::uintmax_t kMaxExpansion = 100;
+constexpr std::uintmax_t kDeclaredFloor = std::uintmax_t{1} << 30;
+constexpr int kMaxDepth = 32;
+constexpr std::size_t kMaxLinks = 1'000'000;
+
 // Dataset paths below `group`, in creation order when the file tracks it,
-// otherwise in name order.
+// otherwise in name order. Every link must be a hard link (a soft or
+// external link could read another file or loop), at most kMaxDepth deep.
+// Object types come from one H5Ovisit, so the walk is linear in the links.
 std::vector<std::string> list_datasets(hid_t file, const char* group, const std::string& path) {
   std::vector<std::string> names;
   if (H5Lexists(file, group, H5P_DEFAULT) <= 0) return names;
@@ -67,21 +80,59 @@ std::vector<std::string> list_datasets(hid_t file, const char* group, const std:
   if (!g.valid()) input_error("{}: '{}' is not a group", path, group);
   struct Ctx {
     std::vector<std::string>* names;
-  } ctx{&names};
-  auto cb = [](hid_t gid, const char* name, const H5L_info_t*, void* data) -> herr_t {
+    std::string bad;  // why the walk stopped
+    std::size_t links = 0;
+  } ctx{&names, "", 0};
+  auto check_link = [](hid_t, const char* name, const H5L_info_t* info, void* data) -> herr_t {
     auto* c = static_cast<Ctx*>(data);
-    Handle obj(H5Oopen(gid, name, H5P_DEFAULT));
-    if (obj.valid() && H5Iget_type(obj.get()) == H5I_DATASET) c->names->push_back(name);
+    const int depth = 1 + static_cast<int>(std::count(name, name + std::strlen(name), '/'));
+    if (info->type != H5L_TYPE_HARD)
+      c->bad = fmt::format("'{}' is a {} link; only plain datasets and groups are read (nothing outside the "
+                           "files named)",
+                           name, info->type == H5L_TYPE_SOFT ? "soft" : info->type == H5L_TYPE_EXTERNAL ? "external" : "user-defined");
+    else if (depth > kMaxDepth)
+      c->bad = fmt::format("groups nested deeper than {} levels at '{}'", kMaxDepth, name);
+    else if (++c->links > kMaxLinks)
+      c->bad = fmt::format("more than {} links", kMaxLinks);
+    return c->bad.empty() ? 0 : 1;
+  };
+  auto collect = [](hid_t, const char* name, const H5O_info_t* info, void* data) -> herr_t {
+    auto* c = static_cast<Ctx*>(data);
+    if (info->type == H5O_TYPE_DATASET && std::strcmp(name, ".") != 0) c->names->push_back(name);
     return 0;
   };
-  if (H5Lvisit(g.get(), H5_INDEX_CRT_ORDER, H5_ITER_INC, cb, &ctx) < 0) {
+  for (auto index : {H5_INDEX_CRT_ORDER, H5_INDEX_NAME}) {
+    ctx.bad.clear();
+    ctx.links = 0;
     names.clear();
-    H5Eclear2(H5E_DEFAULT);
-    if (H5Lvisit(g.get(), H5_INDEX_NAME, H5_ITER_INC, cb, &ctx) < 0)
-      input_error("{}: cannot list '{}': {}", path, group, h5::last_error());
+    herr_t links = H5Lvisit(g.get(), index, H5_ITER_INC, check_link, &ctx);
+    if (!ctx.bad.empty()) input_error("{}: under '{}': {}", path, group, ctx.bad);
+    if (links >= 0 && H5Ovisit2(g.get(), index, H5_ITER_INC, collect, &ctx, H5O_INFO_BASIC) >= 0) return names;
+    H5Eclear2(H5E_DEFAULT);  // no creation order in this file: by name
   }
-  return names;
+  input_error("{}: cannot list '{}': {}", path, group, h5::last_error());
 }
+
+// Declared data against the file's size: a small file that declares a huge
+// (compressed or unallocated) dataset would take hours or all memory.
+class DeclaredBytes {
+ public:
+  explicit DeclaredBytes(const std::string& path) : path_(path) {
+    std::error_code ec;
+    file_size_ = fs::file_size(path, ec);
+  }
+  void add(std::uintmax_t bytes, const std::string& where) {
+    const std::uintmax_t bound = std::max(kDeclaredFloor, kMaxExpansion * file_size_);
+    if (__builtin_add_overflow(declared_, bytes, &declared_) || declared_ > bound)
+      input_error("{}: the file declares more data than it can hold ({} bytes declared up to here, file of {} "
+                  "bytes; at most {}x its size or 1 GiB): corrupt or hostile",
+                  where, declared_, file_size_, kMaxExpansion);
+  }
+
+ private:
+  std::string path_;
+  std::uintmax_t file_size_ = 0, declared_ = 0;
+};
 
 StoredKind stored_kind(hid_t ds, const std::string& where) {
   Handle type(H5Dget_type(ds));
@@ -97,11 +148,29 @@ StoredKind stored_kind(hid_t ds, const std::string& where) {
   input_error("{}: element type is not IEEE float16/32/64 or integer", where);
 }
 
-Shape dataset_shape(hid_t ds) {
+// The dataset's shape, after refusing what a reader should not follow or
+// cannot hold: virtual datasets and external raw storage (data outside the
+// named files), element counts that overflow, and more declared data than
+// the file can hold (see DeclaredBytes).
+Shape dataset_shape(hid_t ds, const std::string& where, DeclaredBytes& declared) {
+  Handle dcpl(H5Dget_create_plist(ds));
+  if (dcpl.valid()) {
+    if (H5Pget_layout(dcpl.get()) == H5D_VIRTUAL)
+      input_error("{}: a virtual dataset (its data lives in other files); not read", where);
+    if (H5Pget_external_count(dcpl.get()) > 0)
+      input_error("{}: stored in external raw files; not read", where);
+  }
   Handle space(H5Dget_space(ds));
   int nd = H5Sget_simple_extent_ndims(space.get());
-  std::vector<hsize_t> d(nd > 0 ? nd : 0);
+  if (nd < 0) input_error("{}: unreadable dataspace", where);
+  std::vector<hsize_t> d(static_cast<std::size_t>(nd));
   if (nd > 0) H5Sget_simple_extent_dims(space.get(), d.data(), nullptr);
+  Handle type(H5Dget_type(ds));
+  std::uint64_t bytes = std::max<std::size_t>(H5Tget_size(type.get()), 1);
+  for (hsize_t x : d)
+    if (__builtin_mul_overflow(bytes, static_cast<std::uint64_t>(x), &bytes))
+      input_error("{}: shape {} overflows a 64-bit size", where, fmt::format("{}", fmt::join(d, "x")));
+  declared.add(bytes, where);
   return Shape(d.begin(), d.end());
 }
 
@@ -125,9 +194,13 @@ void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapDat
                 where, t.dtype);
   t.atol = h5::read_float_attr(ds, "atol", where);
   t.rtol = h5::read_float_attr(ds, "rtol", where);
-  if (auto d = h5::read_int_attr(ds, "reduction_depth", where)) t.reduction_depth = *d;
-  if ((t.atol && *t.atol < 0) || (t.rtol && *t.rtol < 0))
-    input_error("{}: tolerance attributes must be >= 0", where);
+  for (const auto& [name, v] : {std::pair{"atol", t.atol}, std::pair{"rtol", t.rtol}})
+    if (v && !(std::isfinite(*v) && *v >= 0))
+      input_error("{}: attribute '{}' is {}; a tolerance must be finite and >= 0", where, name, *v);
+  if (auto d = h5::read_int_attr(ds, "reduction_depth", where)) {
+    if (*d < 0) input_error("{}: attribute 'reduction_depth' is {}; it must be >= 0", where, *d);
+    t.reduction_depth = *d;
+  }
 }
 
 // Rank-file naming: "<prefix>.rank<R>.h5".
@@ -139,7 +212,12 @@ std::string rank_file(const std::string& prefix, long long r) {
 
 void attach_references(ActivationSet& set, H5Data& data, const std::vector<std::string>& files) {
   std::vector<Handle> handles;
-  for (const auto& f : files) handles.push_back(open_file(f));
+  std::vector<DeclaredBytes> declared;
+  for (const auto& f : files) {
+    handles.push_back(open_file(f));
+    declared.emplace_back(f);
+    list_datasets(handles.back().get(), "/reference", f);  // refuses links out, deep nesting
+  }
   for (auto& t : set.taps) {
     for (std::size_t fi = 0; fi < files.size(); ++fi) {
       const std::string& f = files[fi];
@@ -160,7 +238,7 @@ void attach_references(ActivationSet& set, H5Data& data, const std::vector<std::
       std::string where = f + ":" + path;
       Handle ds(H5Dopen2(file.get(), path.c_str(), H5P_DEFAULT));
       if (!ds.valid()) input_error("{}: not a dataset", where);
-      Shape s = dataset_shape(ds.get());
+      Shape s = dataset_shape(ds.get(), where, declared[fi]);
       Shape global = t.layout.global_shape(set.mesh, t.local_shape);
       if (s != global)
         input_error("{}: reference shape {} does not match the tap's global shape {} (local {} "
@@ -205,6 +283,7 @@ ActivationSet read_run_file(hid_t file, const std::string& path, const Root& roo
   set.info = root.info;
   auto names = list_datasets(file, "/taps", path);
   if (names.empty()) input_error("{}: no tap datasets under /taps", path);
+  DeclaredBytes declared(path);
   long idx = 0;
   for (const auto& n : names) {
     std::string where = fmt::format("{}: tap '{}'", path, n);
@@ -213,7 +292,7 @@ ActivationSet read_run_file(hid_t file, const std::string& path, const Root& roo
     t.name = n;
     t.visit_index = idx++;
     t.stored = stored_kind(ds.get(), where);
-    Shape s = dataset_shape(ds.get());
+    Shape s = dataset_shape(ds.get(), where, declared);
     if (s.empty() || s[0] != static_cast<std::size_t>(set.world_size))
       input_error("{}: a run file's tap must have shape [world_size={}, ...], found {}", where,
                   set.world_size, shape_str(s));
@@ -264,12 +343,13 @@ ActivationSet read_rank_files(const std::string& prefix, const std::string& firs
     if (rr.mesh != root.mesh || rr.world_size != root.world_size)
       input_error("{}: mesh '{}' differs from rank 0's '{}'", fr, rr.mesh, root.mesh);
     auto names_r = list_datasets(file.get(), "/taps", fr);
+    DeclaredBytes declared(fr);
     for (auto& t : set.taps) {
       std::string where = fmt::format("{}: tap '{}'", fr, t.name);
       if (std::find(names_r.begin(), names_r.end(), t.name) == names_r.end())
         input_error("{}: missing (rank 0 has it)", where);
       Handle ds(H5Dopen2(file.get(), ("/taps/" + t.name).c_str(), H5P_DEFAULT));
-      Shape s = dataset_shape(ds.get());
+      Shape s = dataset_shape(ds.get(), where, declared);
       StoredKind k = stored_kind(ds.get(), where);
       if (r == 0) {
         t.local_shape = s;

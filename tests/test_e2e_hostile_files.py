@@ -1,0 +1,114 @@
+"""Hostile or corrupt activation files: each is refused with exit 2 and a
+message naming the file (and tap or attribute), fast and in bounded memory,
+or — a zero-size tap — legal and passing. Nothing reads outside the files
+the user named."""
+import os
+import time
+
+import h5py
+import numpy as np
+
+from e2e import E2ETest
+
+
+class HostileFiles(E2ETest):
+    def rank_file(self, name="x"):
+        """A one-rank file: returns (path, open h5py File) with /taps ready."""
+        path = self.path(f"{name}.rank0.h5")
+        f = h5py.File(path, "w")
+        f.attrs.update({"diffcheck_schema": 1, "mesh": "dp=1", "world_size": 1, "rank": 0})
+        f.create_group("taps")
+        return path, f
+
+    def expect_refused(self, path, *needles):
+        t0 = time.monotonic()
+        res = self.diffcheck("compare", path)
+        elapsed = time.monotonic() - t0
+        self.assertExit(res, 2)
+        self.assertLess(elapsed, 10, msg=str(res))
+        for n in (os.path.basename(path), *needles):
+            self.assertIn(n, res.err, msg=str(res))
+        return res
+
+    def test_zero_size_tap_with_a_reference_passes(self):
+        path, f = self.rank_file()
+        f.create_dataset("taps/empty", shape=(0, 4), dtype="f4")
+        f.create_dataset("reference/empty", shape=(0, 4), dtype="f8")
+        f.create_dataset("taps/ok", data=np.ones(3, "f4"))
+        f.close()
+        res = self.diffcheck("compare", path)
+        self.assertExit(res, 0)
+
+    def test_small_compressed_file_declaring_a_huge_tap(self):
+        path, f = self.rank_file()
+        f.create_dataset("taps/huge", shape=(1 << 38,), dtype="f4", chunks=(1 << 16,), compression="gzip")
+        f.close()
+        self.assertLess(os.path.getsize(path), 1 << 20)
+        self.expect_refused(path, "huge", "declares more data than it can hold")
+
+    def test_shape_whose_size_overflows(self):
+        path, f = self.rank_file()
+        f.create_dataset("taps/wide", shape=(1 << 40, 1 << 40), dtype="f4", chunks=(1, 1024))
+        f.close()
+        self.expect_refused(path, "wide")
+
+    def test_external_link_is_not_followed(self):
+        other, g = self.rank_file("other")
+        g.create_dataset("taps/secret", data=np.ones(4, "f4"))
+        g.close()
+        path, f = self.rank_file()
+        f.create_dataset("taps/ok", data=np.ones(4, "f4"))
+        f["taps/linked"] = h5py.ExternalLink(other, "/taps/secret")
+        f.close()
+        self.expect_refused(path, "linked", "external link")
+
+    def test_soft_link_is_refused(self):
+        path, f = self.rank_file()
+        f.create_dataset("taps/ok", data=np.ones(4, "f4"))
+        f["taps/again"] = h5py.SoftLink("/taps/ok")
+        f.close()
+        self.expect_refused(path, "again", "soft link")
+
+    def test_virtual_dataset_is_refused(self):
+        other, g = self.rank_file("other")
+        g.create_dataset("taps/src", data=np.ones(4, "f4"))
+        g.close()
+        path, f = self.rank_file()
+        layout = h5py.VirtualLayout(shape=(4,), dtype="f4")
+        layout[:] = h5py.VirtualSource(other, "/taps/src", shape=(4,))
+        f.create_virtual_dataset("taps/virtual", layout)
+        f.close()
+        self.expect_refused(path, "virtual")
+
+    def test_external_raw_storage_is_refused(self):
+        raw = self.path("raw.bin")
+        np.ones(4, "f4").tofile(raw)
+        path, f = self.rank_file()
+        f.create_dataset("taps/outside", shape=(4,), dtype="f4", external=[(raw, 0, 16)])
+        f.close()
+        self.expect_refused(path, "outside", "external raw")
+
+    def test_deeply_nested_groups_are_refused_fast(self):
+        path, f = self.rank_file()
+        g = f["taps"]
+        for i in range(2000):
+            g = g.create_group("g")
+        g.create_dataset("x", data=np.ones(2, "f4"))
+        f.close()
+        self.expect_refused(path, "nested deeper than")
+
+    def test_nan_or_negative_tolerance_and_negative_depth(self):
+        for attr, value, needle in (("atol", float("nan"), "'atol'"), ("rtol", -1.0, "'rtol'"),
+                                    ("atol", float("inf"), "'atol'"), ("reduction_depth", -3, "'reduction_depth'")):
+            with self.subTest(attr=attr, value=value):
+                path, f = self.rank_file()
+                d = f.create_dataset("taps/t", data=np.ones(4, "f4"))
+                d.attrs[attr] = value
+                f.create_dataset("reference/t", data=np.ones(4, "f8"))
+                f.close()
+                self.expect_refused(path, needle)
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()
