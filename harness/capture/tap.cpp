@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "harness/core/error.h"
+#include "harness/core/progress.h"
 
 namespace dc {
 
@@ -29,6 +30,8 @@ void TapRecorder::tap(const std::string& name, const Tensor& local, TapOptions o
   }
   int order = static_cast<int>(records_.size());
   records_.push_back(TapRecord{name, local, std::move(opts), order});
+  progress::recorded_tap(name);
+  if (on_tap_) on_tap_(name);
 }
 
 void TapRecorder::reference(const std::string& name, const RefTensor& global) {

@@ -5,6 +5,7 @@
 // ranks, so the references of a run are computed in parallel.
 #pragma once
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -69,6 +70,8 @@ class TapRecorder {
   // sharded block's own time apart: scenarios compute their references in
   // the scope of a ReferenceClock.
   double reference_seconds() const { return reference_seconds_; }
+  // Called after each tap is recorded (the run's --chaos faults hook here).
+  void on_tap(std::function<void(const std::string&)> f) { on_tap_ = std::move(f); }
   void add_reference_seconds(double s) { reference_seconds_ += s; }
 
   const std::vector<TapRecord>& records() const { return records_; }
@@ -85,6 +88,7 @@ class TapRecorder {
   std::vector<TapRecord> records_;
   std::map<std::string, ReferencePart> references_;
   double reference_seconds_ = 0;
+  std::function<void(const std::string&)> on_tap_;
 };
 
 class ReferenceClock {

@@ -1,6 +1,7 @@
 // Reporters turn a CompareResult into text. Small classes behind one interface
 // so that a new format is a new class, not a new branch in the comparator.
 #pragma once
+#include "harness/core/mesh.h"  // rank_ranges
 #include <memory>
 #include <ostream>
 #include <string>
@@ -24,7 +25,5 @@ std::unique_ptr<Reporter> make_json_reporter();
 // One paragraph: which tap diverged first, on which ranks, where, by how much.
 std::string describe_first_divergence(const ActivationSet& set, const CompareResult& res);
 
-// "1-3,5,7-9"
-std::string rank_ranges(const std::vector<int>& ranks);
 
 }  // namespace dc

@@ -80,18 +80,6 @@ class ConsoleReporter final : public Reporter {
 
 std::unique_ptr<Reporter> make_console_reporter() { return std::make_unique<ConsoleReporter>(); }
 
-std::string rank_ranges(const std::vector<int>& ranks) {
-  std::string s;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    s += (s.empty() ? "" : ",") +
-         (j == i ? fmt::format("{}", ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
-    i = j + 1;
-  }
-  return s;
-}
-
 std::string describe_first_divergence(const ActivationSet&, const CompareResult& res) {
   if (res.pass()) return "";
   const auto& t = res.taps[*res.first_divergence];

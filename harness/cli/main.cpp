@@ -13,6 +13,7 @@
 
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
+#include "harness/core/progress.h"
 #include "harness/core/log.h"
 #include "harness/run/run.h"
 #include "harness/run/scenario.h"
@@ -172,6 +173,14 @@ int main(int argc, char** argv) {
   app.add_option("--inject", run.fault, "Inject a fault by name (see 'diffcheck list')");
   app.add_option("--size", run.size, "Problem size preset of the scenario")->capture_default_str();
   app.add_option("--out", run.out, "Run file to write (default results/<scenario>.h5)");
+  if (const char* t = std::getenv("DIFFCHECK_TIMEOUT")) run.timeout_seconds = std::atof(t);
+  app.add_option("--timeout", run.timeout_seconds,
+                 "Watchdog: when no rank makes progress (a collective, a tap) for S seconds the run ends as a HANG "
+                 "(exit 1) naming the collective each rank is in; 0 disables [default: 300, or DIFFCHECK_TIMEOUT]")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--chaos", run.chaos,
+                 "Testing aid: a process fault on one rank: crash@R, hang@R or desync@R (an extra collective), "
+                 "optionally :after=TAP (default: after its first tap)");
   add_report_options(app, run.report);
 
   auto* compare = app.add_subcommand("compare", "Check an activation file (run file, rank file or rank-file prefix) without running anything");
@@ -315,9 +324,22 @@ int main(int argc, char** argv) {
     dc::ref::set_blas_threads(per_rank);
   }
   if (run.report.compare.threads == 0) run.report.compare.threads = threads_per_process();
+  dc::progress::install_crash_handlers(rank);
   int status = dc::kExitPass;
   try {
     status = dc::run_scenario(run);
+  } catch (const dc::Finding& e) {
+    // A fault of the code under test: exit 1. Raised on every rank alike: one
+    // report and a clean end; on this rank alone: the others may wait in a
+    // collective, so the job is ended.
+    if (e.everywhere()) {
+      if (rank == 0) spdlog::error("{}", e.what());
+      dc::Comm::finalize();
+      return dc::kExitMismatch;
+    }
+    spdlog::error("{}", e.what());
+    std::cerr.flush();
+    dc::Comm::abort(dc::kExitMismatch);
   } catch (const dc::InputError& e) {
     // Raised identically on every rank before any communication: report once.
     if (rank == 0) spdlog::error("{}", e.what());

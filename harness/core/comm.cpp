@@ -9,6 +9,7 @@
 
 #include "harness/core/comm_native.h"
 #include "harness/core/error.h"
+#include "harness/core/progress.h"
 
 namespace dc {
 
@@ -70,6 +71,7 @@ int to_int_count(std::size_t n, const char* op, const Comm::Impl& c) {
 // mismatch do the ranks exchange the whole table, so that every rank reports
 // the same offending group rank instead of hanging.
 void fingerprint(const Comm::Impl& c, const char* op, std::size_t count) {
+  const long long number = progress::entered_collective(op, c.name);
   if (c.size == 1) return;
   long long mine[3] = {c.seq++, static_cast<long long>(std::hash<std::string>{}(op) & 0xffffffff),
                        static_cast<long long>(count)};
@@ -80,11 +82,15 @@ void fingerprint(const Comm::Impl& c, const char* op, std::size_t count) {
   std::vector<long long> all(3 * c.size);
   check(MPI_Allgather(mine, 3, MPI_LONG_LONG, all.data(), 3, MPI_LONG_LONG, c.comm),
         "MPI_Allgather(fingerprint)", c);
+  // Every rank of the group sees the same table and throws alike.
   for (int r = 0; r < c.size; ++r) {
     if (all[3 * r] != all[0] || all[3 * r + 1] != all[1] || all[3 * r + 2] != all[2])
-      fail("rank {}: collective mismatch on '{}': group rank 0 is at call #{} with {} elements, "
-           "group rank {} at call #{} with {} elements (different op or size); this call: {}",
-           c.world_rank, c.name, all[0], all[2], r, all[3 * r], all[3 * r + 2], op);
+      throw Finding(fmt::format("DESYNC: collective mismatch on '{}' (collective #{} of rank {}): group rank 0 is at "
+                                "call #{} with {} elements, group rank {} at call #{} with {} elements (a different "
+                                "operation or size); rank {} called {}",
+                                c.name, number, c.world_rank, all[0], all[2], r, all[3 * r], all[3 * r + 2],
+                                c.world_rank, op),
+                    true);
   }
 }
 

@@ -19,6 +19,18 @@ class InputError : public Error {
   using Error::Error;
 };
 
+// A fault of the code under test found while it ran (a crash, a desynced
+// collective): exit status 1, like a wrong answer. `everywhere`: every rank
+// raised it alike (rank 0 alone reports it).
+class Finding : public Error {
+ public:
+  Finding(const std::string& what, bool everywhere) : Error(what), everywhere_(everywhere) {}
+  bool everywhere() const { return everywhere_; }
+
+ private:
+  bool everywhere_;
+};
+
 template <class... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) {
   throw Error(fmt::format(f, std::forward<Args>(args)...));

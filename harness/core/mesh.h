@@ -47,4 +47,7 @@ class Mesh {
 
 bool valid_axis_name(const std::string& s);
 
+// A sorted rank list in short form: "0-2,4,6-15".
+std::string rank_ranges(const std::vector<int>& ranks);
+
 }  // namespace dc

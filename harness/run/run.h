@@ -20,6 +20,12 @@ struct RunOptions {
   std::string size = "default";
   std::string out;  // empty: results/<scenario>.h5
   ReportOptions report;
+  // Watchdog: a run in which no rank makes progress (enters a collective or
+  // records a tap) for this long ends as a HANG finding; 0 disables.
+  double timeout_seconds = 300;
+  // Testing aid: a process fault on one rank, "crash@R", "hang@R" or
+  // "desync@R" (calls an extra collective), optionally ":after=TAP".
+  std::string chaos;
 };
 
 // Collective over MPI_COMM_WORLD. Returns the exit status (0 pass, 1 mismatch)

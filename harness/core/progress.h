@@ -1,0 +1,28 @@
+// Where this rank is: the last collective it entered (a number counted over
+// all communicators, the operation, the axis group) and the last tap it
+// recorded. Kept in fixed buffers so that a crash handler can print it with
+// async-signal-safe calls, and read by the watchdog (watchdog.h) to say which
+// rank a hung job waits for.
+#pragma once
+#include <string>
+
+namespace dc::progress {
+
+// Called by Comm at the start of every collective; returns its number.
+long long entered_collective(const char* op, const std::string& group);
+// Called by the tap recorder.
+void recorded_tap(const std::string& name);
+
+struct Snapshot {
+  long long collective = 0;  // number of the last collective entered (0: none yet)
+  std::string op, group, tap;
+  double last_change = 0;  // seconds since the epoch of the last progress
+};
+Snapshot snapshot();
+
+// One line on stderr (async-signal-safe) and exit status 1 when this rank
+// crashes: a fatal signal, or std::terminate (an uncaught exception, abort).
+//   diffcheck [rank 3] CRASH on rank 3: signal 11 (SIGSEGV); last collective #12 all_to_all on 'sp'; last tap 'attn/q'
+void install_crash_handlers(int rank);
+
+}  // namespace dc::progress

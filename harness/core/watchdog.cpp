@@ -1,0 +1,133 @@
+#include "harness/core/watchdog.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+#include "harness/core/mesh.h"
+#include "harness/core/progress.h"
+
+namespace dc {
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string file_of(const std::string& dir, int rank) { return fmt::format("{}/rank{}", dir, rank); }
+
+// collective \t op \t group \t tap \t last_change
+std::string encode(const progress::Snapshot& s) {
+  return fmt::format("{}\t{}\t{}\t{}\t{:.3f}\n", s.collective, s.op, s.group, s.tap, s.last_change);
+}
+
+std::optional<progress::Snapshot> read_record(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line)) return std::nullopt;
+  std::vector<std::string> f;
+  std::stringstream ss(line);
+  for (std::string x; std::getline(ss, x, '\t');) f.push_back(x);
+  if (f.size() != 5) return std::nullopt;
+  progress::Snapshot s;
+  try {
+    s.collective = std::stoll(f[0]);
+    s.last_change = std::stod(f[4]);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  s.op = f[1], s.group = f[2], s.tap = f[3];
+  return s;
+}
+
+std::string collective_str(const progress::Snapshot& s) {
+  if (s.collective == 0) return "no collective yet";
+  return fmt::format("collective #{} ({} on '{}')", s.collective, s.op, s.group);
+}
+
+std::string tap_str(const progress::Snapshot& s) { return s.tap.empty() ? "no tap yet" : "last tap '" + s.tap + "'"; }
+
+}  // namespace
+
+Watchdog::Watchdog(std::string dir, int rank, int world, double timeout_seconds)
+    : dir_(std::move(dir)), rank_(rank), world_(world), timeout_(timeout_seconds) {
+  if (timeout_ > 0) thread_ = std::thread([this] { loop(); });
+}
+
+Watchdog::~Watchdog() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  std::error_code ec;
+  std::filesystem::remove(file_of(dir_, rank_), ec);
+}
+
+void Watchdog::loop() {
+  const std::string mine = file_of(dir_, rank_), tmp = mine + ".tmp";
+  std::string last;
+  while (!stop_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const auto me = progress::snapshot();
+    const std::string rec = encode(me);
+    if (rec != last) {  // replaced whole, so a reader never sees half a record
+      std::ofstream(tmp) << rec;
+      std::error_code ec;
+      std::filesystem::rename(tmp, mine, ec);
+      last = rec;
+    }
+    const double stalled = now() - me.last_change;
+    if (stalled < timeout_) continue;
+    // Every rank's record; a rank without one never got that far (or died).
+    std::map<int, progress::Snapshot> all;
+    std::vector<int> silent, stuck;
+    for (int r = 0; r < world_; ++r) {
+      auto s = read_record(file_of(dir_, r));
+      if (!s) {
+        silent.push_back(r);
+        continue;
+      }
+      all[r] = *s;
+      if (now() - s->last_change >= timeout_) stuck.push_back(r);
+    }
+    const bool reporter = !stuck.empty() && stuck.front() == rank_;
+    if (!reporter) {
+      // The reporter speaks and the job ends; should it not, end this rank.
+      if (stalled >= timeout_ + 15) _exit(1);
+      continue;
+    }
+    std::string msg = fmt::format("diffcheck [rank {}] HANG: no progress for {:.0f} s (--timeout {:.0f})\n", rank_,
+                                  stalled, timeout_);
+    long long front = 0;
+    for (const auto& [r, s] : all) front = std::max(front, s.collective);
+    std::vector<int> waiting;
+    progress::Snapshot at_front;
+    for (const auto& [r, s] : all)
+      if (s.collective == front) {
+        waiting.push_back(r);
+        at_front = s;
+      }
+    for (const auto& [r, s] : all)
+      if (s.collective < front)
+        msg += fmt::format("  rank {} never entered {}: it last entered {}, {}\n", r, collective_str(at_front),
+                           s.collective ? fmt::format("#{} ({} on '{}')", s.collective, s.op, s.group) : "none",
+                           tap_str(s));
+    if (!waiting.empty())
+      msg += fmt::format("  rank{} {} {} in {}, {}\n", waiting.size() > 1 ? "s" : "", rank_ranges(waiting),
+                         waiting.size() > 1 ? "wait" : "waits", collective_str(at_front), tap_str(at_front));
+    if (!silent.empty())
+      msg += fmt::format("  rank{} {}: no progress record (never started, or died)\n", silent.size() > 1 ? "s" : "",
+                         rank_ranges(silent));
+    msg += "HANG: the run is ended (exit 1)\n";
+    ssize_t ignored = write(2, msg.data(), msg.size());
+    (void)ignored;
+    _exit(1);  // the launcher ends the other ranks
+  }
+}
+
+}  // namespace dc

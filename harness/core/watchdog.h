@@ -1,0 +1,33 @@
+// The run's watchdog: a thread per rank that writes where the rank is (see
+// progress.h) to DIR/rank<R> twice a second. When no rank has made progress
+// for the time limit, the lowest such rank reads every rank's file, prints
+// which rank the others wait for — "rank 3 never entered collective #57
+// (all_to_all on 'sp'); ranks 0-2, 4-15 wait in it" — and ends its process
+// with status 1, so the launcher ends the job: a hang of the code under test
+// is a finding, and no rank is left running. DIR must be shared by the ranks
+// (the run file's directory).
+#pragma once
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dc {
+
+class Watchdog {
+ public:
+  Watchdog(std::string dir, int rank, int world, double timeout_seconds);
+  ~Watchdog();  // stops the thread and removes this rank's file
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+ private:
+  void loop();
+  std::string dir_;
+  int rank_, world_;
+  double timeout_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace dc

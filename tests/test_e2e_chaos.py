@@ -1,0 +1,83 @@
+"""Process faults of the code under test (--chaos) at 4 and 16 ranks: a crash
+leaves one line naming the rank, signal, last collective and last tap; a hang
+ends at the watchdog's limit with the collective each rank is in; a desynced
+collective is named. Each exits 1 in bounded time and leaves no rank behind;
+a clean run leaves no watchdog files."""
+import os
+import time
+
+from e2e import EXE, MPIEXEC, E2ETest
+
+TIMEOUT = 5
+
+
+def ranks_alive(out_path):
+    """diffcheck processes of this test (their command line names its run file)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if out_path in cmd and "diffcheck" in cmd and not cmd.startswith(MPIEXEC):
+            found.append(cmd)
+    return found
+
+
+class Chaos(E2ETest):
+    def chaos(self, n, fault, scenario="dit_ulysses"):
+        t0 = time.monotonic()
+        res = self.run_cmd([MPIEXEC, "-n", str(n), EXE, "--scenario", scenario, "--timeout", str(TIMEOUT),
+                            "--chaos", fault, "--out", self.path("run.h5")])
+        elapsed = time.monotonic() - t0
+        self.assertExit(res, 1)
+        self.assertLess(elapsed, TIMEOUT + 15, msg=str(res))
+        time.sleep(0.5)
+        self.assertEqual(ranks_alive(self.path("run.h5")), [])
+        self.assertFalse(os.path.exists(self.path("run.h5")), "no run file from a failed run")
+        return res
+
+    def test_crash(self):
+        for n in (4, 16):
+            with self.subTest(n=n):
+                res = self.chaos(n, f"crash@{n - 1}:after=attn/k")
+                line = [l for l in res.err.splitlines() if "CRASH on rank" in l]
+                self.assertEqual(len(line), 1, msg=str(res))
+                self.assertIn(f"CRASH on rank {n - 1}: signal 11 (SIGSEGV)", line[0])
+                self.assertIn("last tap 'attn/k'", line[0])
+                self.assertIn("last collective #", line[0])
+
+    def test_hang(self):
+        for n in (4, 16):
+            with self.subTest(n=n):
+                res = self.chaos(n, "hang@1")
+                self.assertIn("HANG: no progress for", res.err, msg=str(res))
+                self.assertRegex(res.err, r"rank 1 never entered collective #\d+ \(\w+ on '\w+'\)")
+                others = "0,2-3" if n == 4 else "0,2-15"
+                self.assertIn(f"ranks {others} wait in collective #", res.err)
+                self.assertEqual(res.err.count("HANG: no progress"), 1)
+
+    def test_desync(self):
+        for n in (4, 16):
+            with self.subTest(n=n):
+                res = self.chaos(n, "desync@2", scenario="timestep_broadcast")
+                self.assertTrue("DESYNC" in res.err or "HANG" in res.err, msg=str(res))
+
+    def test_bad_chaos_is_a_usage_error(self):
+        res = self.run_cmd([MPIEXEC, "-n", "2", EXE, "--scenario", "timestep_broadcast", "--chaos", "crash@7",
+                            "--out", self.path("run.h5")])
+        self.assertExit(res, 2)
+        self.assertIn("--chaos", res.err)
+
+    def test_clean_run_leaves_no_watchdog_files(self):
+        res = self.mpirun(4, "--scenario", "timestep_broadcast", json=False)
+        self.assertExit(res, 0)
+        self.assertEqual(sorted(os.listdir(self.dir)), ["run.h5"])
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()
