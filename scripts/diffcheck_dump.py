@@ -94,13 +94,38 @@ class RankDump:
         self.f.create_dataset(f"reference/{name}", data=a.astype(np.float64))
 
     def close(self):
+        """Closes the file and gives it its name: only a file that closed
+        cleanly (all data and metadata written) is renamed; otherwise the
+        partial file is removed and the error raised."""
         if self.f:
-            self.f.close()
-            self.f = None
+            f, self.f = self.f, None
+            try:
+                f.close()
+            except BaseException:
+                self._discard()
+                raise
             os.replace(self._tmp, self.path)  # whole or absent
+
+    def abandon(self):
+        """Drops a file that is not complete (an error while dumping)."""
+        if self.f:
+            f, self.f = self.f, None
+            try:
+                f.close()
+            finally:
+                self._discard()
+
+    def _discard(self):
+        try:
+            os.remove(self._tmp)
+        except FileNotFoundError:
+            pass
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()  # never a partial file under the real name

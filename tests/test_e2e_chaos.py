@@ -4,6 +4,7 @@ ends at the watchdog's limit with the collective each rank is in; a desynced
 collective is named. Each exits 1 in bounded time and leaves no rank behind;
 a clean run leaves no watchdog files."""
 import os
+import shutil
 import time
 
 from e2e import EXE, MPIEXEC, E2ETest
@@ -65,6 +66,24 @@ class Chaos(E2ETest):
             with self.subTest(n=n):
                 res = self.chaos(n, "desync@2", scenario="timestep_broadcast")
                 self.assertTrue("DESYNC" in res.err or "HANG" in res.err, msg=str(res))
+
+    def test_full_disk_is_an_error_and_leaves_no_file(self):
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            self.skipTest("needs root and unshare for a private tmpfs")
+        full = self.path("full")
+        os.mkdir(full)
+        script = (f"mount -t tmpfs -o size=300k tmpfs {full} && "
+                  f"{MPIEXEC} -n 2 {EXE} --scenario timestep_broadcast --timeout 20 --out {full}/run.h5; "
+                  f"code=$?; ls {full} > {self.path('listing')}; umount {full}; exit $code")
+        t0 = time.monotonic()
+        res = self.run_cmd(["unshare", "-m", "sh", "-c", script])
+        self.assertExit(res, 2)
+        self.assertLess(time.monotonic() - t0, 20, msg="a write error must not hang the job")
+        self.assertIn("nothing was written to", res.err)
+        with open(self.path("listing")) as f:
+            listing = f.read().split()
+        self.assertNotIn("run.h5", listing)
+        self.assertNotIn("run.h5.tmp", listing)
 
     def test_bad_chaos_is_a_usage_error(self):
         res = self.run_cmd([MPIEXEC, "-n", "2", EXE, "--scenario", "timestep_broadcast", "--chaos", "crash@7",

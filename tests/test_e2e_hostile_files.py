@@ -3,12 +3,16 @@ message naming the file (and tap or attribute), fast and in bounded memory,
 or — a zero-size tap — legal and passing. Nothing reads outside the files
 the user named."""
 import os
+import sys
 import time
 
 import h5py
 import numpy as np
 
-from e2e import E2ETest
+from e2e import SCRIPTS, E2ETest
+
+sys.path.insert(0, SCRIPTS)
+from diffcheck_dump import RankDump  # noqa: E402
 
 
 class HostileFiles(E2ETest):
@@ -107,6 +111,23 @@ class HostileFiles(E2ETest):
                 f.create_dataset("reference/t", data=np.ones(4, "f8"))
                 f.close()
                 self.expect_refused(path, needle)
+
+
+class DumpNeverLeavesAPartialFile(E2ETest):
+    def test_an_error_while_dumping_leaves_nothing(self):
+        prefix = self.path("job")
+        with self.assertRaises(RuntimeError):
+            with RankDump(prefix, "dp=1", 0) as d:
+                d.tap("a", np.ones(3, "f4"))
+                raise RuntimeError("the training step died")
+        self.assertEqual(os.listdir(self.dir), [])
+
+    def test_a_clean_dump_is_renamed_whole(self):
+        prefix = self.path("job")
+        with RankDump(prefix, "dp=1", 0) as d:
+            d.tap("a", np.ones(3, "f4"))
+        self.assertEqual(os.listdir(self.dir), ["job.rank0.h5"])
+        self.assertExit(self.diffcheck("compare", prefix), 0)
 
 
 if __name__ == "__main__":

@@ -211,6 +211,8 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
   }
 
   const std::string tmp = path + ".tmp";
+  bool closed = false;
+  std::string close_error;
   {
     Handle fapl(H5Pcreate(H5P_FILE_ACCESS));
     H5Pset_fapl_mpio(fapl.get(), CommAccess::native(world), MPI_INFO_NULL);
@@ -237,12 +239,34 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
     if (!taps_group.valid())
       fail("rank {}: HDF5 cannot create /taps in '{}': {}", rank, tmp, h5::last_error());
 
-    write_taps(file.get(), taps, world.size(), rank);
-    write_references(file.get(), world, taps);
+    try {
+      write_taps(file.get(), taps, world.size(), rank);
+      write_references(file.get(), world, taps);
+    } catch (const Error& e) {
+      // A write failed on this rank (a full disk, a quota) while the others
+      // may be inside the same collective write: unwinding would close the
+      // file collectively and wait for them forever. Say it and end the job.
+      spdlog::error("{}; nothing was written to '{}'", e.what(), path);
+      std::remove(tmp.c_str());
+      file.release();
+      Comm::abort(2);
+    }
     if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0)
       fail("rank {}: HDF5 cannot flush '{}': {}", rank, tmp, h5::last_error());
+    taps_group.reset();
+    // Closing writes the last metadata: a full disk shows here. No rank
+    // renames a file that any rank could not close.
+    closed = H5Fclose(file.release()) >= 0;
+    if (!closed) close_error = h5::last_error();
   }
-  world.barrier();
+  if (world.max_int(closed ? 0 : 1) != 0) {
+    if (rank == 0) {
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+    }
+    fail("rank {}: closing run file '{}' failed ({}); nothing was written to '{}'", rank, tmp,
+         closed ? "on another rank" : close_error, path);
+  }
   int failed = 0;
   std::string why;
   if (rank == 0) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -95,7 +96,12 @@ void Watchdog::loop() {
       all[r] = *s;
       if (now() - s->last_change >= timeout_) stuck.push_back(r);
     }
-    const bool reporter = !stuck.empty() && stuck.front() == rank_;
+    // The lowest rank that is stuck or silent speaks (silent: its record is
+    // missing, e.g. a full disk kept it from being written).
+    std::vector<int> candidates = stuck;
+    candidates.insert(candidates.end(), silent.begin(), silent.end());
+    candidates.push_back(rank_);
+    const bool reporter = *std::min_element(candidates.begin(), candidates.end()) == rank_;
     if (!reporter) {
       // The reporter speaks and the job ends; should it not, end this rank.
       if (stalled >= timeout_ + 15) _exit(1);
@@ -121,8 +127,10 @@ void Watchdog::loop() {
       msg += fmt::format("  rank{} {} {} in {}, {}\n", waiting.size() > 1 ? "s" : "", rank_ranges(waiting),
                          waiting.size() > 1 ? "wait" : "waits", collective_str(at_front), tap_str(at_front));
     if (!silent.empty())
-      msg += fmt::format("  rank{} {}: no progress record (never started, or died)\n", silent.size() > 1 ? "s" : "",
-                         rank_ranges(silent));
+      msg += fmt::format("  rank{} {}: no progress record in {} (never started, died, or the disk is full)\n",
+                         silent.size() > 1 ? "s" : "", rank_ranges(silent), dir_);
+    if (!all.count(rank_))  // at least this rank's own state
+      msg += fmt::format("  rank {} (this rank) is at {}, {}\n", rank_, collective_str(me), tap_str(me));
     msg += "HANG: the run is ended (exit 1)\n";
     ssize_t ignored = write(2, msg.data(), msg.size());
     (void)ignored;
