@@ -12,6 +12,24 @@ SCRIPTS = os.environ.get("DIFFCHECK_SCRIPTS", os.path.join(os.path.dirname(__fil
 TIMEOUT = 600
 
 
+def live_processes():
+    """(pid, command line) of every process that is not a zombie."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            out.append((int(pid), cmd))
+    return out
+
+
 class Result:
     def __init__(self, proc, json_path=None):
         self.code = proc.returncode

@@ -7,25 +7,15 @@ import os
 import shutil
 import time
 
-from e2e import EXE, MPIEXEC, E2ETest
+from e2e import EXE, MPIEXEC, E2ETest, live_processes
 
 TIMEOUT = 5
 
 
 def ranks_alive(out_path):
     """diffcheck processes of this test (their command line names its run file)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if out_path in cmd and "diffcheck" in cmd and not cmd.startswith(MPIEXEC):
-            found.append(cmd)
-    return found
+    return [cmd for _, cmd in live_processes()
+            if out_path in cmd and "diffcheck" in cmd and not cmd.startswith(MPIEXEC)]
 
 
 class Chaos(E2ETest):

@@ -10,25 +10,12 @@ import signal
 import subprocess
 import time
 
-from e2e import EXE, MPIEXEC, E2ETest
+from e2e import EXE, MPIEXEC, E2ETest, live_processes
 
 
 def alive(marker):
-    """Processes whose command line holds `marker` (not zombies)."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if cmd.startswith(marker) and state != "Z":
-            out.append((int(pid), cmd))
-    return out
+    """Processes whose command line starts with `marker`."""
+    return [(pid, cmd) for pid, cmd in live_processes() if cmd.startswith(marker)]
 
 
 class TrialVerdicts(E2ETest):
