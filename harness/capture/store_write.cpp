@@ -151,8 +151,8 @@ void write_taps(hid_t file, const TapRecorder& taps, int world, int rank) {
 
 // Collective write of each reference: every rank writes the rows it
 // computed (one hyperslab per block), in one call per reference.
-void write_references(hid_t file, const Comm& world, const TapRecorder& taps) {
-  const auto manifest = merge_reference_manifests(world.all_gather_strings(reference_manifest(taps)));
+void write_references(hid_t file, const Comm& world, const TapRecorder& taps,
+                      const std::map<std::string, ReferenceEntry>& manifest) {
   const int rank = world.rank();
   for (const auto& [name, entry] : manifest) {
     const std::string path = "/reference/" + name;
@@ -210,6 +210,9 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
     fail("rank {}: another rank recorded different taps than rank 0 (see its message)", rank);
   }
 
+  // Agreed by every rank before the file exists: a reference whose rows are
+  // not covered is an error on all ranks alike.
+  const auto manifest = merge_reference_manifests(world.all_gather_strings(reference_manifest(taps)));
   const std::string tmp = path + ".tmp";
   bool closed = false;
   std::string close_error;
@@ -241,7 +244,7 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
 
     try {
       write_taps(file.get(), taps, world.size(), rank);
-      write_references(file.get(), world, taps);
+      write_references(file.get(), world, taps, manifest);
     } catch (const Error& e) {
       // A write failed on this rank (a full disk, a quota) while the others
       // may be inside the same collective write: unwinding would close the
