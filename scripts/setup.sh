@@ -3,6 +3,7 @@
 # configure, build, and install `diffcheck` into /usr/local/bin. Idempotent:
 # a second run installs nothing and rebuilds only what changed.
 #   BUILD_DIR (default build), BUILD_TYPE (default RelWithDebInfo)
+#   --packages-only: install what is missing and stop (scripts/fuzz.sh, test.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,7 @@ PACKAGES=(
   libxtensor-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libopenblas-dev librandom123-dev
   python3 python3-h5py python3-numpy
+  clang libclang-rt-14-dev
 )
 
 missing=()
@@ -26,6 +28,8 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+[[ ${1:-} == --packages-only ]] && exit 0
 
 BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" >/dev/null

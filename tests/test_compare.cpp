@@ -122,6 +122,36 @@ TEST(Compare, ReferenceMismatchGivesWorstGlobalIndexAndOwner) {
   EXPECT_TRUE(compare(set_of({t}), loose).pass());
 }
 
+// Found by tests/fuzz (fuzz_reader): a reference of values near 1e250 made
+// the sum of squares behind the RMS overflow to inf, so the derived atol was
+// inf and a tap far from its reference PASSED.
+TEST(Compare, HugeReferenceValuesDoNotMakeTheToleranceInfinite) {
+  auto t = sharded_tap("a", 0);
+  t.reference->data[5] = 5.5e250;  // global (1,1): rank 0's and 2's element (1,1)
+  auto res = compare(set_of({t}), {});
+  const auto& ref = res.taps[0].reference;
+  EXPECT_FALSE(ref.pass);
+  EXPECT_TRUE(std::isfinite(ref.tol.atol)) << ref.tol.atol;
+  EXPECT_EQ(ref.n_fail, 1);
+  EXPECT_EQ(ref.worst.index, (std::vector<std::size_t>{1, 1}));
+  EXPECT_TRUE(std::isfinite(ref.rel_l2)) << ref.rel_l2;
+  EXPECT_NEAR(ref.rel_l2, 1.0, 1e-12);  // |x - r| ~ |r| for the one huge element
+  // The same tap with its huge value where the reference has it passes.
+  auto same = t;
+  same.pieces[0][3] = same.pieces[2][3] = 5.5e250;
+  EXPECT_TRUE(compare(set_of({same}), {}).pass());
+}
+
+TEST(Compare, InfInTheReferenceDoesNotExcuseAFiniteValue) {
+  auto t = sharded_tap("a", 0);
+  t.reference->data[5] = std::numeric_limits<double>::infinity();
+  auto res = compare(set_of({t}), {});
+  const auto& ref = res.taps[0].reference;
+  EXPECT_FALSE(ref.pass);
+  EXPECT_EQ(ref.n_fail, 1);
+  EXPECT_TRUE(std::isfinite(ref.tol.atol));
+}
+
 TEST(Compare, TapAttributeToleranceWinsOverCommandLine) {
   auto t = sharded_tap("a", 0);
   t.pieces[0][0] += 0.5;

@@ -82,6 +82,31 @@ TEST(ExactSum, SameBitsInAnyOrderAndSplit) {
   EXPECT_NEAR(forward.value(), static_cast<double>(ld), 1e-15 * std::abs(static_cast<double>(ld)) + 1e-300);
 }
 
+TEST(SquareSum, HugeFiniteValuesDoNotOverflow) {
+  SquareSum s;
+  EXPECT_FALSE(s.add_partial(1e300 * 1e300));  // the caller's unit overflowed
+  s.add_value(1e300);
+  s.add_value(-1e300);
+  EXPECT_DOUBLE_EQ(s.rms(2), 1e300);
+  SquareSum small;
+  EXPECT_TRUE(small.add_partial(4.0));
+  EXPECT_DOUBLE_EQ(small.rms(1), 2.0);
+  EXPECT_DOUBLE_EQ(SquareSum::sqrt_ratio(s, s), 1.0);
+  EXPECT_EQ(SquareSum::sqrt_ratio(s, small), std::numeric_limits<double>::infinity());
+  EXPECT_DOUBLE_EQ(SquareSum::sqrt_ratio(small, SquareSum{}), 2.0);
+  // Mixed scales: 1e300^2 + 3^2 is 1e600 to float64 precision; order does not matter.
+  SquareSum a, b;
+  a.add_value(3.0);
+  a.add_value(1e300);
+  b.add_value(1e300);
+  b.add(small);
+  b.add_value(std::sqrt(5.0));
+  EXPECT_EQ(a.rms(2), b.rms(2));
+  SquareSum nan;
+  nan.add_value(std::nan(""));
+  EXPECT_TRUE(std::isnan(nan.rms(1)));
+}
+
 TEST(ExactSum, CancellationSubnormalsAndSpecials) {
   ExactSum s;
   s.add(1e16);

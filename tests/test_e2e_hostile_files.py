@@ -3,6 +3,7 @@ message naming the file (and tap or attribute), fast and in bounded memory,
 or — a zero-size tap — legal and passing. Nothing reads outside the files
 the user named."""
 import os
+import shutil
 import sys
 import time
 
@@ -13,6 +14,9 @@ from e2e import SCRIPTS, E2ETest
 
 sys.path.insert(0, SCRIPTS)
 from diffcheck_dump import RankDump  # noqa: E402
+
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
 
 class HostileFiles(E2ETest):
@@ -100,6 +104,36 @@ class HostileFiles(E2ETest):
         g.create_dataset("x", data=np.ones(2, "f4"))
         f.close()
         self.expect_refused(path, "nested deeper than")
+
+    def test_file_on_which_hdf5_loops_forever_ends_in_bounded_time(self):
+        # Found by tests/fuzz: a damaged global heap under the string attribute
+        # 'mesh' makes HDF5 1.10's H5Aread spin forever (it hung diffcheck
+        # before). The reader's stall guard ends it: exit 2, file and step named.
+        path = self.path("loop.h5")
+        shutil.copy(os.path.join(FIXTURES, "hostile", "hdf5_global_heap_loop.h5"), path)
+        t0 = time.monotonic()
+        res = self.diffcheck("compare", path)
+        elapsed = time.monotonic() - t0
+        self.assertExit(res, 2)
+        self.assertLess(elapsed, 10 + 5, msg=str(res))  # the default limit is 10 s
+        for n in ("loop.h5", "reading the root attributes", "no progress for 10 s inside HDF5",
+                  "DIFFCHECK_READ_STALL"):
+            self.assertIn(n, res.err, msg=str(res))
+
+    def test_file_on_which_hdf5_crashes_is_an_input_error(self):
+        # Found by tests/fuzz: another damaged global heap makes HDF5 1.10
+        # segfault in H5Aread (diffcheck died with SIGSEGV before). A fault
+        # inside libhdf5 during a read step is an input error naming the file.
+        # The second faults in libc's memcpy called by HDF5 (an overrun of its
+        # heap buffer): outside diffcheck's own code, so the file's doing too.
+        for fixture in ("hdf5_global_heap_segv.h5", "hdf5_global_heap_overrun.h5"):
+            with self.subTest(fixture):
+                path = self.path(fixture)
+                shutil.copy(os.path.join(FIXTURES, "hostile", fixture), path)
+                res = self.diffcheck("compare", path)
+                self.assertExit(res, 2)
+                for n in (fixture, "reading the root attributes", "crashed (SIGSEGV) inside HDF5"):
+                    self.assertIn(n, res.err, msg=str(res))
 
     def test_nan_or_negative_tolerance_and_negative_depth(self):
         for attr, value, needle in (("atol", float("nan"), "'atol'"), ("rtol", -1.0, "'rtol'"),

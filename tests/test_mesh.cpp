@@ -36,6 +36,13 @@ TEST(Mesh, RejectsBadStrings) {
     EXPECT_THROW(Mesh::parse(bad), dc::InputError) << bad;
 }
 
+// Found by tests/fuzz (fuzz_parsers): the world size overflowed int.
+TEST(Mesh, MoreRanksThanAnIntHoldsIsRefused) {
+  EXPECT_THROW(Mesh::parse("cI=6622222,SSSSSSSI=65,SS=6"), dc::InputError);
+  EXPECT_THROW(Mesh::parse("a=65536,b=32768"), dc::InputError);
+  EXPECT_EQ(Mesh::parse("a=65536,b=32767").world_size(), 65536 * 32767);
+}
+
 TEST(Mesh, WorldSizeMismatchNamesBoth) {
   Mesh m = Mesh::parse("dp=2,tp=4");
   try {

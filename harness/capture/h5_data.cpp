@@ -1,4 +1,5 @@
 #include "harness/capture/h5_data.h"
+#include "harness/capture/read_guard.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -154,6 +155,7 @@ void H5Data::read(const std::string& file, const std::string& path, long long le
   start.insert(start.end(), slab.start.begin(), slab.start.end());
   count.insert(count.end(), slab.count.begin(), slab.count.end());
   std::unique_lock<std::mutex> lock(mu_);
+  h5::ReadGuard guard(what + ": reading values");
   const Open& o = dataset(file, path);
   if (auto direct = o.direct) {  // keeps the descriptor alive past an eviction
     lock.unlock();

@@ -13,6 +13,7 @@
 #include "harness/core/error.h"
 #include "harness/capture/h5_data.h"
 #include "harness/capture/h5util.h"
+#include "harness/capture/read_guard.h"
 #include "harness/capture/store.h"
 
 namespace dc {
@@ -25,6 +26,7 @@ Handle open_file(const std::string& path) {
   h5::silence_errors();
   if (!fs::exists(path)) input_error("{}: no such file", path);
   if (fs::is_directory(path)) input_error("{}: is a directory, not an activation file", path);
+  h5::ReadGuard guard(path + ": opening the file");
   htri_t is = H5Fis_hdf5(path.c_str());
   if (is <= 0) input_error("{}: not an HDF5 file", path);
   Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
@@ -42,6 +44,7 @@ struct Root {
 };
 
 Root read_root(hid_t file, const std::string& path, bool need_mesh) {
+  h5::ReadGuard guard(path + ": reading the root attributes");
   Root r;
   auto schema = h5::read_int_attr(file, "diffcheck_schema", path);
   if (!schema) input_error("{}: missing root attribute 'diffcheck_schema'", path);
@@ -75,6 +78,7 @@ constexpr std::size_t kMaxLinks = 1'000'000;
 // Object types come from one H5Ovisit, so the walk is linear in the links.
 std::vector<std::string> list_datasets(hid_t file, const char* group, const std::string& path) {
   std::vector<std::string> names;
+  h5::ReadGuard guard(fmt::format("{}: listing '{}'", path, group));
   if (H5Lexists(file, group, H5P_DEFAULT) <= 0) return names;
   Handle g(H5Gopen2(file, group, H5P_DEFAULT));
   if (!g.valid()) input_error("{}: '{}' is not a group", path, group);
@@ -223,6 +227,7 @@ void attach_references(ActivationSet& set, H5Data& data, const std::vector<std::
       const std::string& f = files[fi];
       const Handle& file = handles[fi];
       std::string path = "/reference/" + t.name;
+      h5::ReadGuard guard(f + ":" + path + ": looking for the reference");
       // H5Lexists fails on a missing intermediate group; walk the path.
       bool exists = true;
       std::string partial;
@@ -287,6 +292,7 @@ ActivationSet read_run_file(hid_t file, const std::string& path, const Root& roo
   long idx = 0;
   for (const auto& n : names) {
     std::string where = fmt::format("{}: tap '{}'", path, n);
+    h5::ReadGuard guard(where + ": reading its metadata");
     Handle ds(H5Dopen2(file, ("/taps/" + n).c_str(), H5P_DEFAULT));
     TapData t;
     t.name = n;
@@ -348,6 +354,7 @@ ActivationSet read_rank_files(const std::string& prefix, const std::string& firs
       std::string where = fmt::format("{}: tap '{}'", fr, t.name);
       if (std::find(names_r.begin(), names_r.end(), t.name) == names_r.end())
         input_error("{}: missing (rank 0 has it)", where);
+      h5::ReadGuard guard(where + ": reading its metadata");
       Handle ds(H5Dopen2(file.get(), ("/taps/" + t.name).c_str(), H5P_DEFAULT));
       Shape s = dataset_shape(ds.get(), where, declared);
       StoredKind k = stored_kind(ds.get(), where);

@@ -143,7 +143,9 @@ void scan_reference(const double* x, const double* ref, std::size_t n, const Tol
     // the rounding of the product).
     if (r != 0 && err > max_rel * std::abs(r) * (1 - 1e-12))
       max_rel = std::max(max_rel, err / std::abs(r));
-    if (!(err <= bound)) {  // fails, NaN included
+    // Fails, NaN included; an infinite error fails even against an infinite
+    // bound (an Inf in the reference must not excuse a finite value).
+    if (!(err <= bound) || err == kInf) {
       ++fails;
       nan_error = nan_error || std::isnan(err);
     }
@@ -169,8 +171,12 @@ void scan_reference(const double* x, const double* ref, std::size_t n, const Tol
       element(i + 3, e3, r3);
     }
     for (std::size_t i = end4; i < end; ++i) element(i, e0, r0);
-    s.err_sq.add((e0 + e1) + (e2 + e3));
-    s.ref_sq.add((r0 + r1) + (r2 + r3));
+    // A unit whose squares overflowed (values beyond ~1e154) is added again
+    // value by value, scaled (see SquareSum): rare, and never on clean data.
+    if (!s.err_sq.add_partial((e0 + e1) + (e2 + e3)))
+      for (std::size_t i = at; i < end; ++i) s.err_sq.add_value(std::abs(x[i] - ref[i]));
+    if (!s.ref_sq.add_partial((r0 + r1) + (r2 + r3)))
+      for (std::size_t i = at; i < end; ++i) s.ref_sq.add_value(ref[i]);
     at = end;
   }
   s.n_fail += fails;
@@ -283,11 +289,15 @@ double reference_rms(const ActivationSet& set, const TapPlan& p, std::size_t chu
       const std::size_t end = at + std::min(m - at, plan.unit_left(first + at));
       double sum = 0;
       for (std::size_t j = at; j < end; ++j) sum += r[j] * r[j];
-      st.ref_sq.add(sum);
+      // Non-finite reference values stay out of the scale: an RMS of inf
+      // would be an infinite atol, and every element would pass.
+      if (!st.ref_sq.add_partial(sum))
+        for (std::size_t j = at; j < end; ++j)
+          if (std::isfinite(r[j])) st.ref_sq.add_value(r[j]);
       at = end;
     }
   });
-  return std::sqrt(s.ref_sq.value() / static_cast<double>(n));
+  return s.ref_sq.rms(n);
 }
 
 TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOptions& opts,
@@ -375,8 +385,7 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
     ref.n_total = s.n_total;
     ref.max_abs = s.any_nan_error ? std::nan("") : s.max_abs;
     ref.max_rel = s.any_nan_error ? std::nan("") : s.max_rel;
-    double err_sq = s.err_sq.value(), ref_sq = s.ref_sq.value();
-    ref.rel_l2 = ref_sq > 0 ? std::sqrt(err_sq / ref_sq) : std::sqrt(err_sq);
+    ref.rel_l2 = SquareSum::sqrt_ratio(s.err_sq, s.ref_sq);
     if (s.ref_worst) {
       const auto& w = *s.ref_worst;
       ref.worst.index = unravel(w.global_flat, p.global);

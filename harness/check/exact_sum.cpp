@@ -76,4 +76,56 @@ double ExactSum::value() const {
   return sign * r;
 }
 
+bool SquareSum::add_partial(double partial) {
+  if (!std::isfinite(partial)) return false;
+  small_.add(partial);
+  return true;
+}
+
+void SquareSum::add_value(double x) {
+  if (std::abs(x) >= 0x1p500) {
+    const double y = std::ldexp(x, -kScaleExp / 2);
+    big_.add(y * y);
+  } else {
+    small_.add(x * x);  // NaN lands here and makes the sum NaN
+  }
+}
+
+void SquareSum::add(const SquareSum& o) {
+  small_.add(o.small_);
+  big_.add(o.big_);
+}
+
+double SquareSum::mantissa(int& e) const {
+  const double big = big_.value(), small = small_.value();
+  if (std::isnan(big) || std::isnan(small)) {
+    e = 0;
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  if (big == 0) {
+    e = 0;
+    return small;
+  }
+  e = 1;
+  return big + std::ldexp(small, -kScaleExp);
+}
+
+double SquareSum::rms(std::size_t n) const {
+  if (n == 0) return 0;
+  int e = 0;
+  const double m = mantissa(e);
+  return std::ldexp(std::sqrt(m / static_cast<double>(n)), e * kScaleExp / 2);
+}
+
+double SquareSum::sqrt_ratio(const SquareSum& a, const SquareSum& b) {
+  int ea = 0, eb = 0;
+  double ma = a.mantissa(ea), mb = b.mantissa(eb);
+  if (mb == 0) return std::ldexp(std::sqrt(ma), ea * kScaleExp / 2);
+  // Both to the larger scale; a ratio of inf and a finite value stays inf.
+  if (ea < eb) ma = std::ldexp(ma, -kScaleExp);
+  if (eb < ea) mb = std::ldexp(mb, -kScaleExp);
+  return std::sqrt(ma / mb);
+}
+
 }  // namespace dc
+

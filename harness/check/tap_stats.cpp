@@ -63,7 +63,10 @@ struct Reader {
     bool has = false;
     get(has);
     v.reset();
-    if (has) get(v.emplace());
+    if (has) {
+      v = T{};
+      get(*v);
+    }
   }
   void get(std::pair<int, std::size_t>& v) {
     get(v.first);

@@ -37,7 +37,7 @@ struct TapStats {
   long long n_fail = 0, n_total = 0;
   bool any_nan_error = false;
   double max_abs = 0, max_rel = 0;
-  ExactSum err_sq, ref_sq;  // per summation unit, see compare.cpp
+  SquareSum err_sq, ref_sq;  // per summation unit, see compare.cpp
   struct RefWorst {
     double ratio = -1;
     std::size_t global_flat = 0;

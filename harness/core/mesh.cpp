@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -20,10 +21,17 @@ bool valid_axis_name(const std::string& s) {
 
 Mesh::Mesh(std::vector<Axis> axes) : axes_(std::move(axes)) {
   std::set<std::string> seen;
+  long long world = 1;
   for (const auto& a : axes_) {
     if (!valid_axis_name(a.name)) input_error("mesh axis name '{}' is not an identifier", a.name);
     if (a.size < 1) input_error("mesh axis '{}' has size {} (must be >= 1)", a.name, a.size);
     if (!seen.insert(a.name).second) input_error("mesh axis '{}' appears twice", a.name);
+    // Ranks are MPI ints; a product beyond that is no mesh any job can have
+    // (and would overflow every rank computation).
+    world *= a.size;
+    if (world > std::numeric_limits<int>::max())
+      input_error("mesh has more than {} ranks (the product of the axis sizes)",
+                  std::numeric_limits<int>::max());
   }
 }
 
