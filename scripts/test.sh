@@ -1,8 +1,51 @@
 #!/usr/bin/env bash
-# The whole test suite: set up (if needed), build, run ctest.
+# The whole test suite: set up (if needed), build, run ctest — in three trees:
+#   build/           everything (unit, MPI at 1-16 ranks, end-to-end drivers)
+#   build-sanitize/  the unit and MPI tests under ASan+UBSan (DIFFCHECK_SANITIZE)
+#   build-fuzz/      60 s of libFuzzer per target (clang; scripts/fuzz.sh)
+# With arguments, only build/'s ctest runs, with them (e.g. -L nightly, -R flux).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/mpi_env.sh
-cd "${BUILD_DIR:-build}"
-ctest --output-on-failure -j "$(nproc)" "$@"
+jobs=$(nproc)
+if (($#)); then
+  cd "${BUILD_DIR:-build}"
+  exec ctest --output-on-failure -j "$jobs" "$@"
+fi
+
+failed=()
+step() {  # name command...
+  local name=$1 t0=$SECONDS
+  shift
+  echo "== $name"
+  if "$@"; then echo "== $name: passed in $((SECONDS - t0)) s"; else
+    echo "== $name: FAILED after $((SECONDS - t0)) s"
+    failed+=("$name")
+  fi
+}
+
+step "tests (build/)" bash -c "cd '${BUILD_DIR:-build}' && ctest --output-on-failure -j $jobs"
+
+# -O1: the sanitizers need no more, and the tree builds in half the time.
+sanitized() {
+  cmake -S . -B build-sanitize -DDIFFCHECK_SANITIZE=ON -DDIFFCHECK_BENCH=OFF \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" >/dev/null &&
+    cmake --build build-sanitize -j "$jobs" --target unit_tests mpi_tests >/dev/null &&
+    (cd build-sanitize && ctest --output-on-failure -j "$jobs")
+}
+step "unit and MPI tests under ASan+UBSan (build-sanitize/)" sanitized
+
+fuzzed() {
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -DDIFFCHECK_FUZZ=ON -DDIFFCHECK_BENCH=OFF \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+    cmake --build build-fuzz -j "$jobs" --target fuzz_parsers fuzz_reader >/dev/null &&
+    (cd build-fuzz && ctest --output-on-failure -j "$jobs" -L fuzz)
+}
+step "fuzzing, 60 s per target (build-fuzz/)" fuzzed
+
+if ((${#failed[@]})); then
+  echo "test.sh: FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "test.sh: all passed"

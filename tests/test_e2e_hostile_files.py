@@ -4,13 +4,14 @@ or — a zero-size tap — legal and passing. Nothing reads outside the files
 the user named."""
 import os
 import shutil
+import subprocess
 import sys
 import time
 
 import h5py
 import numpy as np
 
-from e2e import SCRIPTS, E2ETest
+from e2e import EXE, SCRIPTS, E2ETest
 
 sys.path.insert(0, SCRIPTS)
 from diffcheck_dump import RankDump  # noqa: E402
@@ -134,6 +135,25 @@ class HostileFiles(E2ETest):
                 self.assertExit(res, 2)
                 for n in (fixture, "reading the root attributes", "crashed (SIGSEGV) inside HDF5"):
                     self.assertIn(n, res.err, msg=str(res))
+
+    def test_file_on_which_hdf5_allocates_gigabytes_is_stopped_under_1_gib(self):
+        # Found by tests/fuzz: a damaged string attribute makes HDF5 1.10
+        # allocate and fill 17 GB (diffcheck reached 8 GB resident, then hung).
+        # The guard ends the read step once the process grew by 512 MiB.
+        path = self.path("alloc.h5")
+        shutil.copy(os.path.join(FIXTURES, "hostile", "hdf5_vlen_huge_allocation.h5"), path)
+        with open(self.path("stderr"), "w+") as ef:
+            proc = subprocess.Popen([EXE, "compare", path], stdout=subprocess.DEVNULL, stderr=ef,
+                                    stdin=subprocess.DEVNULL)
+            _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            ef.seek(0)
+            err = ef.read()
+        self.assertLess(usage.ru_maxrss, 1 << 20, msg=err)  # KiB: under 1 GiB
+        self.assertEqual(proc.returncode, 2, msg=err)
+        for n in ("alloc.h5", "reading the root attributes", "more than 512 MiB of memory taken inside HDF5",
+                  "DIFFCHECK_READ_MEMORY"):
+            self.assertIn(n, err)
 
     def test_nan_or_negative_tolerance_and_negative_depth(self):
         for attr, value, needle in (("atol", float("nan"), "'atol'"), ("rtol", -1.0, "'rtol'"),

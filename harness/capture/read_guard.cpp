@@ -25,6 +25,7 @@ using Clock = std::chrono::steady_clock;
 struct Step {
   Clock::time_point start;
   std::string what;
+  long long rss_seen = -1;  // the process's RSS when the monitor first saw the step
 };
 
 // Never destroyed: the monitor thread may outlive static destruction.
@@ -59,30 +60,54 @@ void say(const char* s) {
   say(what);
   say(": ");
   say(failure);
-  say(" inside HDF5 (a damaged file can make HDF5 1.10 crash or loop forever); giving up");
+  say(" inside HDF5 (a damaged file can make HDF5 1.10 crash, loop forever or allocate without end); "
+      "giving up");
   if (seconds > 0) say(". On a slow file system, raise DIFFCHECK_READ_STALL (seconds)");
+  if (std::strstr(failure, "memory")) say(". For files that need it, raise DIFFCHECK_READ_MEMORY (MiB)");
   say("\n");
   _exit(2);
 }
 
-void monitor(double limit) {
+long long resident_bytes() {
+  long long pages = 0, resident = 0;
+  if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%lld %lld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// Twenty times a second: a step older than the limit, or one during which the
+// process grew by more than the memory limit (a damaged file can make HDF5
+// allocate and fill gigabytes: 8 GB for a 10 KB file was seen), ends the
+// process. Steps shorter than 50 ms are never looked at.
+void monitor(double limit, long long memory_limit) {
   Registry& r = registry();
   for (;;) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    std::string stalled;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::string what, failure;
+    double seconds = 0;
     {
       std::lock_guard lock(r.mu);
+      if (r.steps.empty()) continue;
       const auto now = Clock::now();
-      for (const auto& [id, step] : r.steps)
-        if (std::chrono::duration<double>(now - step.start).count() > limit) {
-          stalled = step.what;
+      const long long rss = resident_bytes();
+      for (auto& [id, step] : r.steps) {
+        if (limit > 0 && std::chrono::duration<double>(now - step.start).count() > limit) {
+          what = step.what;
+          failure = fmt::format("no progress for {:g} s", limit);
+          seconds = limit;
           break;
         }
+        if (step.rss_seen < 0) step.rss_seen = rss;
+        if (memory_limit > 0 && rss - step.rss_seen > memory_limit) {
+          what = step.what;
+          failure = fmt::format("more than {} MiB of memory taken", memory_limit >> 20);
+          break;
+        }
+      }
     }
-    if (!stalled.empty()) {
-      std::string failure = fmt::format("no progress for {:g} s", limit);
-      fail(stalled.c_str(), failure.c_str(), limit);
-    }
+    if (!what.empty()) fail(what.c_str(), failure.c_str(), seconds);
   }
 }
 
@@ -151,6 +176,14 @@ void on_fatal_signal(int sig, siginfo_t* info, void* context) {
   }
 }
 
+long long memory_limit_bytes() {
+  const char* v = std::getenv("DIFFCHECK_READ_MEMORY");  // MiB
+  if (!v || !*v) return 512LL << 20;
+  char* end = nullptr;
+  long long mib = std::strtoll(v, &end, 10);
+  return (*end == 0 && mib >= 0) ? mib << 20 : 512LL << 20;
+}
+
 void start(double limit) {
   find_own_text();
   for (std::size_t i = 0; i < kSignals.size(); ++i) {
@@ -160,7 +193,7 @@ void start(double limit) {
     sigemptyset(&sa.sa_mask);
     sigaction(kSignals[i], &sa, &previous[i]);
   }
-  if (limit > 0) std::thread(monitor, limit).detach();
+  std::thread(monitor, limit, memory_limit_bytes()).detach();
 }
 
 }  // namespace
@@ -188,7 +221,7 @@ ReadGuard::ReadGuard(std::string what) : what_(std::move(what)), outer_(tls_step
       r.started = true;
       start(limit);
     }
-    if (limit > 0) r.steps.emplace(id_, Step{Clock::now(), what_});
+    r.steps.emplace(id_, Step{Clock::now(), what_});
   }
   tls_step = what_.c_str();
 }

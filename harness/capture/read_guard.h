@@ -2,8 +2,10 @@
 // (tests/fuzz found both in its global heap, under string attributes). A
 // checker that hangs or dies on a bad file is worse than none, so every step
 // of reading a file runs under a ReadGuard:
-//   - a step that takes longer than the limit: a monitor thread names the
-//     file and the step and ends the process with exit 2 (an input error);
+//   - a step that takes longer than the limit (DIFFCHECK_READ_STALL, 10 s),
+//     or during which the process grows by more than DIFFCHECK_READ_MEMORY
+//     (MiB, default 512): a monitor thread names the file and the step and
+//     ends the process with exit 2 (an input error);
 //   - a fatal signal during a step whose instruction is outside diffcheck's
 //     own code (in libhdf5, or libc/zlib called by it): the same, exit 2.
 // A fault in our own code goes on to the handler that was there before (the
