@@ -60,10 +60,12 @@ void say(const char* s) {
   say(what);
   say(": ");
   say(failure);
-  say(" inside HDF5 (a damaged file can make HDF5 1.10 crash, loop forever or allocate without end); "
+  say(" inside HDF5 (a damaged file can make HDF5 1.10 crash, loop forever or allocate without "
+      "end); "
       "giving up");
   if (seconds > 0) say(". On a slow file system, raise DIFFCHECK_READ_STALL (seconds)");
-  if (std::strstr(failure, "memory")) say(". For files that need it, raise DIFFCHECK_READ_MEMORY (MiB)");
+  if (std::strstr(failure, "memory"))
+    say(". For files that need it, raise DIFFCHECK_READ_MEMORY (MiB)");
   say("\n");
   _exit(2);
 }
@@ -146,10 +148,14 @@ std::array<struct sigaction, kSignals.size()> previous{};
 
 const char* signal_failure(int sig) {
   switch (sig) {
-    case SIGSEGV: return "crashed (SIGSEGV)";
-    case SIGBUS: return "crashed (SIGBUS)";
-    case SIGFPE: return "crashed (SIGFPE)";
-    default: return "crashed (SIGILL)";
+    case SIGSEGV:
+      return "crashed (SIGSEGV)";
+    case SIGBUS:
+      return "crashed (SIGBUS)";
+    case SIGFPE:
+      return "crashed (SIGFPE)";
+    default:
+      return "crashed (SIGILL)";
   }
 }
 
@@ -187,7 +193,7 @@ long long memory_limit_bytes() {
 void start(double limit) {
   find_own_text();
   for (std::size_t i = 0; i < kSignals.size(); ++i) {
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_sigaction = on_fatal_signal;
     sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&sa.sa_mask);

@@ -7,10 +7,10 @@
 #include <map>
 #include <sstream>
 
-#include "harness/core/comm_native.h"
-#include "harness/core/error.h"
 #include "harness/capture/h5util.h"
 #include "harness/capture/store.h"
+#include "harness/core/comm_native.h"
+#include "harness/core/error.h"
 
 namespace dc {
 namespace {
@@ -61,7 +61,8 @@ struct ReferenceEntry {
 
 // Every rank's manifest merged; identical on every rank, so every rank takes
 // the same decisions (and the same error) below.
-std::map<std::string, ReferenceEntry> merge_reference_manifests(const std::vector<std::string>& all) {
+std::map<std::string, ReferenceEntry> merge_reference_manifests(
+    const std::vector<std::string>& all) {
   std::map<std::string, ReferenceEntry> out;
   for (std::size_t r = 0; r < all.size(); ++r) {
     std::stringstream ss(all[r]);
@@ -83,8 +84,8 @@ std::map<std::string, ReferenceEntry> merge_reference_manifests(const std::vecto
   for (const auto& [name, e] : out) {
     const std::size_t want = e.shape.empty() ? 1 : e.shape[0];
     if (e.rows != want)
-      fail("reference of tap '{}' ({}) has {} rows computed over all ranks, expected {} once each", name,
-           shape_str(e.shape), e.rows, want);
+      fail("reference of tap '{}' ({}) has {} rows computed over all ranks, expected {} once each",
+           name, shape_str(e.shape), e.rows, want);
   }
   return out;
 }
@@ -100,27 +101,23 @@ Handle create_dataset(hid_t file, const std::string& path, hid_t type, const Sha
   std::vector<hsize_t> hd(dims.begin(), dims.end());
   Handle space(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr));
   Handle lcpl = link_props();
-  Handle ds(H5Dcreate2(file, path.c_str(), type, space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT));
-  if (!ds.valid()) fail("rank {}: HDF5 cannot create dataset '{}': {}", rank, path, h5::last_error());
+  Handle ds(
+      H5Dcreate2(file, path.c_str(), type, space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT));
+  if (!ds.valid())
+    fail("rank {}: HDF5 cannot create dataset '{}': {}", rank, path, h5::last_error());
   return ds;
 }
 
-// Collective write: this rank writes `count` values at row `row` (or nothing).
-void write_rows(hid_t ds, hid_t mem_type, const void* data, const Shape& dims, bool write_all,
-                bool has_data, std::size_t row, int rank, const std::string& what) {
+// Collective write: this rank writes its row `row` of `dims`.
+void write_row(hid_t ds, hid_t mem_type, const void* data, const Shape& dims, std::size_t row,
+               int rank, const std::string& what) {
   Handle fspace(H5Dget_space(ds));
   std::vector<hsize_t> start(dims.size(), 0), count(dims.begin(), dims.end());
+  start[0] = row;
+  count[0] = 1;
+  H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
   hsize_t n = 1;
-  if (!has_data) {
-    H5Sselect_none(fspace.get());
-    n = 0;
-  } else if (!write_all) {
-    start[0] = row;
-    count[0] = 1;
-    H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-  }
-  if (has_data)
-    for (auto c : count) n *= c;
+  for (auto c : count) n *= c;
   Handle mspace(H5Screate_simple(1, &n, nullptr));
   if (n == 0) H5Sselect_none(mspace.get());
   Handle xfer(H5Pcreate(H5P_DATASET_XFER));
@@ -144,8 +141,8 @@ void write_taps(hid_t file, const TapRecorder& taps, int world, int rank) {
       h5::write_int_attr(ds.get(), "reduction_depth", r.opts.reduction_depth);
     if (r.opts.atol) h5::write_float_attr(ds.get(), "atol", *r.opts.atol);
     if (r.opts.rtol) h5::write_float_attr(ds.get(), "rtol", *r.opts.rtol);
-    write_rows(ds.get(), H5T_NATIVE_FLOAT, r.local.ptr(), dims, false, true,
-               static_cast<std::size_t>(rank), rank, path);
+    write_row(ds.get(), H5T_NATIVE_FLOAT, r.local.ptr(), dims, static_cast<std::size_t>(rank), rank,
+              path);
   }
 }
 
@@ -168,11 +165,12 @@ void write_references(hid_t file, const Comm& world, const TapRecorder& taps,
       bool first = true;
       for (const auto& b : blocks) {
         if (entry.shape.empty() || b.rows.size() == 0) continue;  // a scalar: selected whole below
-        std::vector<hsize_t> start(entry.shape.size(), 0), count(entry.shape.begin(), entry.shape.end());
+        std::vector<hsize_t> start(entry.shape.size(), 0),
+            count(entry.shape.begin(), entry.shape.end());
         start[0] = b.first_row;
         count[0] = b.rows.shape[0];
-        H5Sselect_hyperslab(fspace.get(), first ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(), nullptr,
-                            count.data(), nullptr);
+        H5Sselect_hyperslab(fspace.get(), first ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(),
+                            nullptr, count.data(), nullptr);
         first = false;
       }
       if (entry.shape.empty()) H5Sselect_all(fspace.get());
@@ -180,7 +178,8 @@ void write_references(hid_t file, const Comm& world, const TapRecorder& taps,
       if (blocks.size() == 1) {
         data = blocks[0].rows.ptr();
       } else {
-        for (const auto& b : blocks) joined.insert(joined.end(), b.rows.data.begin(), b.rows.data.end());
+        for (const auto& b : blocks)
+          joined.insert(joined.end(), b.rows.data.begin(), b.rows.data.end());
         data = joined.data();
       }
     }
@@ -212,7 +211,8 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
 
   // Agreed by every rank before the file exists: a reference whose rows are
   // not covered is an error on all ranks alike.
-  const auto manifest = merge_reference_manifests(world.all_gather_strings(reference_manifest(taps)));
+  const auto manifest =
+      merge_reference_manifests(world.all_gather_strings(reference_manifest(taps)));
   const std::string tmp = path + ".tmp";
   bool closed = false;
   std::string close_error;

@@ -9,8 +9,10 @@ namespace dc {
 void ExactSum::add(double x) {
   if (x == 0) return;
   if (!std::isfinite(x)) {
-    if (std::isnan(x)) nan_ = true;
-    else (x > 0 ? pos_inf_ : neg_inf_) = true;
+    if (std::isnan(x))
+      nan_ = true;
+    else
+      (x > 0 ? pos_inf_ : neg_inf_) = true;
     return;
   }
   const std::uint64_t bits = std::bit_cast<std::uint64_t>(x);
@@ -119,13 +121,11 @@ double SquareSum::rms(std::size_t n) const {
 
 double SquareSum::sqrt_ratio(const SquareSum& a, const SquareSum& b) {
   int ea = 0, eb = 0;
-  double ma = a.mantissa(ea), mb = b.mantissa(eb);
+  const double ma = a.mantissa(ea), mb = b.mantissa(eb);
   if (mb == 0) return std::ldexp(std::sqrt(ma), ea * kScaleExp / 2);
-  // Both to the larger scale; a ratio of inf and a finite value stays inf.
-  if (ea < eb) ma = std::ldexp(ma, -kScaleExp);
-  if (eb < ea) mb = std::ldexp(mb, -kScaleExp);
-  return std::sqrt(ma / mb);
+  // sqrt(ma 2^(1200 ea) / (mb 2^(1200 eb))): the scales apply after the
+  // root, so a ratio near 1e250 stays finite.
+  return std::ldexp(std::sqrt(ma / mb), (ea - eb) * kScaleExp / 2);
 }
 
 }  // namespace dc
-

@@ -57,4 +57,3 @@ class SquareSum {
 };
 
 }  // namespace dc
-

@@ -5,19 +5,19 @@
 
 #include <chrono>
 #include <csignal>
-#include <thread>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <thread>
 
+#include "harness/capture/store.h"
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
 #include "harness/core/flags.h"
 #include "harness/core/progress.h"
 #include "harness/core/watchdog.h"
 #include "harness/run/scenario.h"
-#include "harness/capture/store.h"
 
 namespace dc {
 namespace {
@@ -71,34 +71,78 @@ RunOptions agree_on_options(const Comm& world, RunOptions opts) {
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
     std::filesystem::create_directories(opts.out + ".watch", ec);
   }
-  const char sep = '\x1f';
+  // Every option the ranks act on, by name, in one table that serves both
+  // directions: a field cannot be sent in one place and read back in another.
+  using Get = std::string (*)(const RunOptions&);
+  using Set = void (*)(RunOptions&, const std::string&);
+  struct Field {
+    const char* name;
+    Get get;
+    Set set;
+  };
+  static const auto num = [](double v) { return fmt::format("{:.17g}", v); };
+  static const auto opt = [](const std::optional<double>& v) {
+    return v ? num(*v) : std::string();
+  };
+  static const auto parse_opt = [](const std::string& s) {
+    return s.empty() ? std::optional<double>{} : std::optional<double>{std::stod(s)};
+  };
+  static const Field fields[] = {
+      {"scenario", [](const RunOptions& o) { return o.scenario; },
+       [](RunOptions& o, const std::string& v) { o.scenario = v; }},
+      {"mesh", [](const RunOptions& o) { return o.mesh; },
+       [](RunOptions& o, const std::string& v) { o.mesh = v; }},
+      {"dtype", [](const RunOptions& o) { return o.dtype; },
+       [](RunOptions& o, const std::string& v) { o.dtype = v; }},
+      {"seed", [](const RunOptions& o) { return std::to_string(o.seed); },
+       [](RunOptions& o, const std::string& v) { o.seed = std::stoull(v); }},
+      {"fault", [](const RunOptions& o) { return o.fault; },
+       [](RunOptions& o, const std::string& v) { o.fault = v; }},
+      {"size", [](const RunOptions& o) { return o.size; },
+       [](RunOptions& o, const std::string& v) { o.size = v; }},
+      {"out", [](const RunOptions& o) { return o.out; },
+       [](RunOptions& o, const std::string& v) { o.out = v; }},
+      {"json", [](const RunOptions& o) { return o.report.json_path; },
+       [](RunOptions& o, const std::string& v) { o.report.json_path = v; }},
+      {"atol", [](const RunOptions& o) { return opt(o.report.compare.atol); },
+       [](RunOptions& o, const std::string& v) { o.report.compare.atol = parse_opt(v); }},
+      {"rtol", [](const RunOptions& o) { return opt(o.report.compare.rtol); },
+       [](RunOptions& o, const std::string& v) { o.report.compare.rtol = parse_opt(v); }},
+      {"replica_ulps",
+       [](const RunOptions& o) { return std::to_string(o.report.compare.replica_ulps); },
+       [](RunOptions& o, const std::string& v) { o.report.compare.replica_ulps = std::stol(v); }},
+      {"memory_budget",
+       [](const RunOptions& o) { return std::to_string(o.report.compare.memory_budget); },
+       [](RunOptions& o, const std::string& v) {
+         o.report.compare.memory_budget = std::stoull(v);
+       }},
+      {"threads", [](const RunOptions& o) { return std::to_string(o.report.compare.threads); },
+       [](RunOptions& o, const std::string& v) { o.report.compare.threads = std::stoi(v); }},
+      {"timeout", [](const RunOptions& o) { return num(o.timeout_seconds); },
+       [](RunOptions& o, const std::string& v) { o.timeout_seconds = std::stod(v); }},
+      {"chaos", [](const RunOptions& o) { return o.chaos; },
+       [](RunOptions& o, const std::string& v) { o.chaos = v; }},
+  };
+  const char sep = '\x1f';  // unit separator: in no option value
   std::string mine;
-  auto put = [&](const std::string& s) { mine += s + sep; };
-  auto put_opt = [&](const std::optional<double>& v) { put(v ? fmt::format("{:.17g}", *v) : ""); };
-  const auto& c = opts.report.compare;
-  put(opts.scenario), put(opts.mesh), put(opts.dtype), put(std::to_string(opts.seed)), put(opts.fault);
-  put(opts.size), put(opts.out), put(opts.report.json_path), put_opt(c.atol), put_opt(c.rtol);
-  put(std::to_string(c.replica_ulps)), put(std::to_string(c.memory_budget)), put(std::to_string(c.threads));
-  put(fmt::format("{:.17g}", opts.timeout_seconds)), put(opts.chaos);
-  for (const auto& f : opts.flags) put(f);
+  for (const auto& f : fields) mine += fmt::format("{}={}{}", f.name, f.get(opts), sep);
+  for (const auto& flag : opts.flags) mine += fmt::format("flag={}{}", flag, sep);
   const std::string agreed = world.broadcast_string(mine, 0);
-  std::vector<std::string> v;
-  for (std::size_t at = 0; at < agreed.size();) {
-    auto end = agreed.find(sep, at);
-    v.push_back(agreed.substr(at, end - at));
-    at = end + 1;
-  }
-  auto opt = [](const std::string& s) { return s.empty() ? std::optional<double>{} : std::optional<double>{std::stod(s)}; };
   RunOptions out = opts;
-  out.scenario = v[0], out.mesh = v[1], out.dtype = v[2], out.seed = std::stoull(v[3]), out.fault = v[4];
-  out.size = v[5], out.out = v[6], out.report.json_path = v[7];
-  out.report.compare.atol = opt(v[8]), out.report.compare.rtol = opt(v[9]);
-  out.report.compare.replica_ulps = std::stol(v[10]);
-  out.report.compare.memory_budget = std::stoull(v[11]);
-  out.report.compare.threads = std::stoi(v[12]);
-  out.timeout_seconds = std::stod(v[13]);
-  out.chaos = v[14];
-  out.flags.assign(v.begin() + 15, v.end());
+  out.flags.clear();
+  for (std::size_t at = 0; at < agreed.size();) {
+    const auto end = agreed.find(sep, at);
+    const std::string entry = agreed.substr(at, end - at);
+    at = end + 1;
+    const auto eq = entry.find('=');
+    const std::string name = entry.substr(0, eq), value = entry.substr(eq + 1);
+    if (name == "flag") {
+      out.flags.push_back(value);
+      continue;
+    }
+    for (const auto& f : fields)
+      if (name == f.name) f.set(out, value);
+  }
   return out;
 }
 
@@ -113,8 +157,10 @@ Chaos parse_chaos(const std::string& s, int world) {
   if (s.empty()) return c;
   auto at = s.find('@');
   auto usage = [&] {
-    input_error("--chaos '{}': expected crash@RANK, hang@RANK or desync@RANK, optionally :after=TAP (RANK < {})", s,
-                world);
+    input_error(
+        "--chaos '{}': expected crash@RANK, hang@RANK or desync@RANK, optionally :after=TAP (RANK "
+        "< {})",
+        s, world);
   };
   if (at == std::string::npos) usage();
   const std::string kind = s.substr(0, at);
@@ -124,9 +170,13 @@ Chaos parse_chaos(const std::string& s, int world) {
     c.after = rest.substr(colon + 7);
     rest = rest.substr(0, colon);
   }
-  c.kind = kind == "crash" ? Chaos::Kind::crash : kind == "hang" ? Chaos::Kind::hang
-         : kind == "desync" ? Chaos::Kind::desync : Chaos::Kind::none;
-  if (c.kind == Chaos::Kind::none || rest.empty() || rest.find_first_not_of("0123456789") != std::string::npos) usage();
+  c.kind = kind == "crash"    ? Chaos::Kind::crash
+           : kind == "hang"   ? Chaos::Kind::hang
+           : kind == "desync" ? Chaos::Kind::desync
+                              : Chaos::Kind::none;
+  if (c.kind == Chaos::Kind::none || rest.empty() ||
+      rest.find_first_not_of("0123456789") != std::string::npos)
+    usage();
   c.rank = std::stoi(rest);
   if (c.rank >= world) usage();
   return c;
@@ -134,9 +184,10 @@ Chaos parse_chaos(const std::string& s, int world) {
 
 std::string where_now() {
   auto s = progress::snapshot();
-  return fmt::format("last collective {}; last tap {}",
-                     s.collective ? fmt::format("#{} {} on '{}'", s.collective, s.op, s.group) : "none yet",
-                     s.tap.empty() ? "none yet" : "'" + s.tap + "'");
+  return fmt::format(
+      "last collective {}; last tap {}",
+      s.collective ? fmt::format("#{} {} on '{}'", s.collective, s.op, s.group) : "none yet",
+      s.tap.empty() ? "none yet" : "'" + s.tap + "'");
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -163,7 +214,8 @@ int run_scenario(const RunOptions& given) {
   const Chaos chaos = parse_chaos(opts.chaos, world.size());
   if (opts.timeout_seconds < 0) input_error("--timeout must be >= 0 (0: no watchdog)");
   const std::string out = opts.out;
-  auto watchdog = std::make_unique<Watchdog>(out + ".watch", rank, world.size(), opts.timeout_seconds);
+  auto watchdog =
+      std::make_unique<Watchdog>(out + ".watch", rank, world.size(), opts.timeout_seconds);
 
   spdlog::info("scenario {} mesh {} dtype {} flags [{}] fault '{}' -> {}", scenario.name(),
                mesh.str(), dtype_name(dtype), flags.str(), opts.fault, out);
@@ -190,15 +242,16 @@ int run_scenario(const RunOptions& given) {
     throw;
   } catch (const std::exception& e) {
     // The code under test threw: a crash of this rank, and a finding.
-    throw Finding(fmt::format("CRASH on rank {}: exception in scenario {}: {}; {}", rank, scenario.name(), e.what(),
-                              where_now()),
+    throw Finding(fmt::format("CRASH on rank {}: exception in scenario {}: {}; {}", rank,
+                              scenario.name(), e.what(), where_now()),
                   false);
   }
   if (chaos.rank == rank && !chaos_done)
-    spdlog::warn("--chaos {}: rank {} never recorded tap '{}'; nothing was injected", opts.chaos, rank, chaos.after);
+    spdlog::warn("--chaos {}: rank {} never recorded tap '{}'; nothing was injected", opts.chaos,
+                 rank, chaos.after);
   const double ran = seconds_since(t0);
-  spdlog::info("scenario ran in {:.3f}s ({:.3f}s of it references), {} taps", ran, taps.reference_seconds(),
-               taps.records().size());
+  spdlog::info("scenario ran in {:.3f}s ({:.3f}s of it references), {} taps", ran,
+               taps.reference_seconds(), taps.records().size());
   // The sharded block's own time is the slowest rank's, references apart
   // (`diffcheck sweep` compares flags on it).
   const double sharded_s = world.max_double(ran - taps.reference_seconds());

@@ -95,9 +95,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size == 0) return 0;
   std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
   switch (data[0] % 3) {
-    case 0: fuzz_mesh(text); break;
-    case 1: fuzz_layout(text); break;
-    default: fuzz_flags(text); break;
+    case 0:
+      fuzz_mesh(text);
+      break;
+    case 1:
+      fuzz_layout(text);
+      break;
+    default:
+      fuzz_flags(text);
+      break;
   }
   return 0;
 }

@@ -15,12 +15,11 @@
 // hdf5-guarded-<hash> and exits 3, and scripts/fuzz.sh counts it and fuzzes
 // on: a guarded HDF5 failure is the tool working, not a defect. Only a fault
 // whose instruction is inside libhdf5 is guarded; ours still crash.
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -41,7 +40,10 @@ std::string scratch_file() {
   static const std::string dir = [] {
     std::string d = fmt::format("/dev/shm/diffcheck-fuzz-{}", getpid());
     fs::create_directories(d);
-    std::atexit([] { std::error_code ec; fs::remove_all(fmt::format("/dev/shm/diffcheck-fuzz-{}", getpid()), ec); });
+    std::atexit([] {
+      std::error_code ec;
+      fs::remove_all(fmt::format("/dev/shm/diffcheck-fuzz-{}", getpid()), ec);
+    });
     return d;
   }();
   return dir + "/f.rank0.h5";
@@ -59,13 +61,16 @@ std::size_t g_size = 0;
   std::snprintf(name, sizeof name, "hdf5-guarded-%016llx", static_cast<unsigned long long>(h));
   int fd = open(name, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd >= 0) {
-    if (write(fd, g_input, g_size) < 0) {}
+    if (write(fd, g_input, g_size) < 0) {
+    }
     close(fd);
   }
   char line[512];
-  int n = std::snprintf(line, sizeof line, "fuzz_reader: HDF5 %s, guarded (%s); input kept as %s\n", failure,
-                        what, name);
-  if (n > 0 && write(2, line, std::min<std::size_t>(static_cast<std::size_t>(n), sizeof line - 1)) < 0) {}
+  int n = std::snprintf(line, sizeof line, "fuzz_reader: HDF5 %s, guarded (%s); input kept as %s\n",
+                        failure, what, name);
+  if (n > 0 &&
+      write(2, line, std::min<std::size_t>(static_cast<std::size_t>(n), sizeof line - 1)) < 0) {
+  }
   _exit(3);
 }
 
@@ -95,7 +100,8 @@ void on_asan_report(const char* report) {
     auto at = text.find(frame);
     if (at == std::string::npos) continue;
     auto line = text.substr(at, text.find('\n', at) - at);
-    if (line.find("libhdf5") != std::string::npos) keep_input(step, "memory error (AddressSanitizer)", 0);
+    if (line.find("libhdf5") != std::string::npos)
+      keep_input(step, "memory error (AddressSanitizer)", 0);
   }
 }
 
