@@ -14,7 +14,7 @@ PACKAGES=(
   libgtest-dev
   libxtensor-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libopenblas-dev librandom123-dev
-  python3 python3-h5py python3-numpy
+  python3 python3-h5py python3-numpy python3-junitparser
   clang libclang-rt-14-dev
 )
 

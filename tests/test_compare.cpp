@@ -152,6 +152,31 @@ TEST(Compare, InfInTheReferenceDoesNotExcuseAFiniteValue) {
   EXPECT_TRUE(std::isfinite(ref.tol.atol));
 }
 
+TEST(Compare, PerRankStatisticsCoverEveryRank) {
+  auto a = sharded_tap("a", 0), b = sharded_tap("b", 1), c = sharded_tap("c", 2);
+  a.pieces[1][3] += 0.5;  // rank 1 (tp 1) and its dp replica rank 3: the block (tp 1) is off
+  a.pieces[3][3] += 0.5;
+  b.pieces[2][0] += 1;  // rank 2 differs from its replica leader rank 0
+  c.pieces[0][0] = std::nan("");
+  c.pieces[0][1] = std::numeric_limits<double>::infinity();
+  auto res = compare(set_of({a, b, c}), {});
+  const auto& ra = res.taps[0].ranks;
+  ASSERT_EQ(ra.err_over_tol.size(), 4u);
+  EXPECT_GT(ra.err_over_tol[1], 1.0);
+  EXPECT_EQ(ra.err_over_tol[3], ra.err_over_tol[1]);  // replicas share their block's
+  EXPECT_LE(ra.err_over_tol[0], 1.0);
+  EXPECT_LE(ra.err_over_tol[2], 1.0);
+  EXPECT_EQ(ra.nonfinite, (std::vector<long long>{0, 0, 0, 0}));
+  const auto& rb = res.taps[1].ranks;
+  EXPECT_EQ(rb.replica_diff, (std::vector<double>{0, 0, 1, 0}));
+  const auto& rc = res.taps[2].ranks;
+  EXPECT_EQ(rc.nonfinite, (std::vector<long long>{2, 0, 0, 0}));
+  // Without a reference there is no err/tol per rank.
+  auto d = sharded_tap("d", 3);
+  d.reference.reset();
+  EXPECT_TRUE(compare(set_of({d}), {}).taps[0].ranks.err_over_tol.empty());
+}
+
 TEST(Compare, TapAttributeToleranceWinsOverCommandLine) {
   auto t = sharded_tap("a", 0);
   t.pieces[0][0] += 0.5;

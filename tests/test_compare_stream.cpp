@@ -200,6 +200,13 @@ void expect_same(const TapVerdict& a, const TapVerdict& b, const std::string& wh
     EXPECT_EQ(a.nonfinite.first_nan->index, b.nonfinite.first_nan->index);
   }
   EXPECT_EQ(a.nonfinite.ranks, b.nonfinite.ranks);
+  EXPECT_EQ(a.ranks.nonfinite, b.ranks.nonfinite);
+  ASSERT_EQ(a.ranks.replica_diff.size(), b.ranks.replica_diff.size());
+  for (std::size_t r = 0; r < a.ranks.replica_diff.size(); ++r)
+    expect_same_number(a.ranks.replica_diff[r], b.ranks.replica_diff[r]);
+  ASSERT_EQ(a.ranks.err_over_tol.size(), b.ranks.err_over_tol.size());
+  for (std::size_t r = 0; r < a.ranks.err_over_tol.size(); ++r)
+    expect_same_number(a.ranks.err_over_tol[r], b.ranks.err_over_tol[r]);
   EXPECT_EQ(a.replica.differing, b.replica.differing);
   EXPECT_EQ(a.replica.max_ulp, b.replica.max_ulp);
   EXPECT_EQ(a.replica.other, b.replica.other);

@@ -1,6 +1,7 @@
 #include "harness/check/compare.h"
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -94,10 +95,10 @@ void scan_nonfinite(const double* x, std::size_t n, int rank, std::size_t first,
     for (int k = 0; k < 4; ++k) probe[k] += x[i + k] - x[i + k];
   for (std::size_t i = i4; i < n; ++i) probe[0] += x[i] - x[i];
   if (probe[0] + probe[1] + probe[2] + probe[3] == 0) return;
-  bool any = false;
+  long long count = 0;
   for (std::size_t i = 0; i < n; ++i) {
     if (std::isfinite(x[i])) continue;
-    any = true;
+    ++count;
     std::pair<int, std::size_t> at{rank, first + i};
     if (std::isnan(x[i])) {
       ++s.nan;
@@ -107,7 +108,9 @@ void scan_nonfinite(const double* x, std::size_t n, int rank, std::size_t first,
       if (!s.first_inf || at < *s.first_inf) s.first_inf = at;
     }
   }
-  if (any) s.nonfinite_ranks.push_back(rank);
+  if (count == 0) return;
+  s.nonfinite_ranks.push_back(rank);
+  s.rank_nonfinite.push_back({rank, static_cast<double>(count)});
 }
 
 void scan_replica(const double* a, const double* b, std::size_t n, int leader, int rank,
@@ -124,6 +127,7 @@ void scan_replica(const double* a, const double* b, std::size_t n, int leader, i
   }
   if (!differs) return;
   s.differing.push_back(rank);
+  s.rank_replica_diff.push_back({rank, w.key});
   s.offer_replica(w);
 }
 
@@ -185,6 +189,7 @@ void scan_reference(const double* x, const double* ref, std::size_t n, const Tol
   s.max_rel = std::max(s.max_rel, max_rel);
   s.n_total += static_cast<long long>(n);
   if (n == 0) return;
+  s.owner_err_ratio.push_back({g.owner, worst_ratio});
   // Within a block, local row-major order is global order, so the first worst
   // element of the chunk is also its lowest global index.
   s.offer_reference({worst_ratio,
@@ -234,6 +239,7 @@ TapStats run_local_items(std::size_t n, const Workers& w, Work& work) {
   if (error) std::rethrow_exception(error);
   TapStats all;
   for (const auto& p : parts) all.merge(p);
+  all.finish();  // compact: one per-rank entry per rank before it travels
   return all;
 }
 
@@ -347,6 +353,24 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
     scan_reference(sum ? b.sum.data() : b.leader.data(), b.ref.data(), n, tol, p, g, first, plan, st);
   });
 
+  PerRank& pr = v.ranks;
+  const auto world = static_cast<std::size_t>(set.world_size);
+  pr.nonfinite.assign(world, 0);
+  for (const auto& x : s.rank_nonfinite) pr.nonfinite.at(static_cast<std::size_t>(x.rank)) = static_cast<long long>(x.value);
+  pr.replica_diff.assign(world, 0.0);
+  for (const auto& x : s.rank_replica_diff) pr.replica_diff.at(static_cast<std::size_t>(x.rank)) = x.value;
+  if (has_ref) {
+    pr.err_over_tol.assign(world, 0.0);
+    for (const auto& g : p.groups) {
+      auto it = std::lower_bound(s.owner_err_ratio.begin(), s.owner_err_ratio.end(), RankValue{g.owner, 0});
+      if (it == s.owner_err_ratio.end() || it->rank != g.owner) continue;
+      for (std::size_t li = 0; li < g.leaders.size(); ++li) {
+        pr.err_over_tol.at(static_cast<std::size_t>(g.leaders[li])) = it->value;
+        for (int r : g.replicas[li]) pr.err_over_tol.at(static_cast<std::size_t>(r)) = it->value;
+      }
+    }
+  }
+
   NonFinite& nf = v.nonfinite;
   nf.nan = s.nan;
   nf.inf = s.inf;
@@ -455,7 +479,9 @@ CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
 
   CompareResult res;
   for (const auto& t : set.taps) {
+    const auto t0 = std::chrono::steady_clock::now();
     TapVerdict v = check_tap(set, t, opts, chunk, workers, bufs);
+    v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!v.pass() && !res.first_divergence) res.first_divergence = res.taps.size();
     res.taps.push_back(std::move(v));
   }

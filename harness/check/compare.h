@@ -83,6 +83,17 @@ struct ReferenceCheck {
   bool pass = true;
 };
 
+// Every rank's share of a tap's checks (index = rank), for reports that show
+// all ranks (the HTML heatmap): its non-finite count; its largest |difference|
+// to its replica leader (0 when equal, +inf for a NaN difference); the worst
+// err/tol over the block of the global tensor it holds (every rank of a
+// partial-sum or replica group gets its group's; empty without a reference).
+struct PerRank {
+  std::vector<long long> nonfinite;
+  std::vector<double> replica_diff;
+  std::vector<double> err_over_tol;
+};
+
 struct TapVerdict {
   std::string name;
   std::string layout;
@@ -91,6 +102,8 @@ struct TapVerdict {
   NonFinite nonfinite;
   ReplicaCheck replica;
   ReferenceCheck reference;
+  PerRank ranks;
+  double seconds = 0;  // this process's time checking the tap (JUnit; not in JSON: it varies)
   bool pass() const { return nonfinite.nan == 0 && nonfinite.inf == 0 && replica.pass && reference.pass; }
   std::vector<std::string> failed_checks() const;
 };

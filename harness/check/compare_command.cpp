@@ -3,6 +3,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <iostream>
 
 #include "harness/check/compare_command.h"
@@ -43,6 +44,7 @@ ActivationSet read_everywhere(const std::string& source, const std::string& refe
 int compare_and_report(const std::string& source, const std::string& reference,
                        const ReportOptions& opts) {
   const Comm* processes = opts.compare.processes;
+  const auto started = std::chrono::steady_clock::now();
   ActivationSet set = read_everywhere(source, reference, processes);
   const auto t0 = std::chrono::steady_clock::now();
   CompareResult res = compare(set, opts.compare);
@@ -51,8 +53,18 @@ int compare_and_report(const std::string& source, const std::string& reference,
     res.timings.emplace_back("check_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   if (processes && processes->rank() != 0) return res.pass() ? kExitPass : kExitMismatch;
-  make_console_reporter()->report(set, res, std::cout);
+  std::ostringstream console;
+  make_console_reporter()->report(set, res, console);
+  std::cout << console.str();
   std::cout.flush();
+  if (!opts.junit_path.empty()) {
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    for (const auto& [name, s] : opts.timings) seconds += s;  // a run's phases before the check
+    JUnitSuite suite =
+        junit_suite(set, res, opts.junit_name.empty() ? "compare " + source : opts.junit_name, seconds);
+    suite.system_out = console.str();
+    write_junit(opts.junit_path, {suite});
+  }
   if (!opts.json_path.empty()) {
     // Whole or absent, like run files.
     std::string tmp = opts.json_path + ".tmp";

@@ -9,7 +9,9 @@ namespace dc {
 
 struct ReportOptions {
   CompareOptions compare;
-  std::string json_path;  // empty: no JSON report
+  std::string json_path;   // empty: no JSON report
+  std::string junit_path;  // empty: no JUnit report
+  std::string junit_name;  // the JUnit suite's name; empty: "compare <source>"
   // A run's phase times (see CompareResult::timings); when given, the check's
   // own time is added as check_s.
   std::vector<std::pair<std::string, double>> timings;

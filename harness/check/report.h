@@ -8,6 +8,7 @@
 
 #include "harness/capture/activations.h"
 #include "harness/check/compare.h"
+#include "harness/check/junit.h"
 
 namespace dc {
 
@@ -24,6 +25,14 @@ std::unique_ptr<Reporter> make_json_reporter();
 
 // One paragraph: which tap diverged first, on which ranks, where, by how much.
 std::string describe_first_divergence(const ActivationSet& set, const CompareResult& res);
+// The same paragraph for any tap (without the "First divergence: " lead).
+std::string describe_tap(const TapVerdict& t, std::size_t index);
+
+// The JUnit suite of a run or comparison: one test case per tap, in order;
+// a failing tap's failure carries its paragraph. `name` names the suite
+// (e.g. "flux_tp dp=4,tp=4 float32"); `seconds` is the whole run's time.
+JUnitSuite junit_suite(const ActivationSet& set, const CompareResult& res, const std::string& name,
+                       double seconds);
 
 
 }  // namespace dc

@@ -82,10 +82,12 @@ std::unique_ptr<Reporter> make_console_reporter() { return std::make_unique<Cons
 
 std::string describe_first_divergence(const ActivationSet&, const CompareResult& res) {
   if (res.pass()) return "";
-  const auto& t = res.taps[*res.first_divergence];
-  std::string s = fmt::format("First divergence: tap '{}' (#{}), layout {}, local {} global {}\n",
-                              t.name, *res.first_divergence, t.layout, shape_str(t.local_shape),
-                              shape_str(t.global_shape));
+  return "First divergence: " + describe_tap(res.taps[*res.first_divergence], *res.first_divergence);
+}
+
+std::string describe_tap(const TapVerdict& t, std::size_t index) {
+  std::string s = fmt::format("tap '{}' (#{}), layout {}, local {} global {}\n", t.name, index, t.layout,
+                              shape_str(t.local_shape), shape_str(t.global_shape));
   const auto& nf = t.nonfinite;
   if (nf.nan || nf.inf) {
     s += fmt::format("  non-finite: {} NaN, {} Inf on ranks {}", nf.nan, nf.inf, rank_ranges(nf.ranks));

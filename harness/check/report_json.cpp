@@ -52,6 +52,14 @@ json tap_json(const TapVerdict& t, std::size_t order) {
                            {"worst_reference", num(ref.worst_reference)},
                            {"worst_ratio", num(ref.worst_ratio)}});
   }
+  // Every rank's share (index = rank), for pictures of the whole mesh.
+  auto nums = [](const std::vector<double>& v) {
+    json a = json::array();
+    for (double x : v) a.push_back(num(x));
+    return a;
+  };
+  j["ranks"] = {{"nonfinite", t.ranks.nonfinite}, {"replica_diff", nums(t.ranks.replica_diff)}};
+  j["ranks"]["err_over_tol"] = ref.present ? nums(t.ranks.err_over_tol) : json(nullptr);
   return j;
 }
 

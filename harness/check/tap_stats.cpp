@@ -1,6 +1,7 @@
 #include "harness/check/tap_stats.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <tuple>
 #include <type_traits>
@@ -22,6 +23,26 @@ void sort_unique(std::vector<int>& v) {
   v.erase(std::unique(v.begin(), v.end()), v.end());
 }
 
+template <class T>
+void append(std::vector<T>& a, const std::vector<T>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+}
+
+// One entry per rank, in rank order: summed or the maximum.
+void combine_by_rank(std::vector<RankValue>& v, bool sum) {
+  std::stable_sort(v.begin(), v.end());
+  std::vector<RankValue> out;
+  for (const auto& x : v) {
+    if (!out.empty() && out.back().rank == x.rank) {
+      auto& y = out.back().value;
+      y = sum ? y + x.value : (std::isnan(x.value) || x.value > y ? x.value : y);
+    } else {
+      out.push_back(x);
+    }
+  }
+  v = std::move(out);
+}
+
 // Plain bytes of trivially copyable values, in a fixed field order.
 struct Writer {
   std::string out;
@@ -39,9 +60,11 @@ struct Writer {
     put(v.first);
     put(v.second);
   }
-  void put(const std::vector<int>& v) {
+  template <class T>
+  void put(const std::vector<T>& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
     put(v.size());
-    out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int));
+    out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
   }
 };
 
@@ -72,13 +95,15 @@ struct Reader {
     get(v.first);
     get(v.second);
   }
-  void get(std::vector<int>& v) {
+  template <class T>
+  void get(std::vector<T>& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
     std::size_t n = 0;
     get(n);
-    need(n * sizeof(int));
+    if (n > (in.size() - at) / sizeof(T)) fail("comparator: truncated statistics from another process");
     v.resize(n);
-    std::memcpy(v.data(), in.data() + at, n * sizeof(int));
-    at += n * sizeof(int);
+    std::memcpy(static_cast<void*>(v.data()), in.data() + at, n * sizeof(T));
+    at += n * sizeof(T);
   }
 };
 
@@ -89,7 +114,8 @@ void fields(Stats& s, IO& io) {
       io.put_or_get(s.replica_worst), io.put_or_get(s.max_ulp), io.put_or_get(s.differing),
       io.put_or_get(s.n_fail), io.put_or_get(s.n_total), io.put_or_get(s.any_nan_error),
       io.put_or_get(s.max_abs), io.put_or_get(s.max_rel), io.put_or_get(s.err_sq),
-      io.put_or_get(s.ref_sq), io.put_or_get(s.ref_worst);
+      io.put_or_get(s.ref_sq), io.put_or_get(s.ref_worst), io.put_or_get(s.rank_nonfinite),
+      io.put_or_get(s.rank_replica_diff), io.put_or_get(s.owner_err_ratio);
 }
 
 struct Encode : Writer {
@@ -147,11 +173,17 @@ void TapStats::merge(const TapStats& o) {
   err_sq.add(o.err_sq);
   ref_sq.add(o.ref_sq);
   if (o.ref_worst) offer_reference(*o.ref_worst);
+  append(rank_nonfinite, o.rank_nonfinite);
+  append(rank_replica_diff, o.rank_replica_diff);
+  append(owner_err_ratio, o.owner_err_ratio);
 }
 
 void TapStats::finish() {
   sort_unique(nonfinite_ranks);
   sort_unique(differing);
+  combine_by_rank(rank_nonfinite, true);
+  combine_by_rank(rank_replica_diff, false);
+  combine_by_rank(owner_err_ratio, false);
 }
 
 }  // namespace dc

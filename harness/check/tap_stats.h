@@ -16,6 +16,13 @@
 
 namespace dc {
 
+// A value attributed to one rank (or one block owner), merged by rank.
+struct RankValue {
+  int rank = -1;
+  double value = 0;
+  bool operator<(const RankValue& o) const { return rank < o.rank; }
+};
+
 struct TapStats {
   // non-finite: counts, first (rank, local flat index) of each, ranks with any
   long long nan = 0, inf = 0;
@@ -45,6 +52,13 @@ struct TapStats {
     double value = 0, reference = 0;
   };
   std::optional<RefWorst> ref_worst;
+
+  // Per rank, for reports that show every rank (heatmaps), sparse: non-finite
+  // counts of ranks that have any, largest |difference| to the replica leader
+  // of ranks that differ (+inf for NaN), and the worst err/tol of each block
+  // owner's block (for the reference check). finish() leaves one entry per
+  // rank, sorted: counts summed, the others the maximum.
+  std::vector<RankValue> rank_nonfinite, rank_replica_diff, owner_err_ratio;
 
   void offer_replica(const ReplicaWorst& w);
   void offer_reference(const RefWorst& w);

@@ -73,6 +73,8 @@ void add_report_options(CLI::App& app, dc::ReportOptions& r) {
   app.add_option("--threads", r.compare.threads, "Threads that check chunks (default: one per core)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--json", r.json_path, "Also write the full report as JSON to FILE");
+  app.add_option("--junit", r.junit_path,
+                 "Also write a JUnit XML report to FILE (one test case per tap; for CI dashboards)");
   app.add_option("--atol", r.compare.atol, "Absolute tolerance for every tap (overrides the dtype-derived default; a tap's own atol attribute still wins)");
   app.add_option("--rtol", r.compare.rtol, "Relative tolerance for every tap (same precedence as --atol)");
   app.add_option("--replica-ulps", r.compare.replica_ulps, "Allowed ULP distance between replicas (default 0: bitwise)")

@@ -102,6 +102,8 @@ RunOptions agree_on_options(const Comm& world, RunOptions opts) {
        [](RunOptions& o, const std::string& v) { o.size = v; }},
       {"out", [](const RunOptions& o) { return o.out; },
        [](RunOptions& o, const std::string& v) { o.out = v; }},
+      {"junit", [](const RunOptions& o) { return o.report.junit_path; },
+       [](RunOptions& o, const std::string& v) { o.report.junit_path = v; }},
       {"json", [](const RunOptions& o) { return o.report.json_path; },
        [](RunOptions& o, const std::string& v) { o.report.json_path = v; }},
       {"atol", [](const RunOptions& o) { return opt(o.report.compare.atol); },
@@ -271,6 +273,9 @@ int run_scenario(const RunOptions& given) {
   ReportOptions report = opts.report;
   report.compare.processes = &world;
   report.timings = {{"sharded_s", sharded_s}, {"reference_s", reference_s}, {"write_s", write_s}};
+  report.junit_name = fmt::format("{} mesh {} {}{}{}", scenario.name(), mesh.str(), dtype_name(dtype),
+                                  flags.str().empty() ? "" : " " + flags.str(),
+                                  opts.fault.empty() ? "" : " inject=" + opts.fault);
   int status = kExitPass;
   auto t2 = std::chrono::steady_clock::now();
   try {

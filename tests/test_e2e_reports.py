@@ -1,0 +1,76 @@
+"""Reports for CI systems: --junit on a run and on compare, parsed with
+Debian's python3-junitparser as a CI dashboard would, and the per-rank
+statistics of the JSON report."""
+import os
+import xml.etree.ElementTree as ET
+
+from junitparser import Error, Failure, JUnitXml
+
+from e2e import E2ETest
+
+
+class JUnitReports(E2ETest):
+    def junit(self, name):
+        path = self.path(name)
+        root = ET.parse(path).getroot()
+        self.assertEqual(root.tag, "testsuites")  # some consumers need this root
+        return JUnitXml.fromfile(path)
+
+    def test_faulted_run_one_case_per_tap_and_the_first_divergence(self):
+        res = self.mpirun(4, "--scenario", "flux_tp", "--mesh", "dp=1,tp=4", "--inject",
+                          "proj_out_contiguous", "--junit", self.path("run.xml"))
+        self.assertExit(res, 1)
+        xml = self.junit("run.xml")
+        suites = list(xml)
+        self.assertEqual(len(suites), 1)
+        suite = suites[0]
+        self.assertIn("flux_tp", suite.name)
+        self.assertIn("inject=proj_out_contiguous", suite.name)
+        taps = [t["name"] for t in res.report["taps"]]
+        cases = list(suite)
+        self.assertEqual([c.name for c in cases], taps)
+        failing = {t["name"] for t in res.report["taps"] if not t["pass"]}
+        self.assertEqual({c.name for c in cases if c.result and isinstance(c.result[0], Failure)}, failing)
+        self.assertEqual(suite.failures, len(failing))
+        self.assertEqual(suite.errors, 0)
+        first = res.report["first_divergence"]["tap"]
+        self.assertEqual(first, "proj_out/weight")
+        case = next(c for c in cases if c.name == first)
+        self.assertIn("first divergence", case.result[0].message)
+        self.assertIn("First divergence: tap 'proj_out/weight'", case.result[0].text)
+        self.assertIn("reference DISAGREES", case.result[0].text)
+        self.assertGreater(suite.time, 0)
+        self.assertTrue(all(c.classname == "diffcheck.flux_tp" for c in cases))
+
+    def test_clean_run_and_compare_of_its_file_pass(self):
+        res = self.mpirun(4, "--scenario", "timestep_broadcast", "--junit", self.path("run.xml"))
+        self.assertExit(res, 0)
+        suite = list(self.junit("run.xml"))[0]
+        self.assertEqual((suite.failures, suite.errors), (0, 0))
+        self.assertEqual(suite.tests, len(res.report["taps"]))
+        cmp = self.diffcheck("compare", self.path("run.h5"), "--junit", self.path("cmp.xml"))
+        self.assertExit(cmp, 0)
+        again = list(self.junit("cmp.xml"))[0]
+        self.assertEqual([c.name for c in again], [c.name for c in suite])
+        self.assertTrue(again.name.startswith("compare "))
+
+
+class PerRankStatistics(E2ETest):
+    def test_every_rank_has_its_numbers_and_the_faulty_block_stands_out(self):
+        # timestep_temp_broadcast: ranks other than 0 hold a stale timestep.
+        res = self.mpirun(4, "--scenario", "timestep_broadcast", "--inject", "timestep_temp_broadcast")
+        self.assertExit(res, 1)
+        first = res.report["first_divergence"]["tap"]
+        tap = next(t for t in res.report["taps"] if t["name"] == first)
+        ranks = tap["ranks"]
+        for key in ("nonfinite", "replica_diff"):
+            self.assertEqual(len(ranks[key]), 4, msg=key)
+        bad = [r for r in range(4) if ranks["replica_diff"][r] != 0]
+        self.assertEqual(bad, tap["replica"]["differing_ranks"])
+        self.assertEqual(bad, [1, 2, 3])
+        self.assertEqual(ranks["replica_diff"][1], 1000.0)  # |t at step 0 - stale 0|
+        self.assertEqual(ranks["nonfinite"], [0, 0, 0, 0])
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()
