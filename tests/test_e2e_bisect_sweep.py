@@ -5,6 +5,8 @@ import json
 import os
 import unittest
 
+from junitparser import JUnitXml
+
 from e2e import E2ETest
 
 # Fails when both --xla_c and --xla_f are in XLA_FLAGS; hangs when --xla_h is
@@ -40,9 +42,15 @@ class BisectSweep(E2ETest):
 
     def test_external_command_pair_in_xla_flags(self):
         flags = ",".join(f"--xla_{c}" for c in "abcdefgk")
-        res, rep = self.bisect("--env", "XLA_FLAGS", "--flags", flags, "--cache", "", "--", "sh", self.script())
+        res, rep = self.bisect("--env", "XLA_FLAGS", "--flags", flags, "--cache", "",
+                               "--junit", self.path("bisect.xml"), "--", "sh", self.script())
         self.assertExit(res, 1)
         self.assertEqual(rep["minimal"], ["--xla_c", "--xla_f"])
+        # JUnit: one case per trial, in order; the failing trials are failures.
+        suite = list(JUnitXml.fromfile(self.path("bisect.xml")))[0]
+        self.assertEqual(suite.tests, len(rep["trials"]))
+        self.assertEqual(suite.failures, sum(t["outcome"] == "FAIL" for t in rep["trials"]))
+        self.assertIn("found", suite.name)
 
     def test_placeholder_instead_of_environment(self):
         res, rep = self.bisect("--flags", "--xla_a,--xla_c,--xla_f", "--cache", "", "--",
@@ -112,9 +120,12 @@ class BisectSweep(E2ETest):
         with open(prof, "w") as f:
             f.write("# name: flags\nbaseline:\nfast: --xla_c\nbroken: --xla_c --xla_f\n")
         res = self.diffcheck("sweep", "--profiles", prof, "--env", "XLA_FLAGS", "--warmup", "0",
-                             "--runs", "1", "--", "sh", self.script())
+                             "--runs", "1", "--junit", self.path("sweep.xml"), "--", "sh", self.script())
         self.assertExit(res, 1)
         self.assertIn("| broken | --xla_c --xla_f |", res.out)
+        suite = list(JUnitXml.fromfile(self.path("sweep.xml")))[0]
+        self.assertEqual([c.name for c in suite], ["baseline (-)", "fast (--xla_c)", "broken (--xla_c --xla_f)"])
+        self.assertEqual([bool(c.result) for c in suite], [False, False, True])
         self.assertIn("WRONG", res.out)
         self.assertNotIn("run s", res.out)  # an external command has only its wall time
 

@@ -4,6 +4,8 @@ the replicas differ across dp and by how much."""
 import json
 import unittest
 
+from junitparser import Failure, JUnitXml
+
 from e2e import E2ETest
 
 
@@ -15,7 +17,7 @@ class UnreducedReshard(E2ETest):
     def sweep(self, *extra):
         js = self.path("sweep.json")
         res = self.diffcheck("sweep-mesh", "--scenario", "unreduced_reshard", "-n", "16",
-                             "--timeout", "300", "--json", js, *extra)
+                             "--timeout", "300", "--json", js, "--junit", self.path("sweep.xml"), *extra)
         with open(js) as f:
             return res, json.load(f)
 
@@ -38,6 +40,14 @@ class UnreducedReshard(E2ETest):
                     self.assertIn("replicas differ across dp (max diff", row["detail"])
                 else:
                     self.assertEqual(row["verdict"], "PASS")
+        # JUnit: one case per mesh (skipped ones too), the dp=2 meshes failing.
+        suite = list(JUnitXml.fromfile(self.path("sweep.xml")))[0]
+        self.assertEqual(suite.tests, len(table["rows"]) + len(table["skipped"]))
+        self.assertEqual(suite.skipped, len(table["skipped"]))
+        failing = {c.name for c in suite if c.result and isinstance(c.result[0], Failure)}
+        self.assertEqual(failing, {r["mesh"] for r in table["rows"] if dp_of(r["mesh"]) == 2})
+        case = next(c for c in suite if c.name in failing)
+        self.assertIn("first divergent tap 'result'", case.result[0].message)
         self.assertIn("9 fail", res.out)
 
     def test_single_run_reports_dp_replicas_differ(self):

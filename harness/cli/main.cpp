@@ -202,6 +202,7 @@ int main(int argc, char** argv) {
   sweep->add_option("--size", sw.size, "Problem size preset")->capture_default_str();
   sweep->add_option("--timeout", sw.timeout_seconds, "Time limit per mesh, seconds")->capture_default_str();
   sweep->add_option("--json", sw.json_path, "Also write the table as JSON");
+  sweep->add_option("--junit", sw.junit_path, "Also write a JUnit XML report (one test case per mesh)");
   sweep->add_option("--mpirun", sw.mpirun, "MPI launcher")->capture_default_str();
 
   auto* bis = app.add_subcommand("bisect", "Delta-debug a failing flag set down to a 1-minimal failing subset (each trial a child process with a time limit; results cached)");
@@ -214,6 +215,7 @@ int main(int argc, char** argv) {
   bis->add_option("--cache", bo.cache_path, "Trial cache (JSON lines); '' disables")->capture_default_str();
   bis->add_option("--max-trials", bo.max_trials, "Stop after this many new trials (resume later from the cache)");
   bis->add_option("--json", bo.json_path, "Also write the result as JSON");
+  bis->add_option("--junit", bo.junit_path, "Also write a JUnit XML report (one test case per trial)");
   std::string fail_on;
   bis->add_option("--fail-on", fail_on,
                   "Also count these outcomes as the failure to hunt: crash, timeout (comma-separated); by default only a "
@@ -235,6 +237,7 @@ int main(int argc, char** argv) {
   swp->add_option("--runs", so.runs, "Timed runs per profile")->capture_default_str();
   swp->add_option("-j", so.jobs, "Profiles run in parallel (only when the machine has room: times get perturbed)")->capture_default_str();
   swp->add_option("--json", so.json_path, "Also write the leaderboard as JSON");
+  swp->add_option("--junit", so.junit_path, "Also write a JUnit XML report (one test case per profile)");
 
   auto* list = app.add_subcommand("list", "List scenarios with their flags, faults and default meshes");
   bool list_json = false;

@@ -11,6 +11,7 @@
 #include "harness/core/error.h"
 #include "harness/search/flag_search.h"
 #include "harness/search/trial.h"
+#include "harness/search/trial_junit.h"
 
 namespace dc {
 namespace {
@@ -41,6 +42,7 @@ int bisect(const BisectOptions& opts) {
   const auto workdir = (std::filesystem::temp_directory_path() / fmt::format("diffcheck_bisect_{}", getpid())).string();
   long fresh = 0, cached = 0;
   std::vector<std::string> notes;  // per trial: cached or not, detail, time
+  std::vector<double> seconds;     // per trial (0 when cached)
   std::map<FlagSet, std::string> tally;  // per subset: "crashed in 2 of 2 runs: <detail>"
   bool signalled = false;
   std::vector<std::pair<FlagSet, Verdict>> asked;  // every trial so far, also when interrupted
@@ -57,6 +59,7 @@ int bisect(const BisectOptions& opts) {
     if (auto hit = cache.get(key)) {
       ++cached;
       notes.push_back(fmt::format("cached  {}", hit->detail));
+      seconds.push_back(0);
       tally[subset] = fmt::format("{} (cached): {}", did(hit->verdict), hit->detail);
       asked.emplace_back(subset, counted(hit->verdict));
       return counted(hit->verdict);
@@ -80,6 +83,9 @@ int bisect(const BisectOptions& opts) {
     // disk): they are retried next time, not cached as final.
     if (r.verdict != Verdict::error && r.verdict != Verdict::timed_out) cache.put(key, flags, r);
     notes.push_back(fmt::format("{:.1f} s  {}", r.seconds, r.detail));
+    double total = 0;
+    for (const auto& run : runs) total += run.seconds;
+    seconds.push_back(total);
     if (isatty(2)) std::cerr << fmt::format("bisect: trial {} {} -> {}\n", fresh, set_str(subset), verdict_name(r.verdict));
     asked.emplace_back(subset, counted(r.verdict));
     return counted(r.verdict);
@@ -145,6 +151,23 @@ int bisect(const BisectOptions& opts) {
     j["flaky"] = res.flaky_set;
   }
   if (!opts.json_path.empty()) std::ofstream(opts.json_path) << j.dump(2) << "\n";
+  if (!opts.junit_path.empty()) {
+    JUnitSuite suite;
+    suite.name = fmt::format("bisect {} over {} flags: {}", opts.target.external() ? "command" : opts.target.scenario,
+                             opts.flags.size(), j["result"].get<std::string>());
+    suite.properties = {{"flags", set_str(opts.flags)}, {"baseline", set_str(opts.baseline)},
+                        {"result", j["result"].get<std::string>()}};
+    if (j.contains("minimal")) suite.properties.emplace_back("minimal", set_str(res.minimal));
+    for (std::size_t i = 0; i < asked.size(); ++i) {
+      JUnitCase c = junit_case(asked[i].second, i < notes.size() ? notes[i] : "");
+      c.classname = "diffcheck.bisect";
+      c.name = fmt::format("trial {}: {}", i + 1, set_str(asked[i].first));
+      c.seconds = i < seconds.size() ? seconds[i] : 0;
+      suite.seconds += c.seconds;
+      suite.cases.push_back(std::move(c));
+    }
+    write_junit(opts.junit_path, {suite});
+  }
   return status;
 }
 

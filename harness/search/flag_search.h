@@ -22,6 +22,7 @@ struct BisectOptions {
   std::string cache_path;
   long max_trials = -1;  // stop after this many new (uncached) trials; -1: no limit
   std::string json_path;
+  std::string junit_path;  // one test case per trial
   // Outcomes counted as the failure being hunted besides a wrong answer
   // (--fail-on crash,timeout): to bisect a crash or a hang.
   bool fail_on_crash = false, fail_on_timeout = false;
@@ -48,6 +49,7 @@ struct SweepOptions {
   std::vector<Profile> profiles;  // the first is the baseline for the delta column
   int warmup = 1, runs = 3, jobs = 1;
   std::string json_path;
+  std::string junit_path;  // one test case per profile
 };
 
 // Markdown leaderboard; the fastest CORRECT profile is starred (a wrong profile

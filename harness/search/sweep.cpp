@@ -16,6 +16,7 @@
 #include "harness/core/error.h"
 #include "harness/search/flag_search.h"
 #include "harness/search/trial.h"
+#include "harness/search/trial_junit.h"
 
 namespace dc {
 
@@ -179,6 +180,20 @@ int sweep(const SweepOptions& opts) {
   if (best == rows.size()) std::cout << "no profile is correct: nothing is starred\n";
   else std::cout << fmt::format("★ fastest correct: {}\n", rows[best].profile.name);
   if (!opts.json_path.empty()) std::ofstream(opts.json_path) << j.dump(2) << "\n";
+  if (!opts.junit_path.empty()) {
+    JUnitSuite suite;
+    suite.name = fmt::format("sweep of {} profiles", rows.size());
+    if (best != rows.size()) suite.properties.emplace_back("fastest_correct", rows[best].profile.name);
+    for (const auto& r : rows) {
+      JUnitCase c = junit_case(r.verdict, r.detail);
+      c.classname = "diffcheck.sweep";
+      c.name = fmt::format("{} ({})", r.profile.name, r.profile.flags.empty() ? "-" : join_flags(r.profile.flags));
+      for (double t : r.times) c.seconds += t;
+      suite.seconds += c.seconds;
+      suite.cases.push_back(std::move(c));
+    }
+    write_junit(opts.junit_path, {suite});
+  }
   return wrong ? 1 : 0;
 }
 

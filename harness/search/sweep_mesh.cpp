@@ -1,5 +1,7 @@
 #include "harness/search/sweep_mesh.h"
 
+#include "harness/check/junit.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
@@ -139,6 +141,41 @@ int sweep_mesh(const SweepMeshOptions& opts) {
                            {"first_divergence", r.first_tap}, {"detail", r.detail}});
     for (const auto& [m, why] : skipped) j["skipped"].push_back({{"mesh", m}, {"reason", why}});
     std::ofstream(opts.json_path) << j.dump(2) << "\n";
+  }
+  if (!opts.junit_path.empty()) {
+    JUnitSuite suite;
+    suite.name = fmt::format("sweep-mesh {} on {} ranks{}", opts.scenario, opts.ranks,
+                             opts.fault.empty() ? "" : ", inject " + opts.fault);
+    suite.properties = {{"scenario", opts.scenario}, {"ranks", std::to_string(opts.ranks)}, {"dtype", opts.dtype},
+                        {"flags", fmt::format("{}", fmt::join(opts.flags, " "))}, {"inject", opts.fault}};
+    for (const auto& r : rows) {
+      JUnitCase c;
+      c.classname = "diffcheck.sweep-mesh." + opts.scenario;
+      c.name = r.mesh;
+      c.seconds = r.seconds;
+      if (r.verdict == "FAIL") {
+        c.outcome = JUnitCase::Outcome::failure;
+        c.type = "FAIL";
+        c.message = fmt::format("first divergent tap '{}': {}", r.first_tap, r.detail);
+        c.text = c.message;
+      } else if (r.failed) {
+        c.outcome = JUnitCase::Outcome::error;
+        c.type = r.verdict;
+        c.message = r.verdict + (r.detail.empty() ? "" : ": " + r.detail);
+        c.text = c.message;
+      }
+      suite.seconds += c.seconds;
+      suite.cases.push_back(std::move(c));
+    }
+    for (const auto& [m, why] : skipped) {
+      JUnitCase c;
+      c.classname = "diffcheck.sweep-mesh." + opts.scenario;
+      c.name = m;
+      c.outcome = JUnitCase::Outcome::skipped;
+      c.message = why;
+      suite.cases.push_back(std::move(c));
+    }
+    write_junit(opts.junit_path, {suite});
   }
   return failed || rows.empty() ? 1 : 0;
 }
