@@ -33,6 +33,18 @@ class CliErrors(E2ETest):
         proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         return proc
 
+    def test_mesh_naming_some_axes_means_size_1_for_the_others(self):
+        # flux_tp has axes dp,tp: "tp=4" was refused ("needs exactly the axes dp and tp").
+        for given, full in (("tp=4", "dp=1,tp=4"), ("dp=4", "dp=4,tp=1")):
+            with self.subTest(given):
+                res = self.mpirun(4, "--scenario", "flux_tp", "--mesh", given)
+                self.assertExit(res, 0)
+                self.assertEqual(res.report["mesh"], full)
+        # An axis the scenario does not have is still an error naming it.
+        res = self.mpirun(4, "--scenario", "flux_tp", "--mesh", "sp=4")
+        self.assertExit(res, 2)
+        self.assertIn("sp", res.err)
+
     def test_options_come_from_rank_0_for_every_rank(self):
         # Rank 0's environment holds for all: its bad flag ends every rank at once...
         res = self.mpmd(env_on_rank=0)

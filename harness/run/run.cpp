@@ -209,6 +209,12 @@ int run_scenario(const RunOptions& given) {
   DType dtype = parse_dtype(opts.dtype);
   check_size(scenario, opts.size);
   Mesh mesh = Mesh::parse(opts.mesh.empty() ? scenario.default_mesh(world.size()) : opts.mesh);
+  if (!opts.mesh.empty()) {
+    const Mesh given = mesh;
+    mesh = scenario.complete_mesh(given);
+    if (mesh.str() != given.str() && world.rank() == 0)
+      spdlog::info("--mesh {} taken as {} (unnamed axes have size 1)", given.str(), mesh.str());
+  }
   mesh.require_world(world.size());
   scenario.check_mesh(mesh, opts.size);
   FlagValues flags = FlagValues::resolve(scenario.flags(), opts.flags, scenario.name());

@@ -20,6 +20,24 @@ std::vector<std::string> Scenario::mesh_axes() const {
   return names;
 }
 
+Mesh Scenario::complete_mesh(const Mesh& given) const {
+  const auto axes = mesh_axes();
+  std::vector<Axis> out;
+  std::size_t next = 0;  // given axes must appear in the scenario's order
+  for (const auto& name : axes) {
+    const int i = given.axis_index(name);
+    if (i < 0) {
+      out.push_back({name, 1});
+      continue;
+    }
+    if (static_cast<std::size_t>(i) != next) return given;
+    ++next;
+    out.push_back(given.axes()[static_cast<std::size_t>(i)]);
+  }
+  if (next != given.axes().size()) return given;  // an axis the scenario does not have
+  return Mesh(out);
+}
+
 std::pair<int, int> default_two_axis_split(int world) {
   const int inner = world % 4 == 0 ? 4 : world % 2 == 0 ? 2 : 1;
   return {world / inner, inner};

@@ -50,6 +50,11 @@ class Scenario {
   // Throws InputError when `mesh` (already matching the world size) does not fit.
   virtual void check_mesh(const Mesh& mesh, const std::string& size) const = 0;
   virtual void run(RunContext& ctx) const = 0;
+
+  // --mesh naming only some of the axes means size 1 for the others: with
+  // axes dp,tp, "tp=4" is dp=1,tp=4. Axes it does not know, or given out of
+  // the scenario's order, are left for check_mesh to judge.
+  Mesh complete_mesh(const Mesh& given) const;
 };
 
 // The default split of `world` ranks into (outer, inner) for two-axis
