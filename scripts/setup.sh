@@ -16,6 +16,7 @@ PACKAGES=(
   libopenblas-dev librandom123-dev
   python3 python3-h5py python3-numpy python3-junitparser
   clang libclang-rt-14-dev
+  chromium
 )
 
 missing=()

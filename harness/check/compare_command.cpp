@@ -65,17 +65,20 @@ int compare_and_report(const std::string& source, const std::string& reference,
     suite.system_out = console.str();
     write_junit(opts.junit_path, {suite});
   }
-  if (!opts.json_path.empty()) {
-    // Whole or absent, like run files.
-    std::string tmp = opts.json_path + ".tmp";
+  // Whole or absent, like run files.
+  auto write_report = [&](const std::string& path, Reporter& reporter, const char* what) {
+    if (path.empty()) return;
+    const std::string tmp = path + ".tmp";
     {
       std::ofstream out(tmp);
-      if (!out) fail("cannot write JSON report '{}'", tmp);
-      make_json_reporter()->report(set, res, out);
-      if (!out) fail("cannot write JSON report '{}'", tmp);
+      if (!out) fail("cannot write {} report '{}'", what, tmp);
+      reporter.report(set, res, out);
+      if (!out.flush()) fail("cannot write {} report '{}'", what, tmp);
     }
-    std::filesystem::rename(tmp, opts.json_path);
-  }
+    std::filesystem::rename(tmp, path);
+  };
+  write_report(opts.json_path, *make_json_reporter(), "JSON");
+  write_report(opts.html_path, *make_html_reporter(), "HTML");
   return res.pass() ? kExitPass : kExitMismatch;
 }
 

@@ -11,6 +11,7 @@ struct ReportOptions {
   CompareOptions compare;
   std::string json_path;   // empty: no JSON report
   std::string junit_path;  // empty: no JUnit report
+  std::string html_path;   // empty: no HTML page
   std::string junit_name;  // the JUnit suite's name; empty: "compare <source>"
   // A run's phase times (see CompareResult::timings); when given, the check's
   // own time is added as check_s.

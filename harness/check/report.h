@@ -22,6 +22,9 @@ class Reporter {
 std::unique_ptr<Reporter> make_console_reporter();
 // Machine-readable: every number of every check (--json FILE).
 std::unique_ptr<Reporter> make_json_reporter();
+// One self-contained page (--html FILE): verdict, first divergence, a heatmap
+// of err/tol per tap x rank, the tap table.
+std::unique_ptr<Reporter> make_html_reporter();
 
 // One paragraph: which tap diverged first, on which ranks, where, by how much.
 std::string describe_first_divergence(const ActivationSet& set, const CompareResult& res);

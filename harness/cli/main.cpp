@@ -73,6 +73,9 @@ void add_report_options(CLI::App& app, dc::ReportOptions& r) {
   app.add_option("--threads", r.compare.threads, "Threads that check chunks (default: one per core)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--json", r.json_path, "Also write the full report as JSON to FILE");
+  app.add_option("--html", r.html_path,
+                 "Also write a self-contained HTML page to FILE: verdict, first divergence, heatmap of "
+                 "err/tol per tap and rank, tap table");
   app.add_option("--junit", r.junit_path,
                  "Also write a JUnit XML report to FILE (one test case per tap; for CI dashboards)");
   app.add_option("--atol", r.compare.atol, "Absolute tolerance for every tap (overrides the dtype-derived default; a tap's own atol attribute still wins)");

@@ -102,6 +102,8 @@ RunOptions agree_on_options(const Comm& world, RunOptions opts) {
        [](RunOptions& o, const std::string& v) { o.size = v; }},
       {"out", [](const RunOptions& o) { return o.out; },
        [](RunOptions& o, const std::string& v) { o.out = v; }},
+      {"html", [](const RunOptions& o) { return o.report.html_path; },
+       [](RunOptions& o, const std::string& v) { o.report.html_path = v; }},
       {"junit", [](const RunOptions& o) { return o.report.junit_path; },
        [](RunOptions& o, const std::string& v) { o.report.junit_path = v; }},
       {"json", [](const RunOptions& o) { return o.report.json_path; },
