@@ -2,9 +2,11 @@
 look at its exit status, stdout, stderr and JSON report."""
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import unittest
+from html.parser import HTMLParser
 
 EXE = os.environ.get("DIFFCHECK_EXE", "diffcheck")
 MPIEXEC = os.environ.get("DIFFCHECK_MPIEXEC", "mpirun")
@@ -28,6 +30,39 @@ def live_processes():
         if state != "Z":
             out.append((int(pid), cmd))
     return out
+
+
+CHROMIUM = shutil.which("chromium")
+CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                  "--hide-scrollbars", "--window-size=1400,1000"]
+
+
+class Dom(HTMLParser):
+    """The elements of a page after the browser ran it: (tag, attributes, text)."""
+    def __init__(self, html):
+        super().__init__()
+        self.elements, self.stack = [], []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        self.elements.append([tag, dict(attrs), ""])
+        if tag not in ("rect", "i", "meta", "br"):
+            self.stack.append(self.elements[-1])
+
+    def handle_endtag(self, tag):
+        while self.stack and self.stack[-1][0] != tag:
+            self.stack.pop()
+        if self.stack:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        for e in self.stack:
+            e[2] += data
+
+    def find(self, tag=None, **attrs):
+        return [e for e in self.elements if (tag is None or e[0] == tag)
+                and all(k in e[1] and (v is None or v in e[1][k].split() or v == e[1][k]) for k, v in attrs.items())]
+
 
 
 class Result:
@@ -83,3 +118,19 @@ class E2ETest(unittest.TestCase):
         if checks is not None:
             self.assertEqual(sorted(fd["checks"]), sorted(checks), msg=str(res))
         return fd
+
+    def browse(self, page):
+        """Loads the page in headless Chromium: (DOM after load, console/JS errors, screenshot path)."""
+        shot = page + ".png"
+        env = dict(os.environ, HOME=self.dir)
+        dom = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, "--enable-logging=stderr", "--v=0", "--dump-dom",
+                              "file://" + page], capture_output=True, text=True, timeout=120, env=env)
+        self.assertEqual(dom.returncode, 0, dom.stderr)
+        errors = [l for l in dom.stderr.splitlines() if "CONSOLE" in l or "Uncaught" in l]
+        shot_run = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, "--screenshot=" + shot, "file://" + page],
+                                  capture_output=True, text=True, timeout=120, env=env)
+        self.assertEqual(shot_run.returncode, 0, shot_run.stderr)
+        with open(shot, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        self.assertGreater(os.path.getsize(shot), 10_000)  # not a blank page
+        return Dom(dom.stdout), errors, shot

@@ -2,16 +2,12 @@
 Debian's python3-junitparser as a CI dashboard would, and the per-rank
 statistics of the JSON report."""
 import os
-import re
-import shutil
-import subprocess
 import unittest
 import xml.etree.ElementTree as ET
-from html.parser import HTMLParser
 
 from junitparser import Error, Failure, JUnitXml
 
-from e2e import E2ETest
+from e2e import CHROMIUM, Dom, E2ETest
 
 
 class JUnitReports(E2ETest):
@@ -60,56 +56,8 @@ class JUnitReports(E2ETest):
         self.assertTrue(again.name.startswith("compare "))
 
 
-CHROMIUM = shutil.which("chromium")
-CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                  "--hide-scrollbars", "--window-size=1400,1000"]
-
-
-class Dom(HTMLParser):
-    """The elements of a page after the browser ran it: (tag, attributes, text)."""
-    def __init__(self, html):
-        super().__init__()
-        self.elements, self.stack = [], []
-        self.feed(html)
-
-    def handle_starttag(self, tag, attrs):
-        self.elements.append([tag, dict(attrs), ""])
-        if tag not in ("rect", "i", "meta", "br"):
-            self.stack.append(self.elements[-1])
-
-    def handle_endtag(self, tag):
-        while self.stack and self.stack[-1][0] != tag:
-            self.stack.pop()
-        if self.stack:
-            self.stack.pop()
-
-    def handle_data(self, data):
-        for e in self.stack:
-            e[2] += data
-
-    def find(self, tag=None, **attrs):
-        return [e for e in self.elements if (tag is None or e[0] == tag)
-                and all(k in e[1] and (v is None or v in e[1][k].split() or v == e[1][k]) for k, v in attrs.items())]
-
-
 @unittest.skipUnless(CHROMIUM, "chromium is not installed (scripts/setup.sh installs it)")
 class HtmlReports(E2ETest):
-    def browse(self, page):
-        """Loads the page in headless Chromium: (DOM after load, console/JS errors, screenshot path)."""
-        shot = page + ".png"
-        env = dict(os.environ, HOME=self.dir)
-        dom = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, "--enable-logging=stderr", "--v=0", "--dump-dom",
-                              "file://" + page], capture_output=True, text=True, timeout=120, env=env)
-        self.assertEqual(dom.returncode, 0, dom.stderr)
-        errors = [l for l in dom.stderr.splitlines() if "CONSOLE" in l or "Uncaught" in l]
-        shot_run = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, "--screenshot=" + shot, "file://" + page],
-                                  capture_output=True, text=True, timeout=120, env=env)
-        self.assertEqual(shot_run.returncode, 0, shot_run.stderr)
-        with open(shot, "rb") as f:
-            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
-        self.assertGreater(os.path.getsize(shot), 10_000)  # not a blank page
-        return Dom(dom.stdout), errors, shot
-
     def test_faulted_run_page_shows_the_first_divergence_and_every_cell(self):
         page = self.path("run.html")
         res = self.mpirun(4, "--scenario", "flux_tp", "--mesh", "dp=2,tp=2", "--inject", "proj_out_contiguous",

@@ -6,7 +6,7 @@ import unittest
 
 from junitparser import Failure, JUnitXml
 
-from e2e import E2ETest
+from e2e import CHROMIUM, E2ETest
 
 
 def dp_of(mesh):
@@ -17,7 +17,8 @@ class UnreducedReshard(E2ETest):
     def sweep(self, *extra):
         js = self.path("sweep.json")
         res = self.diffcheck("sweep-mesh", "--scenario", "unreduced_reshard", "-n", "16",
-                             "--timeout", "300", "--json", js, "--junit", self.path("sweep.xml"), *extra)
+                             "--timeout", "300", "--json", js, "--junit", self.path("sweep.xml"),
+                             "--html", self.path("sweep.html"), *extra)
         with open(js) as f:
             return res, json.load(f)
 
@@ -48,6 +49,16 @@ class UnreducedReshard(E2ETest):
         self.assertEqual(failing, {r["mesh"] for r in table["rows"] if dp_of(r["mesh"]) == 2})
         case = next(c for c in suite if c.name in failing)
         self.assertIn("first divergent tap 'result'", case.result[0].message)
+        # HTML: the mesh x tap heatmap, in a real browser: exactly the dp=2 rows
+        # carry a failing (replica) cell, marked as their first divergence.
+        if CHROMIUM:
+            dom, errors, _ = self.browse(self.path("sweep.html"))
+            self.assertEqual(errors, [])
+            firsts = dom.find("rect", **{"class": "first"})
+            self.assertEqual({c[1]["data-mesh"] for c in firsts}, failing)
+            self.assertTrue(all(c[1]["data-tap"] == "result" and "replica" in c[1]["class"].split() for c in firsts))
+            meshes = {c[1]["data-mesh"] for c in dom.find("rect", **{"class": "cell"})}
+            self.assertEqual(meshes, {r["mesh"] for r in table["rows"]})
         self.assertIn("9 fail", res.out)
 
     def test_single_run_reports_dp_replicas_differ(self):

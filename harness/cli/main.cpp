@@ -206,6 +206,7 @@ int main(int argc, char** argv) {
   sweep->add_option("--timeout", sw.timeout_seconds, "Time limit per mesh, seconds")->capture_default_str();
   sweep->add_option("--json", sw.json_path, "Also write the table as JSON");
   sweep->add_option("--junit", sw.junit_path, "Also write a JUnit XML report (one test case per mesh)");
+  sweep->add_option("--html", sw.html_path, "Also write a self-contained HTML page: a mesh x tap heatmap of err/tol");
   sweep->add_option("--mpirun", sw.mpirun, "MPI launcher")->capture_default_str();
 
   auto* bis = app.add_subcommand("bisect", "Delta-debug a failing flag set down to a 1-minimal failing subset (each trial a child process with a time limit; results cached)");

@@ -1,5 +1,6 @@
 #include "harness/search/sweep_mesh.h"
 
+#include "harness/check/html.h"
 #include "harness/check/junit.h"
 
 #include <fmt/format.h>
@@ -36,7 +37,23 @@ struct Row {
   std::string mesh, verdict, first_tap, detail;
   double seconds = 0;
   bool failed = false;
+  std::vector<std::pair<std::string, html::CellState>> taps;  // for the HTML heatmap
 };
+
+// A JSON number the report may have written as "nan" / "inf".
+double json_number(const nlohmann::json& v) {
+  if (v.is_number()) return v.get<double>();
+  if (v.is_string()) return std::strtod(v.get<std::string>().c_str(), nullptr);
+  return -1;
+}
+
+html::CellState cell_of(const nlohmann::json& tap) {
+  html::CellState c;
+  c.nonfinite = tap["nonfinite"]["nan"].get<long long>() + tap["nonfinite"]["inf"].get<long long>();
+  if (!tap["replica"]["pass"].get<bool>()) c.replica = json_number(tap["replica"]["max_abs"]);
+  if (tap["reference"]["present"].get<bool>()) c.ratio = json_number(tap["reference"]["worst_ratio"]);
+  return c;
+}
 
 Row judge(const std::string& mesh, const TrialOutcome& t, const std::string& json_file) {
   Row row{mesh, "", "-", "", t.seconds, true};
@@ -56,6 +73,7 @@ Row judge(const std::string& mesh, const TrialOutcome& t, const std::string& jso
   }
   nlohmann::json j;
   std::ifstream(json_file) >> j;
+  for (const auto& tap : j["taps"]) row.taps.emplace_back(tap["name"].get<std::string>(), cell_of(tap));
   if (j["pass"].get<bool>()) {
     row.verdict = "PASS";
     row.failed = false;
@@ -73,6 +91,82 @@ Row judge(const std::string& mesh, const TrialOutcome& t, const std::string& jso
                                 tap["replica"]["max_abs"].dump());
     }
   return row;
+}
+
+// The seeds/001 picture: meshes down, taps across, each cell the tap's worst
+// err/tol on that mesh (replica mismatches and NaN/Inf in their colours); a
+// mesh with no result is a grey row saying why.
+void write_html(const std::string& path, const SweepMeshOptions& opts, const std::vector<Row>& rows,
+                const std::vector<std::pair<std::string, std::string>>& skipped) {
+  std::vector<std::string> taps;
+  for (const auto& r : rows)
+    for (const auto& [name, c] : r.taps)
+      if (std::find(taps.begin(), taps.end(), name) == taps.end()) taps.push_back(name);
+  const int cw = 26, ch = 20, left = 170, top = 150;
+  const int width = left + static_cast<int>(std::max<std::size_t>(taps.size(), 1)) * cw + 320;
+  const int height = top + static_cast<int>(rows.size()) * ch + 10;
+  int failed = 0;
+  for (const auto& r : rows) failed += r.failed;
+  const std::string title = fmt::format("diffcheck sweep-mesh: {} on {} ranks{}", opts.scenario, opts.ranks,
+                                        opts.fault.empty() ? "" : ", inject " + opts.fault);
+  std::string s = html::page_begin(title);
+  s += fmt::format("<h1>{} {}</h1>\n<div class=\"meta\">{} meshes run, {} fail, {} skipped by the problem "
+                   "size{}</div>\n",
+                   html::esc(title), html::verdict_badge(failed == 0 && !rows.empty(), failed ? "FAIL" : "PASS"),
+                   rows.size(), failed, skipped.size(),
+                   opts.flags.empty() ? "" : fmt::format(" &middot; flags {}", html::esc(fmt::format("{}", fmt::join(opts.flags, " ")))));
+  s += "<h2>Worst error over tolerance, per mesh and tap</h2>\n" + html::legend();
+  s += fmt::format("<svg id=\"heatmap\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\">\n", width,
+                   height);
+  for (std::size_t k = 0; k < taps.size(); ++k)
+    s += fmt::format("<text class=\"tap-label\" transform=\"translate({},{}) rotate(-60)\">{}</text>\n",
+                     left + static_cast<int>(k) * cw + cw / 2, top - 6, html::esc(taps[k]));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const int y = top + static_cast<int>(i) * ch;
+    s += fmt::format("<text class=\"mesh-label{}\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
+                     r.failed ? " first" : "", left - 6, y + ch - 6, html::esc(r.mesh));
+    for (std::size_t k = 0; k < taps.size(); ++k) {
+      html::CellState c;
+      c.error = r.taps.empty();
+      bool has = c.error;
+      for (const auto& [name, st] : r.taps)
+        if (name == taps[k]) c = st, has = true;
+      if (!has) continue;  // this mesh records no such tap
+      std::string kind;
+      const std::string fill = html::fill(c, kind);
+      const bool first = r.first_tap == taps[k];
+      std::string tip = fmt::format("mesh {}, tap {}", r.mesh, taps[k]);
+      if (c.error) tip += "\n" + r.verdict + (r.detail.empty() ? "" : ": " + r.detail);
+      else tip += c.ratio >= 0 || std::isnan(c.ratio) ? "\nerr/tol " + html::num(c.ratio) : "\nno reference";
+      if (c.replica != 0) tip += "\nreplica difference " + html::num(c.replica);
+      if (c.nonfinite) tip += fmt::format("\n{} NaN/Inf", c.nonfinite);
+      if (first) tip += "\nfirst divergence of this mesh";
+      s += fmt::format("<rect class=\"cell {}{}\" data-mesh=\"{}\" data-tap=\"{}\" x=\"{}\" y=\"{}\" width=\"{}\" "
+                       "height=\"{}\" fill=\"{}\"{}><title>{}</title></rect>\n",
+                       kind, first ? " first" : "", html::esc(r.mesh), html::esc(taps[k]),
+                       left + static_cast<int>(k) * cw, y, cw - 2, ch - 2, fill,
+                       first ? " stroke=\"#000\" stroke-width=\"2\"" : "", html::esc(tip));
+    }
+    s += fmt::format("<text x=\"{}\" y=\"{}\">{} {:.1f} s{}</text>\n",
+                     left + static_cast<int>(taps.size()) * cw + 8, y + ch - 6, html::esc(r.verdict), r.seconds,
+                     r.first_tap.empty() || r.first_tap == "-" ? "" : " &#8594; " + html::esc(r.first_tap));
+  }
+  s += "</svg>\n";
+  if (!skipped.empty()) {
+    s += "<h2>Skipped by the problem size</h2>\n<table id=\"skipped\">";
+    for (const auto& [m, why] : skipped)
+      s += fmt::format("<tr><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>", html::esc(m), html::esc(why));
+    s += "</table>\n";
+  }
+  s += html::page_end();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << s;
+    if (!out.flush()) fail("cannot write HTML report '{}'", tmp);
+  }
+  std::filesystem::rename(tmp, path);
 }
 
 }  // namespace
@@ -142,6 +236,7 @@ int sweep_mesh(const SweepMeshOptions& opts) {
     for (const auto& [m, why] : skipped) j["skipped"].push_back({{"mesh", m}, {"reason", why}});
     std::ofstream(opts.json_path) << j.dump(2) << "\n";
   }
+  if (!opts.html_path.empty()) write_html(opts.html_path, opts, rows, skipped);
   if (!opts.junit_path.empty()) {
     JUnitSuite suite;
     suite.name = fmt::format("sweep-mesh {} on {} ranks{}", opts.scenario, opts.ranks,

@@ -22,6 +22,7 @@ struct SweepMeshOptions {
   double timeout_seconds = 600;
   std::string json_path;
   std::string junit_path;  // one test case per mesh
+  std::string html_path;   // a mesh x tap heatmap
   std::string mpirun = "mpirun";
   // The scenario's mesh axes, in order, and its mesh check: throws InputError
   // (with the reason) for a mesh the scenario or its size cannot run on.
