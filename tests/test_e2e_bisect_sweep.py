@@ -7,7 +7,7 @@ import unittest
 
 from junitparser import JUnitXml
 
-from e2e import E2ETest
+from e2e import CHROMIUM, E2ETest
 
 # Fails when both --xla_c and --xla_f are in XLA_FLAGS; hangs when --xla_h is
 # there without --xla_a.
@@ -43,7 +43,8 @@ class BisectSweep(E2ETest):
     def test_external_command_pair_in_xla_flags(self):
         flags = ",".join(f"--xla_{c}" for c in "abcdefgk")
         res, rep = self.bisect("--env", "XLA_FLAGS", "--flags", flags, "--cache", "",
-                               "--junit", self.path("bisect.xml"), "--", "sh", self.script())
+                               "--junit", self.path("bisect.xml"), "--html", self.path("bisect.html"),
+                               "--", "sh", self.script())
         self.assertExit(res, 1)
         self.assertEqual(rep["minimal"], ["--xla_c", "--xla_f"])
         # JUnit: one case per trial, in order; the failing trials are failures.
@@ -51,6 +52,13 @@ class BisectSweep(E2ETest):
         self.assertEqual(suite.tests, len(rep["trials"]))
         self.assertEqual(suite.failures, sum(t["outcome"] == "FAIL" for t in rep["trials"]))
         self.assertIn("found", suite.name)
+        if CHROMIUM:  # the page: every trial a row, the minimal set named and its trial marked
+            dom, errors, _ = self.browse(self.path("bisect.html"))
+            self.assertEqual(errors, [])
+            self.assertIn("{--xla_c, --xla_f}", dom.find(id="minimal")[0][2])
+            self.assertEqual(len(dom.find("tr", **{"class": "pass"})) + len(dom.find("tr", **{"class": "fail"})),
+                             len(rep["trials"]))
+            self.assertGreaterEqual(len(dom.find("tr", **{"class": "first"})), 1)
 
     def test_placeholder_instead_of_environment(self):
         res, rep = self.bisect("--flags", "--xla_a,--xla_c,--xla_f", "--cache", "", "--",
@@ -120,12 +128,23 @@ class BisectSweep(E2ETest):
         with open(prof, "w") as f:
             f.write("# name: flags\nbaseline:\nfast: --xla_c\nbroken: --xla_c --xla_f\n")
         res = self.diffcheck("sweep", "--profiles", prof, "--env", "XLA_FLAGS", "--warmup", "0",
-                             "--runs", "1", "--junit", self.path("sweep.xml"), "--", "sh", self.script())
+                             "--runs", "1", "--junit", self.path("sweep.xml"), "--html", self.path("sweep.html"),
+                             "--", "sh", self.script())
         self.assertExit(res, 1)
         self.assertIn("| broken | --xla_c --xla_f |", res.out)
         suite = list(JUnitXml.fromfile(self.path("sweep.xml")))[0]
         self.assertEqual([c.name for c in suite], ["baseline (-)", "fast (--xla_c)", "broken (--xla_c --xla_f)"])
         self.assertEqual([bool(c.result) for c in suite], [False, False, True])
+        if CHROMIUM:  # the leaderboard: the wrong profile struck through, never starred
+            dom, errors, _ = self.browse(self.path("sweep.html"))
+            self.assertEqual(errors, [])
+            wrong = dom.find("tr", **{"class": "wrong"})
+            self.assertEqual([r[1]["data-profile"] for r in wrong], ["broken"])
+            self.assertNotIn("★", wrong[0][2])
+            best = dom.find("tr", **{"class": "best"})
+            self.assertEqual(len(best), 1)
+            self.assertIn("★", best[0][2])
+            self.assertEqual(len(dom.find("rect", **{"class": "bar"})), 3)
         self.assertIn("WRONG", res.out)
         self.assertNotIn("run s", res.out)  # an external command has only its wall time
 

@@ -220,6 +220,7 @@ int main(int argc, char** argv) {
   bis->add_option("--max-trials", bo.max_trials, "Stop after this many new trials (resume later from the cache)");
   bis->add_option("--json", bo.json_path, "Also write the result as JSON");
   bis->add_option("--junit", bo.junit_path, "Also write a JUnit XML report (one test case per trial)");
+  bis->add_option("--html", bo.html_path, "Also write a self-contained HTML page: the trials and the minimal set");
   std::string fail_on;
   bis->add_option("--fail-on", fail_on,
                   "Also count these outcomes as the failure to hunt: crash, timeout (comma-separated); by default only a "
@@ -242,6 +243,7 @@ int main(int argc, char** argv) {
   swp->add_option("-j", so.jobs, "Profiles run in parallel (only when the machine has room: times get perturbed)")->capture_default_str();
   swp->add_option("--json", so.json_path, "Also write the leaderboard as JSON");
   swp->add_option("--junit", so.junit_path, "Also write a JUnit XML report (one test case per profile)");
+  swp->add_option("--html", so.html_path, "Also write a self-contained HTML page: the leaderboard with bars");
 
   auto* list = app.add_subcommand("list", "List scenarios with their flags, faults and default meshes");
   bool list_json = false;

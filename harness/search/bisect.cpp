@@ -12,6 +12,7 @@
 #include "harness/search/flag_search.h"
 #include "harness/search/trial.h"
 #include "harness/search/trial_junit.h"
+#include "harness/check/html.h"
 
 namespace dc {
 namespace {
@@ -151,6 +152,30 @@ int bisect(const BisectOptions& opts) {
     j["flaky"] = res.flaky_set;
   }
   if (!opts.json_path.empty()) std::ofstream(opts.json_path) << j.dump(2) << "\n";
+  if (!opts.html_path.empty()) {
+    const bool found = j["result"] == "found";
+    std::string s = html::page_begin("diffcheck bisect");
+    s += fmt::format("<h1>diffcheck bisect {}</h1>\n<div class=\"meta\">{} over {} flags{}</div>\n",
+                     html::verdict_badge(!found, j["result"].get<std::string>()),
+                     html::esc(opts.target.external() ? fmt::format("`{}`", fmt::join(opts.target.command, " "))
+                                                      : "scenario " + opts.target.scenario),
+                     opts.flags.size(), opts.baseline.empty() ? "" : ", baseline " + html::esc(set_str(opts.baseline)));
+    if (found)
+      s += fmt::format("<p id=\"minimal\">1-minimal failing set: <b>{}</b> (removing any one of them passes)</p>\n",
+                       html::esc(set_str(res.minimal)));
+    s += "<table id=\"trials\"><thead><tr><th>#</th><th class=\"l\">flags (beyond the baseline)</th>"
+         "<th class=\"l\">outcome</th><th>s</th><th class=\"l\">detail</th></tr></thead><tbody>\n";
+    for (std::size_t i = 0; i < asked.size(); ++i) {
+      const bool minimal = found && asked[i].first == res.minimal;
+      s += fmt::format("<tr class=\"{}{}\"><td>{}</td><td class=\"l\">{}</td><td class=\"l v\">{}</td><td>{:.1f}</td>"
+                       "<td class=\"l\">{}</td></tr>\n",
+                       asked[i].second == Verdict::pass ? "pass" : "fail", minimal ? " first" : "", i + 1,
+                       html::esc(set_str(asked[i].first)), verdict_name(asked[i].second),
+                       i < seconds.size() ? seconds[i] : 0.0, html::esc(i < notes.size() ? notes[i] : ""));
+    }
+    s += "</tbody></table>\n" + html::page_end();
+    std::ofstream(opts.html_path) << s;
+  }
   if (!opts.junit_path.empty()) {
     JUnitSuite suite;
     suite.name = fmt::format("bisect {} over {} flags: {}", opts.target.external() ? "command" : opts.target.scenario,

@@ -23,6 +23,7 @@ struct BisectOptions {
   long max_trials = -1;  // stop after this many new (uncached) trials; -1: no limit
   std::string json_path;
   std::string junit_path;  // one test case per trial
+  std::string html_path;   // the trial table and the minimal set
   // Outcomes counted as the failure being hunted besides a wrong answer
   // (--fail-on crash,timeout): to bisect a crash or a hang.
   bool fail_on_crash = false, fail_on_timeout = false;
@@ -50,6 +51,7 @@ struct SweepOptions {
   int warmup = 1, runs = 3, jobs = 1;
   std::string json_path;
   std::string junit_path;  // one test case per profile
+  std::string html_path;   // the leaderboard with bars
 };
 
 // Markdown leaderboard; the fastest CORRECT profile is starred (a wrong profile

@@ -17,6 +17,7 @@
 #include "harness/search/flag_search.h"
 #include "harness/search/trial.h"
 #include "harness/search/trial_junit.h"
+#include "harness/check/html.h"
 
 namespace dc {
 
@@ -76,6 +77,46 @@ struct Row {
   bool has_run_times() const { return !times.empty() && run_times.size() == times.size(); }
   double rank_time() const { return has_run_times() ? median_of(run_times) : median(); }
 };
+
+// The leaderboard as a page: a bar per profile (its ranked time), wrong
+// profiles struck through and never starred, the fastest correct starred.
+void write_html(const std::string& path, const std::vector<Row>& rows, std::size_t best, bool by_run,
+                double base_time) {
+  auto ranked = [&](const Row& r) { return by_run ? r.rank_time() : r.median(); };
+  double longest = 0;
+  for (const auto& r : rows) longest = std::max(longest, ranked(r));
+  std::string s = html::page_begin("diffcheck sweep");
+  s += fmt::format("<h1>diffcheck sweep {}</h1>\n<div class=\"meta\">{} profiles; bars: {} (median)</div>\n",
+                   html::verdict_badge(best != rows.size(), best != rows.size() ? "★ " + rows[best].profile.name
+                                                                                  : "no correct profile"),
+                   rows.size(), by_run ? "the sharded run's own time" : "wall time");
+  s += "<table id=\"leaderboard\"><thead><tr><th class=\"l\">profile</th><th class=\"l\">flags</th>"
+       "<th class=\"l\">time</th><th>median s</th><th>&#916; vs baseline</th><th class=\"l\">verdict</th></tr>"
+       "</thead><tbody>\n";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const double t = ranked(r);
+    const bool wrong = r.verdict != Verdict::pass;
+    const int w = longest > 0 ? static_cast<int>(300 * t / longest) : 0;
+    s += fmt::format(
+        "<tr class=\"{}\" data-profile=\"{}\"><td class=\"l name\">{}{}</td><td class=\"l\">{}</td>"
+        "<td class=\"l\"><svg width=\"304\" height=\"14\"><rect class=\"bar\" width=\"{}\" height=\"12\" "
+        "fill=\"{}\"><title>{:.3f} s</title></rect></svg></td><td>{:.3f}</td><td>{:+.1f}%</td><td class=\"l v\">{}</td></tr>\n",
+        wrong ? "wrong fail" : i == best ? "best" : "pass", html::esc(r.profile.name), html::esc(r.profile.name),
+        i == best ? " ★" : "", html::esc(r.profile.flags.empty() ? "-" : join_flags(r.profile.flags)), w,
+        wrong ? "#bdbdbd" : i == best ? "#2e7d32" : "#90caf9", t, t,
+        base_time > 0 ? 100.0 * (t - base_time) / base_time : 0.0,
+        html::esc(wrong ? "WRONG: " + verdict_name(r.verdict) + " " + r.detail : "correct"));
+  }
+  s += "</tbody></table>\n" + html::page_end();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << s;
+    if (!out.flush()) fail("cannot write HTML report '{}'", tmp);
+  }
+  std::filesystem::rename(tmp, path);
+}
 
 }  // namespace
 
@@ -180,6 +221,7 @@ int sweep(const SweepOptions& opts) {
   if (best == rows.size()) std::cout << "no profile is correct: nothing is starred\n";
   else std::cout << fmt::format("★ fastest correct: {}\n", rows[best].profile.name);
   if (!opts.json_path.empty()) std::ofstream(opts.json_path) << j.dump(2) << "\n";
+  if (!opts.html_path.empty()) write_html(opts.html_path, rows, best, by_run, base_time);
   if (!opts.junit_path.empty()) {
     JUnitSuite suite;
     suite.name = fmt::format("sweep of {} profiles", rows.size());
