@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake pkg-config
   openmpi-bin libopenmpi-dev
-  libhdf5-openmpi-dev hdf5-tools
+  libhdf5-openmpi-dev hdf5-tools libxml2-utils
   libgtest-dev
   libxtensor-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libopenblas-dev librandom123-dev

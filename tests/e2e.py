@@ -134,3 +134,12 @@ class E2ETest(unittest.TestCase):
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
         self.assertGreater(os.path.getsize(shot), 10_000)  # not a blank page
         return Dom(dom.stdout), errors, shot
+
+    def assertValidJUnit(self, path):
+        """The file validates against tests/fixtures/junit/junit.xsd (what Jenkins and
+        GitLab read) and has a <testsuites> root (some consumers need it)."""
+        xsd = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "junit", "junit.xsd")
+        res = subprocess.run(["xmllint", "--noout", "--schema", xsd, path], capture_output=True, text=True)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        with open(path) as f:
+            self.assertIn("<testsuites ", f.read(2000))

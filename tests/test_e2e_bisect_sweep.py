@@ -48,6 +48,7 @@ class BisectSweep(E2ETest):
         self.assertExit(res, 1)
         self.assertEqual(rep["minimal"], ["--xla_c", "--xla_f"])
         # JUnit: one case per trial, in order; the failing trials are failures.
+        self.assertValidJUnit(self.path("bisect.xml"))
         suite = list(JUnitXml.fromfile(self.path("bisect.xml")))[0]
         self.assertEqual(suite.tests, len(rep["trials"]))
         self.assertEqual(suite.failures, sum(t["outcome"] == "FAIL" for t in rep["trials"]))
@@ -132,6 +133,7 @@ class BisectSweep(E2ETest):
                              "--", "sh", self.script())
         self.assertExit(res, 1)
         self.assertIn("| broken | --xla_c --xla_f |", res.out)
+        self.assertValidJUnit(self.path("sweep.xml"))
         suite = list(JUnitXml.fromfile(self.path("sweep.xml")))[0]
         self.assertEqual([c.name for c in suite], ["baseline (-)", "fast (--xla_c)", "broken (--xla_c --xla_f)"])
         self.assertEqual([bool(c.result) for c in suite], [False, False, True])

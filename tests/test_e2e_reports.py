@@ -13,6 +13,7 @@ from e2e import CHROMIUM, Dom, E2ETest
 class JUnitReports(E2ETest):
     def junit(self, name):
         path = self.path(name)
+        self.assertValidJUnit(path)
         root = ET.parse(path).getroot()
         self.assertEqual(root.tag, "testsuites")  # some consumers need this root
         return JUnitXml.fromfile(path)

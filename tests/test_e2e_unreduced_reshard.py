@@ -42,6 +42,7 @@ class UnreducedReshard(E2ETest):
                 else:
                     self.assertEqual(row["verdict"], "PASS")
         # JUnit: one case per mesh (skipped ones too), the dp=2 meshes failing.
+        self.assertValidJUnit(self.path("sweep.xml"))
         suite = list(JUnitXml.fromfile(self.path("sweep.xml")))[0]
         self.assertEqual(suite.tests, len(table["rows"]) + len(table["skipped"]))
         self.assertEqual(suite.skipped, len(table["skipped"]))
