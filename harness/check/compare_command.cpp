@@ -10,6 +10,7 @@
 #include "harness/capture/store.h"
 #include "harness/check/report.h"
 #include "harness/core/error.h"
+#include "harness/core/files.h"
 
 namespace dc {
 
@@ -68,16 +69,10 @@ int compare_and_report(const std::string& source, const std::string& reference,
   // Whole or absent, like run files.
   auto write_report = [&](const std::string& path, Reporter& reporter, const char* what) {
     if (path.empty()) return;
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp);
-      if (!out) fail("cannot write {} report '{}'", what, tmp);
-      reporter.report(set, res, out);
-      if (!out.flush()) fail("cannot write {} report '{}'", what, tmp);
-    }
-    std::filesystem::rename(tmp, path);
+    std::ostringstream text;
+    reporter.report(set, res, text);
+    write_whole_file(path, text.str(), std::string(what) + " report");
   };
-  write_report(opts.json_path, *make_json_reporter(), "JSON");
   write_report(opts.html_path, *make_html_reporter(), "HTML");
   return res.pass() ? kExitPass : kExitMismatch;
 }

@@ -4,10 +4,8 @@
 
 #include <chrono>
 #include <ctime>
-#include <filesystem>
-#include <fstream>
 
-#include "harness/core/error.h"
+#include "harness/core/files.h"
 
 namespace dc {
 namespace {
@@ -106,16 +104,7 @@ std::string junit_xml(const std::vector<JUnitSuite>& suites) {
 }
 
 void write_junit(const std::string& path, const std::vector<JUnitSuite>& suites) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    if (!out) fail("cannot write JUnit report '{}'", tmp);
-    out << junit_xml(suites);
-    if (!out.flush()) fail("cannot write JUnit report '{}'", tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) fail("cannot write JUnit report '{}': {}", path, ec.message());
+  write_whole_file(path, junit_xml(suites), "JUnit report");
 }
 
 }  // namespace dc

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/core/error.h"
+#include "harness/core/files.h"
 #include "harness/search/flag_search.h"
 #include "harness/search/trial.h"
 #include "harness/search/trial_junit.h"
@@ -151,7 +152,7 @@ int bisect(const BisectOptions& opts) {
     j["result"] = "flaky";
     j["flaky"] = res.flaky_set;
   }
-  if (!opts.json_path.empty()) std::ofstream(opts.json_path) << j.dump(2) << "\n";
+  if (!opts.json_path.empty()) write_whole_file(opts.json_path, j.dump(2) + "\n", "JSON report");
   if (!opts.html_path.empty()) {
     const bool found = j["result"] == "found";
     std::string s = html::page_begin("diffcheck bisect");
@@ -174,7 +175,7 @@ int bisect(const BisectOptions& opts) {
                        i < seconds.size() ? seconds[i] : 0.0, html::esc(i < notes.size() ? notes[i] : ""));
     }
     s += "</tbody></table>\n" + html::page_end();
-    std::ofstream(opts.html_path) << s;
+    write_whole_file(opts.html_path, s, "HTML report");
   }
   if (!opts.junit_path.empty()) {
     JUnitSuite suite;

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "harness/core/error.h"
+#include "harness/core/files.h"
 #include "harness/search/flag_search.h"
 #include "harness/search/trial.h"
 #include "harness/search/trial_junit.h"
@@ -109,13 +110,7 @@ void write_html(const std::string& path, const std::vector<Row>& rows, std::size
         html::esc(wrong ? "WRONG: " + verdict_name(r.verdict) + " " + r.detail : "correct"));
   }
   s += "</tbody></table>\n" + html::page_end();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << s;
-    if (!out.flush()) fail("cannot write HTML report '{}'", tmp);
-  }
-  std::filesystem::rename(tmp, path);
+  write_whole_file(path, s, "HTML report");
 }
 
 }  // namespace
@@ -220,7 +215,7 @@ int sweep(const SweepOptions& opts) {
   }
   if (best == rows.size()) std::cout << "no profile is correct: nothing is starred\n";
   else std::cout << fmt::format("★ fastest correct: {}\n", rows[best].profile.name);
-  if (!opts.json_path.empty()) std::ofstream(opts.json_path) << j.dump(2) << "\n";
+  if (!opts.json_path.empty()) write_whole_file(opts.json_path, j.dump(2) + "\n", "JSON report");
   if (!opts.html_path.empty()) write_html(opts.html_path, rows, best, by_run, base_time);
   if (!opts.junit_path.empty()) {
     JUnitSuite suite;

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/core/error.h"
+#include "harness/core/files.h"
 #include "harness/search/trial.h"
 
 namespace dc {
@@ -160,13 +161,7 @@ void write_html(const std::string& path, const SweepMeshOptions& opts, const std
     s += "</table>\n";
   }
   s += html::page_end();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << s;
-    if (!out.flush()) fail("cannot write HTML report '{}'", tmp);
-  }
-  std::filesystem::rename(tmp, path);
+  write_whole_file(path, s, "HTML report");
 }
 
 }  // namespace
@@ -234,7 +229,7 @@ int sweep_mesh(const SweepMeshOptions& opts) {
       j["rows"].push_back({{"mesh", r.mesh}, {"seconds", r.seconds}, {"verdict", r.verdict},
                            {"first_divergence", r.first_tap}, {"detail", r.detail}});
     for (const auto& [m, why] : skipped) j["skipped"].push_back({{"mesh", m}, {"reason", why}});
-    std::ofstream(opts.json_path) << j.dump(2) << "\n";
+    write_whole_file(opts.json_path, j.dump(2) + "\n", "JSON report");
   }
   if (!opts.html_path.empty()) write_html(opts.html_path, opts, rows, skipped);
   if (!opts.junit_path.empty()) {
