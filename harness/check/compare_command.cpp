@@ -73,6 +73,7 @@ int compare_and_report(const std::string& source, const std::string& reference,
     reporter.report(set, res, text);
     write_whole_file(path, text.str(), std::string(what) + " report");
   };
+  write_report(opts.json_path, *make_json_reporter(), "JSON");
   write_report(opts.html_path, *make_html_reporter(), "HTML");
   return res.pass() ? kExitPass : kExitMismatch;
 }
