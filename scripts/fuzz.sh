@@ -75,7 +75,7 @@ if [[ -n $binary ]]; then
   exit
 fi
 
-bash "$root/scripts/setup.sh" --packages-only  # clang included
+bash "$root/scripts/setup.sh" --packages-only --test-tools  # clang
 build=${FUZZ_BUILD_DIR:-$root/build-fuzz}
 CC=clang CXX=clang++ cmake -S "$root" -B "$build" -DDIFFCHECK_FUZZ=ON -DDIFFCHECK_BENCH=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null

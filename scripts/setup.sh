@@ -3,21 +3,30 @@
 # configure, build, and install `diffcheck` into /usr/local/bin. Idempotent:
 # a second run installs nothing and rebuilds only what changed.
 #   BUILD_DIR (default build), BUILD_TYPE (default RelWithDebInfo)
-#   --packages-only: install what is missing and stop (scripts/fuzz.sh, test.sh)
+#   --test-tools: also the tools only the test suite uses (clang for the
+#     fuzzers, chromium for the HTML pages, junitparser/xmllint for JUnit)
+#   --packages-only: install what is missing and stop (scripts/fuzz.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+test_tools=0 packages_only=0
+for arg in "$@"; do
+  case $arg in
+    --test-tools) test_tools=1 ;;
+    --packages-only) packages_only=1 ;;
+    *) echo "setup.sh: unknown argument '$arg'" >&2; exit 2 ;;
+  esac
+done
 
 PACKAGES=(
   build-essential cmake pkg-config
   openmpi-bin libopenmpi-dev
-  libhdf5-openmpi-dev hdf5-tools libxml2-utils
+  libhdf5-openmpi-dev hdf5-tools
   libgtest-dev
   libxtensor-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libopenblas-dev librandom123-dev
-  python3 python3-h5py python3-numpy python3-junitparser
-  clang libclang-rt-14-dev
-  chromium
+  python3 python3-h5py python3-numpy
 )
+((test_tools)) && PACKAGES+=(clang libclang-rt-14-dev chromium python3-junitparser libxml2-utils)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -30,7 +39,7 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-[[ ${1:-} == --packages-only ]] && exit 0
+((packages_only)) && exit 0
 
 BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" >/dev/null

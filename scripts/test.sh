@@ -6,7 +6,7 @@
 # With arguments, only build/'s ctest runs, with them (e.g. -L nightly, -R flux).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --test-tools
 source scripts/mpi_env.sh
 jobs=$(nproc)
 if (($#)); then
