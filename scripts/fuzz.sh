@@ -35,7 +35,11 @@ run_one() {  # binary corpus
   name=$(basename "$bin")
   scratch=$(mktemp -d /tmp/diffcheck-fuzz-corpus.XXXXXX)
   log=$(mktemp /tmp/diffcheck-fuzz-log.XXXXXX)
-  trap 'rm -rf "$scratch" "$log"' RETURN
+  # Where fuzz_reader writes each input's file: one place for every session,
+  # removed here (a session ended by the guard's _exit cannot clean up).
+  export DIFFCHECK_FUZZ_SCRATCH
+  DIFFCHECK_FUZZ_SCRATCH=$(mktemp -d /dev/shm/diffcheck-fuzz.XXXXXX)
+  trap 'rm -rf "$scratch" "$log" "$DIFFCHECK_FUZZ_SCRATCH"' RETURN
   echo "fuzz: $name for ${seconds} s from $seeds ($(ls "$seeds" | wc -l) inputs)"
   local start=$SECONDS left=$seconds rc execs=0 stalls=0 runs=0
   # A guarded HDF5 failure (exit 3, see fuzz_reader.cpp) ends a libFuzzer

@@ -35,9 +35,13 @@
 
 namespace {
 
+// The input's file lives in DIFFCHECK_FUZZ_SCRATCH (scripts/fuzz.sh makes
+// one per run and removes it, also after a session that ended in _exit), else
+// in a directory of this process under /dev/shm, removed at a normal exit.
 std::string scratch_file() {
   namespace fs = std::filesystem;
   static const std::string dir = [] {
+    if (const char* d = std::getenv("DIFFCHECK_FUZZ_SCRATCH"); d && *d) return std::string(d);
     std::string d = fmt::format("/dev/shm/diffcheck-fuzz-{}", getpid());
     fs::create_directories(d);
     std::atexit([] {
