@@ -22,28 +22,17 @@ using html::esc;
 // rank ranges, each cell showing the worst of its ranks.
 constexpr std::size_t kMaxColumns = 256;
 
-struct Cell {
-  long long nonfinite = 0;
-  double replica = 0;      // largest |difference| to the replica leader
-  double ratio = -1;       // err/tol, -1: no reference
-  int first = 0, last = 0;  // ranks
-};
-
-Cell cell_of(const TapVerdict& t, int first, int last) {
-  Cell c;
-  c.first = first;
-  c.last = last;
+// The worst of ranks first..last (one column); a NaN, once seen, stays.
+html::CellState cell_of(const TapVerdict& t, int first, int last) {
+  html::CellState c;
+  auto worst = [](double& into, double v) {
+    if (std::isnan(v) || v > into) into = v;
+  };
   for (int r = first; r <= last; ++r) {
     const auto i = static_cast<std::size_t>(r);
     if (i < t.ranks.nonfinite.size()) c.nonfinite += t.ranks.nonfinite[i];
-    if (i < t.ranks.replica_diff.size()) {
-      const double d = t.ranks.replica_diff[i];
-      if (std::isnan(d) || d > c.replica || (std::isnan(c.replica) == false && std::isinf(d))) c.replica = d;
-    }
-    if (i < t.ranks.err_over_tol.size()) {
-      const double q = t.ranks.err_over_tol[i];
-      if (std::isnan(q) || q > c.ratio) c.ratio = q;
-    }
+    if (i < t.ranks.replica_diff.size()) worst(c.replica, t.ranks.replica_diff[i]);
+    if (i < t.ranks.err_over_tol.size()) worst(c.ratio, t.ranks.err_over_tol[i]);
   }
   return c;
 }
@@ -77,9 +66,9 @@ std::string heatmap(const ActivationSet& set, const CompareResult& res) {
     for (std::size_t col = 0; col < columns; ++col) {
       const int r0 = static_cast<int>(col) * per, r1 = std::min(world - 1, r0 + per - 1);
       if (r0 > r1) break;
-      const Cell c = cell_of(t, r0, r1);
+      const html::CellState c = cell_of(t, r0, r1);
       std::string kind;
-      const std::string fill = html::fill({c.nonfinite, c.replica, c.ratio, false}, kind);
+      const std::string fill = html::fill(c, kind);
       std::string tip = fmt::format("tap {} ({}), rank{} {}{}", t.name, i, r0 == r1 ? "" : "s", r0,
                                     r0 == r1 ? "" : fmt::format("-{}", r1));
       tip += c.ratio >= 0 || std::isnan(c.ratio) ? fmt::format("\nerr/tol {}", html::num(c.ratio)) : "\nno reference";
