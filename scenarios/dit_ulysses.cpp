@@ -52,21 +52,28 @@ class DitUlysses final : public Scenario {
   std::vector<FlagSpec> flags() const override {
     return {{"ulysses_chunks", FlagType::integer, "1",
              "split the all-to-alls into head chunks (MaxDiffusion ULYSSES_ATTENTION_CHUNKS; the "
-             "last chunk takes the remainder)"},
+             "last chunk takes the remainder)",
+             {"1", "2", "3"}},
             {"async_a2a", FlagType::boolean, "false", "non-blocking all-to-alls, waited before use"},
             {"overlap", FlagType::boolean, "false",
              "pipeline: post chunk c+1's all-to-all, then compute chunk c (double buffers)"},
             {"fuse_qkv_a2a", FlagType::boolean, "false", "one all-to-all for q, k and v together"},
-            {"flash_block", FlagType::integer, "64", "query and key block size of flash attention"}};
+            {"flash_block", FlagType::integer, "64", "query and key block size of flash attention",
+             {"64", "7"}}};
   }
   std::vector<FaultSpec> faults() const override {
+    const auto sharded = [](const Mesh& m) { return m.axis_size("sp") > 1; };
     return {{"a2a_read_before_wait",
              "with async_a2a and overlap both on, attention reads all-to-all #1's receive buffer "
-             "before its wait (NaN-poisoned): the seeds/000 NaN"},
+             "before its wait (NaN-poisoned): the seeds/000 NaN",
+             "ulysses/chunk0/q_after_a2a", {"async_a2a=true", "overlap=true"}, "sp > 1", sharded},
             {"a2a_send_reuse",
              "with async_a2a and overlap both on, the next chunk is packed into the send buffer "
-             "still being sent: finite, wrong heads (needs ulysses_chunks >= 2)"},
-            {"rope_local_positions", "RoPE with local instead of global token positions"}};
+             "still being sent: finite, wrong heads (needs ulysses_chunks >= 2)",
+             "ulysses/chunk0/q_after_a2a", {"async_a2a=true", "overlap=true", "ulysses_chunks=2"}, "sp > 1",
+             sharded},
+            {"rope_local_positions", "RoPE with local instead of global token positions", "attn/q", {}, "sp > 1",
+             sharded}};
   }
   std::string default_mesh(int world) const override {
     auto [dp, sp] = default_two_axis_split(world);

@@ -38,9 +38,12 @@ class FluxTp final : public Scenario {
              "post the proj_out all-reduce non-blocking and wait just before the gate"}};
   }
   std::vector<FaultSpec> faults() const override {
+    const auto sharded = [](const Mesh& m) { return m.axis_size("tp") > 1; };
     return {{"proj_out_contiguous",
-             "row-parallel proj_out takes contiguous weight columns (seeds/002 TP-1): noise"},
-            {"proj_out_bias_every_rank", "every tp rank adds the proj_out bias: y gets W x bias"}};
+             "row-parallel proj_out takes contiguous weight columns (seeds/002 TP-1): noise",
+             "proj_out/weight", {}, "tp > 1", sharded},
+            {"proj_out_bias_every_rank", "every tp rank adds the proj_out bias: y gets W x bias", "proj_out/partial",
+             {}, "tp > 1", sharded}};
   }
   std::string default_mesh(int world) const override {
     auto [dp, tp] = default_two_axis_split(world);

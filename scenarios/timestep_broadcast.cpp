@@ -95,7 +95,8 @@ class TimestepBroadcast final : public Scenario {
   }
   std::vector<FaultSpec> faults() const override {
     return {{"timestep_temp_broadcast",
-             "broadcast into a temporary copy; ranks other than 0 keep t=0 (seeds/002 TP-2)"}};
+             "broadcast into a temporary copy; ranks other than 0 keep t=0 (seeds/002 TP-2)",
+             "schedule/timesteps", {}, "more than one rank", [](const Mesh& m) { return m.world_size() > 1; }}};
   }
   std::string default_mesh(int world) const override {
     auto [dp, tp] = default_two_axis_split(world);

@@ -46,7 +46,8 @@ class UnreducedReshard final : public Scenario {
   std::vector<FaultSpec> faults() const override {
     return {{"skip_unreduced_allreduce",
              "the efficient reshard path skips the dp all-reduce (xla #40034); only meshes with "
-             "dp == 2 take that path"}};
+             "dp == 2 take that path",
+             "result", {}, "dp == 2", [](const Mesh& m) { return m.axis_size("dp") == 2; }}};
   }
   std::string default_mesh(int world) const override {
     // Spread the ranks over the four axes, tp first, as evenly as powers of two allow.

@@ -3,6 +3,7 @@
 #   build/           everything (unit, MPI at 1-16 ranks, end-to-end drivers)
 #   build-sanitize/  the unit and MPI tests under ASan+UBSan (DIFFCHECK_SANITIZE)
 #   build-fuzz/      60 s of libFuzzer per target (clang; scripts/fuzz.sh)
+# The full nightly matrix (ctest label nightly, scripts/nightly.sh) is left out.
 # With arguments, only build/'s ctest runs, with them (e.g. -L nightly, -R flux).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +26,7 @@ step() {  # name command...
   fi
 }
 
-step "tests (build/)" bash -c "cd '${BUILD_DIR:-build}' && ctest --output-on-failure -j $jobs"
+step "tests (build/)" bash -c "cd '${BUILD_DIR:-build}' && ctest --output-on-failure -j $jobs -LE nightly"
 
 # -O1: the sanitizers need no more, and the tree builds in half the time.
 sanitized() {

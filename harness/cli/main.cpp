@@ -2,6 +2,7 @@
 // activation files on disk (`compare`), or list scenarios (`list`).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <cctype>
@@ -92,9 +93,13 @@ int list_scenarios_json() {
     j["flags"] = nlohmann::json::array();
     for (const auto& f : s->flags())
       j["flags"].push_back({{"name", f.name}, {"type", dc::flag_type_name(f.type)},
-                            {"default", f.default_value}, {"help", f.help}});
+                            {"default", f.default_value}, {"help", f.help},
+                            {"matrix_values", dc::matrix_values(f)}});
     j["faults"] = nlohmann::json::array();
-    for (const auto& f : s->faults()) j["faults"].push_back({{"name", f.name}, {"help", f.help}});
+    for (const auto& f : s->faults())
+      j["faults"].push_back({{"name", f.name}, {"help", f.help}, {"first_tap", f.first_tap},
+                             {"needs_flags", f.needs_flags},
+                             {"takes_effect_when", f.takes_effect_when.empty() ? "always" : f.takes_effect_when}});
     j["default_mesh"] = nlohmann::json::object();
     for (int n : {1, 2, 4, 8, 16}) {
       try {
@@ -142,7 +147,12 @@ int list_scenarios() {
       std::cout << fmt::format("    {} ({}, default {}): {}\n", f.name, dc::flag_type_name(f.type),
                                f.default_value, f.help);
     std::cout << "  faults (--inject):\n";
-    for (const auto& f : s->faults()) std::cout << fmt::format("    {}: {}\n", f.name, f.help);
+    for (const auto& f : s->faults()) {
+      std::cout << fmt::format("    {}: {}\n      first divergent tap '{}'", f.name, f.help, f.first_tap);
+      if (!f.takes_effect_when.empty()) std::cout << fmt::format(" when {}", f.takes_effect_when);
+      if (!f.needs_flags.empty()) std::cout << fmt::format("; needs --flag {}", fmt::join(f.needs_flags, " --flag "));
+      std::cout << "\n";
+    }
     std::cout << "\n";
   }
   return dc::kExitPass;
@@ -208,6 +218,10 @@ int main(int argc, char** argv) {
   sweep->add_option("--junit", sw.junit_path, "Also write a JUnit XML report (one test case per mesh)");
   sweep->add_option("--html", sw.html_path, "Also write a self-contained HTML page: a mesh x tap heatmap of err/tol");
   sweep->add_option("--mpirun", sw.mpirun, "MPI launcher")->capture_default_str();
+  sweep->add_option("--mesh", sw.only_meshes, "Run only this mesh (repeatable), written as the sweep lists it, e.g. dp=2,tp=8");
+  sweep->add_option("--reports", sw.reports_dir,
+                    "Keep each mesh's run report in DIR: <mesh>.json and <mesh>.html (e.g. dp2_tp8.html)");
+  sweep->add_flag("--dry-run", sw.dry_run, "List the meshes that would run and those the size rules out; run nothing");
 
   auto* bis = app.add_subcommand("bisect", "Delta-debug a failing flag set down to a 1-minimal failing subset (each trial a child process with a time limit; results cached)");
   dc::BisectOptions bo;
@@ -271,6 +285,19 @@ int main(int argc, char** argv) {
       if (!s) dc::input_error("unknown scenario '{}' (see 'diffcheck list')", sw.scenario);
       sw.axes = s->mesh_axes();
       sw.check_mesh = [s, size = sw.size](const dc::Mesh& m) { s->check_mesh(m, size); };
+      if (!sw.fault.empty()) {
+        const auto faults = s->faults();
+        auto f = std::find_if(faults.begin(), faults.end(), [&](const dc::FaultSpec& x) { return x.name == sw.fault; });
+        if (f == faults.end()) dc::input_error("unknown fault '{}' for scenario '{}' (see 'diffcheck list')", sw.fault, sw.scenario);
+        // The fault is inert without its flags: expect failures only when they are all given.
+        auto with_needs = sw.flags;
+        with_needs.insert(with_needs.end(), f->needs_flags.begin(), f->needs_flags.end());
+        const bool armed = dc::FlagValues::resolve(s->flags(), sw.flags, s->name()).str() ==
+                           dc::FlagValues::resolve(s->flags(), with_needs, s->name()).str();
+        sw.expected_first_tap = [f = *f, armed](const dc::Mesh& m) {
+          return armed && f.takes_effect(m) ? f.first_tap : std::string();
+        };
+      }
       return dc::sweep_mesh(sw);
     } catch (const std::exception& e) {
       spdlog::error("{}", e.what());

@@ -103,4 +103,10 @@ std::string FlagValues::str() const {
   return s;
 }
 
+std::vector<std::string> matrix_values(const FlagSpec& f) {
+  if (!f.matrix_values.empty()) return f.matrix_values;
+  if (f.type == FlagType::boolean) return {"false", "true"};
+  return {f.default_value};
+}
+
 }  // namespace dc

@@ -2,9 +2,12 @@
 // reuse), never what it must compute. Each scenario declares the flags it reads;
 // values come from DIFFCHECK_FLAGS and then --flag (later wins).
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
+
+#include "harness/core/mesh.h"
 
 namespace dc {
 
@@ -15,12 +18,30 @@ struct FlagSpec {
   FlagType type = FlagType::boolean;
   std::string default_value = "false";
   std::string help;
+  // Values the nightly matrix tries (every combination with the other flags);
+  // empty: false and true for a boolean, the default alone otherwise.
+  std::vector<std::string> matrix_values = {};
 };
 
+// A fault reproducing a real bug, and what a run with it must show: the
+// nightly matrix holds every scenario to this on every mesh.
 struct FaultSpec {
   std::string name;
   std::string help;
+  // The first tap that diverges wherever the fault takes effect.
+  std::string first_tap;
+  // Flags ("name=value") without which the fault is inert.
+  std::vector<std::string> needs_flags = {};
+  // The meshes it takes effect on, in words and as a test; on the others the
+  // run is correct. Empty: every mesh.
+  std::string takes_effect_when = {};
+  std::function<bool(const Mesh&)> takes_effect_on = {};
+
+  bool takes_effect(const Mesh& m) const { return !takes_effect_on || takes_effect_on(m); }
 };
+
+// The values the nightly matrix tries for one flag.
+std::vector<std::string> matrix_values(const FlagSpec& f);
 
 class FlagValues {
  public:

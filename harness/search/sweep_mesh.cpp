@@ -38,6 +38,9 @@ struct Row {
   std::string mesh, verdict, first_tap, detail;
   double seconds = 0;
   bool failed = false;
+  std::string expected;      // with a fault: "PASS" or "FAIL at 'tap'"
+  bool as_expected = true;
+  std::string report_stem;   // with --reports: <dir>/<stem>.json and .html
   std::vector<std::pair<std::string, html::CellState>> taps;  // for the HTML heatmap
 };
 
@@ -173,61 +176,129 @@ std::vector<std::vector<int>> mesh_factorizations(int ranks, std::size_t axes) {
   return out;
 }
 
+std::string mesh_file_stem(const std::string& mesh) {
+  std::string out;
+  for (char c : mesh) {
+    if (c == '=') continue;
+    out += c == ',' ? '_' : c;
+  }
+  return out;
+}
+
 int sweep_mesh(const SweepMeshOptions& opts) {
   if (opts.ranks < 1) input_error("sweep-mesh: -n must be at least 1");
   if (opts.axes.empty() || !opts.check_mesh)
     input_error("sweep-mesh: scenario '{}' gives no mesh axes", opts.scenario);
   const auto& axes = opts.axes;
-  auto dir = std::filesystem::temp_directory_path() / fmt::format("diffcheck_sweep_{}", getpid());
-  std::filesystem::create_directories(dir);
+  // --mesh as the user wrote it: axes left out have size 1 ("tp=16" is dp=1,tp=16).
+  std::vector<std::string> only;
+  for (const auto& text : opts.only_meshes) {
+    const Mesh given = Mesh::parse(text);
+    std::vector<Axis> ax;
+    for (const auto& a : axes) ax.push_back({a, given.axis_index(a) < 0 ? 1 : given.axis_size(a)});
+    for (const auto& a : given.axes())
+      if (std::find(axes.begin(), axes.end(), a.name) == axes.end())
+        input_error("sweep-mesh: --mesh {}: scenario '{}' has no axis '{}'; its axes are {}", text, opts.scenario,
+                    a.name, fmt::join(axes, ", "));
+    only.push_back(Mesh(ax).str());
+  }
 
-  std::vector<Row> rows;
+  // The meshes to run: every factorization the scenario accepts, or those asked for.
+  std::vector<Mesh> plan;
   std::vector<std::pair<std::string, std::string>> skipped;
-  int index = 0;
+  std::vector<std::string> all;
   for (const auto& sizes : mesh_factorizations(opts.ranks, axes.size())) {
     std::vector<Axis> ax;
     for (std::size_t i = 0; i < axes.size(); ++i) ax.push_back({axes[i], sizes[i]});
     Mesh mesh(ax);
+    all.push_back(mesh.str());
+    if (!only.empty() && std::find(only.begin(), only.end(), mesh.str()) == only.end())
+      continue;
     try {
       opts.check_mesh(mesh);
     } catch (const InputError& e) {
       skipped.emplace_back(mesh.str(), e.what());
       continue;
     }
+    plan.push_back(mesh);
+  }
+  for (const auto& m : only)
+    if (std::find(all.begin(), all.end(), m) == all.end())
+      input_error("sweep-mesh: --mesh {} is not one of the {} meshes of {} ranks over {} (e.g. {})", m, all.size(),
+                  opts.ranks, fmt::join(axes, ","), all.empty() ? "" : all.front());
+  if (!opts.reports_dir.empty()) std::filesystem::create_directories(opts.reports_dir);
+
+  auto dir = std::filesystem::temp_directory_path() / fmt::format("diffcheck_sweep_{}", getpid());
+  std::filesystem::create_directories(dir);
+  std::vector<Row> rows;
+  int index = 0;
+  for (const Mesh& mesh : plan) {
+    const std::string stem = mesh_file_stem(mesh.str());
     const std::string out = (dir / fmt::format("mesh{}.h5", index)).string();
-    const std::string json = (dir / fmt::format("mesh{}.json", index++)).string();
-    TrialSpec t{{opts.mpirun, "-n", std::to_string(opts.ranks), self_executable(), "--scenario",
-                 opts.scenario, "--mesh", mesh.str(), "--dtype", opts.dtype, "--size", opts.size,
-                 "--out", out, "--json", json},
-                {},
-                opts.timeout_seconds};
-    if (!opts.fault.empty()) t.argv.insert(t.argv.end(), {"--inject", opts.fault});
-    for (const auto& f : opts.flags) t.argv.insert(t.argv.end(), {"--flag", f});
-    if (isatty(2)) std::cerr << fmt::format("sweep-mesh: {} ...\r", mesh.str()) << std::flush;
-    rows.push_back(judge(mesh.str(), run_trial(t), json));
-    std::filesystem::remove(out);
-    std::filesystem::remove(json);
+    const std::string kept = opts.reports_dir.empty() ? "" : (std::filesystem::path(opts.reports_dir) / stem).string();
+    const std::string json = kept.empty() ? (dir / fmt::format("mesh{}.json", index)).string() : kept + ".json";
+    ++index;
+    Row row;
+    if (opts.dry_run) {
+      row = Row{mesh.str(), "not run", "-", "", 0, false};
+    } else {
+      TrialSpec t{{opts.mpirun, "-n", std::to_string(opts.ranks), self_executable(), "--scenario",
+                   opts.scenario, "--mesh", mesh.str(), "--dtype", opts.dtype, "--size", opts.size,
+                   "--out", out, "--json", json},
+                  {},
+                  opts.timeout_seconds};
+      if (!kept.empty()) t.argv.insert(t.argv.end(), {"--html", kept + ".html"});
+      if (!opts.fault.empty()) t.argv.insert(t.argv.end(), {"--inject", opts.fault});
+      for (const auto& f : opts.flags) t.argv.insert(t.argv.end(), {"--flag", f});
+      if (isatty(2)) std::cerr << fmt::format("sweep-mesh: {} ...\r", mesh.str()) << std::flush;
+      std::filesystem::remove(json);  // a report left by an earlier sweep is not this run's
+      row = judge(mesh.str(), run_trial(t), json);
+      std::filesystem::remove(out);
+      if (kept.empty()) std::filesystem::remove(json);
+      else row.report_stem = kept;
+    }
+    if (opts.expected_first_tap) {
+      const std::string tap = opts.expected_first_tap(mesh);
+      row.expected = tap.empty() ? "PASS" : fmt::format("FAIL at '{}'", tap);
+      row.as_expected = opts.dry_run || (tap.empty() ? row.verdict == "PASS" : row.verdict == "FAIL" && row.first_tap == tap);
+    }
+    rows.push_back(std::move(row));
   }
   std::filesystem::remove_all(dir);
 
   std::cout << fmt::format("sweep-mesh: {} on {} ranks{}{}\n", opts.scenario, opts.ranks,
                            opts.fault.empty() ? "" : ", inject " + opts.fault,
                            opts.flags.empty() ? "" : fmt::format(", flags {}", fmt::join(opts.flags, " ")));
-  std::cout << "| mesh | wall s | verdict | first divergent tap | detail |\n|---|---|---|---|---|\n";
-  int failed = 0;
+  const bool expect = static_cast<bool>(opts.expected_first_tap);
+  std::cout << "| mesh | wall s | verdict | first divergent tap | detail |" << (expect ? " expected |" : "")
+            << "\n|---|---|---|---|---|" << (expect ? "---|" : "") << "\n";
+  int failed = 0, unexpected = 0;
   for (const auto& r : rows) {
-    std::cout << fmt::format("| {} | {:.1f} | {} | {} | {} |\n", r.mesh, r.seconds, r.verdict, r.first_tap, r.detail);
+    std::cout << fmt::format("| {} | {:.1f} | {} | {} | {} |", r.mesh, r.seconds, r.verdict, r.first_tap, r.detail);
+    if (expect) std::cout << fmt::format(" {}{} |", r.expected, r.as_expected ? "" : " (NOT MET)");
+    std::cout << "\n";
     failed += r.failed;
+    unexpected += !r.as_expected;
   }
-  for (const auto& [m, why] : skipped) std::cout << fmt::format("| {} | - | skipped | - | {} |\n", m, why);
-  std::cout << fmt::format("{} meshes run, {} fail, {} skipped by the problem size\n", rows.size(),
-                           failed, skipped.size());
+  for (const auto& [m, why] : skipped)
+    std::cout << fmt::format("| {} | - | skipped | - | {} |{}\n", m, why, expect ? " - |" : "");
+  std::cout << fmt::format("{} meshes {}, {} fail, {} skipped by the problem size\n", rows.size(),
+                           opts.dry_run ? "planned" : "run", failed, skipped.size());
+  if (expect && !opts.dry_run)
+    std::cout << (unexpected ? fmt::format("fault {}: {} of {} meshes NOT as documented (see 'expected')\n",
+                                           opts.fault, unexpected, rows.size())
+                             : fmt::format("fault {}: every mesh as documented\n", opts.fault));
   if (!opts.json_path.empty()) {
     nlohmann::json j{{"scenario", opts.scenario}, {"ranks", opts.ranks}, {"fault", opts.fault},
                      {"flags", opts.flags}, {"rows", nlohmann::json::array()}, {"skipped", nlohmann::json::array()}};
     for (const auto& r : rows)
-      j["rows"].push_back({{"mesh", r.mesh}, {"seconds", r.seconds}, {"verdict", r.verdict},
-                           {"first_divergence", r.first_tap}, {"detail", r.detail}});
+    {
+      nlohmann::json row{{"mesh", r.mesh}, {"seconds", r.seconds}, {"verdict", r.verdict},
+                         {"first_divergence", r.first_tap}, {"detail", r.detail}};
+      if (expect) row["expected"] = r.expected, row["as_expected"] = r.as_expected;
+      if (!r.report_stem.empty()) row["report"] = {{"json", r.report_stem + ".json"}, {"html", r.report_stem + ".html"}};
+      j["rows"].push_back(row);
+    }
     for (const auto& [m, why] : skipped) j["skipped"].push_back({{"mesh", m}, {"reason", why}});
     write_whole_file(opts.json_path, j.dump(2) + "\n", "JSON report");
   }
@@ -267,6 +338,7 @@ int sweep_mesh(const SweepMeshOptions& opts) {
     }
     write_junit(opts.junit_path, {suite});
   }
+  if (opts.dry_run) return 0;
   return failed || rows.empty() ? 1 : 0;
 }
 

@@ -24,11 +24,25 @@ struct SweepMeshOptions {
   std::string junit_path;  // one test case per mesh
   std::string html_path;   // a mesh x tap heatmap
   std::string mpirun = "mpirun";
+  // Run only these meshes (each must be one of the sweep's); empty: all.
+  std::vector<std::string> only_meshes;
+  // Keep each mesh's run report (<dir>/<mesh>.json and .html, e.g. dp2_tp8.json),
+  // written as soon as that mesh has run.
+  std::string reports_dir;
+  // List the meshes that would run (and those skipped), run nothing.
+  bool dry_run = false;
+  // With a fault: the tap where a mesh must first diverge, or "" where the
+  // fault does not take effect (the run must pass). Rows then say whether
+  // they went as expected.
+  std::function<std::string(const Mesh&)> expected_first_tap;
   // The scenario's mesh axes, in order, and its mesh check: throws InputError
   // (with the reason) for a mesh the scenario or its size cannot run on.
   std::vector<std::string> axes;
   std::function<void(const Mesh&)> check_mesh;
 };
+
+// "dp=2,tp=8" -> "dp2_tp8": a mesh as a file name.
+std::string mesh_file_stem(const std::string& mesh);
 
 // Every ordered assignment of sizes (>= 1) to `axes` whose product is `ranks`.
 std::vector<std::vector<int>> mesh_factorizations(int ranks, std::size_t axes);

@@ -1,0 +1,186 @@
+"""scripts/nightly.sh --quick end to end: the clean matrix passes (every clean
+cell PASS, every fault caught at its documented first tap); a regression
+injected through DIFFCHECK_NIGHTLY_INJECT fails with the right cell named and
+the drift table showing it first; a killed night resumes; the JUnit and the
+index page are valid. Plus the drift rules on made-up nights."""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+from junitparser import Failure, JUnitXml
+
+from e2e import CHROMIUM, EXE, SCRIPTS, E2ETest
+
+NIGHTLY = os.path.join(SCRIPTS, "nightly.sh")
+
+
+def load_nightly_module():
+    spec = importlib.util.spec_from_file_location("nightly", os.path.join(SCRIPTS, "nightly.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def night(out, date, *args, env=None):
+    return subprocess.run(["bash", NIGHTLY, "--quick", "--out", out, "--date", date, "--diffcheck", EXE, *args],
+                          capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL,
+                          env=dict(os.environ, **(env or {})))
+
+
+def summary(out, date):
+    with open(os.path.join(out, date, "summary.json")) as f:
+        return json.load(f)
+
+
+class QuickNight(E2ETest):
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="diffcheck_nightly_")
+        cls.clean = night(cls.root, "2026-01-01", env={"DIFFCHECK_NIGHTLY_INJECT": ""})
+        cls.listing = json.loads(subprocess.run([EXE, "list", "--json"], capture_output=True, text=True).stdout)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.root, ignore_errors=True)
+
+    def test_clean_matrix_passes_and_every_fault_is_caught_at_its_tap(self):
+        self.assertEqual(self.clean.returncode, 0, self.clean.stdout + self.clean.stderr)
+        s = summary(self.root, "2026-01-01")
+        cells = s["cells"]
+        self.assertEqual(s["cells_ok"], len(cells))
+        # Every scenario has a clean cell and a cell per fault, each with its expectation met.
+        for scen in self.listing:
+            mine = [c for c in cells if c["scenario"] == scen["name"]]
+            self.assertTrue(any(c["kind"] == "clean" and c["verdict"] == "PASS" for c in mine), scen["name"])
+            for f in scen["faults"]:
+                (cell,) = [c for c in mine if c["fault"] == f["name"]]
+                self.assertEqual(cell["verdict"], "FAIL", cell)
+                self.assertEqual(cell["first_tap"], f["first_tap"], cell)
+                self.assertTrue(os.path.exists(os.path.join(self.root, "2026-01-01", cell["report"])))
+        self.assertIn(f"{len(cells)} of {len(cells)} cells as expected", self.clean.stdout)
+        self.assertIn("No previous night", open(os.path.join(self.root, "2026-01-01", "index.html")).read())
+
+    def test_junit_is_valid_one_case_per_cell(self):
+        path = os.path.join(self.root, "2026-01-01", "junit.xml")
+        self.assertValidJUnit(path)
+        xml = JUnitXml.fromfile(path)
+        cases = [c for suite in xml for c in suite]
+        self.assertEqual(len(cases), len(summary(self.root, "2026-01-01")["cells"]))
+        self.assertFalse(any(c.result for c in cases))
+
+    def test_a_killed_night_resumes_where_it_stopped(self):
+        out = tempfile.mkdtemp(prefix="diffcheck_nightly_resume_")
+        self.addCleanup(shutil.rmtree, out, True)
+        shutil.copytree(os.path.join(self.root, "2026-01-01"), os.path.join(out, "2026-01-01"))
+        # As if killed before two cells finished: their records are missing.
+        s = summary(out, "2026-01-01")
+        os.remove(os.path.join(out, "2026-01-01", "summary.json"))
+        for c in s["cells"][-2:]:
+            os.remove(os.path.join(out, "2026-01-01", c["dir"], c["stem"] + ".cell.json"))
+        again = night(out, "2026-01-01", env={"DIFFCHECK_NIGHTLY_INJECT": ""})
+        self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
+        n = len(s["cells"])
+        self.assertIn(f"{n - 2} already done, 2 to run", again.stdout)
+        self.assertEqual(again.stdout.count("] "), 2)  # two progress lines
+        self.assertEqual(summary(out, "2026-01-01")["cells_ok"], n)
+
+    def test_injected_regression_fails_with_the_cell_named_and_drift_shown_first(self):
+        out = tempfile.mkdtemp(prefix="diffcheck_nightly_bad_")
+        self.addCleanup(shutil.rmtree, out, True)
+        shutil.copytree(os.path.join(self.root, "2026-01-01"), os.path.join(out, "2026-01-01"))
+        res = night(out, "2026-01-02", "--scenario", "flux_tp",
+                    env={"DIFFCHECK_NIGHTLY_INJECT": "flux_tp:proj_out_contiguous"})
+        self.assertEqual(res.returncode, 1, res.stdout + res.stderr)
+        self.assertIn("NOT AS EXPECTED: false positive: flux_tp/float32/defaults/dp=4,tp=4: expected PASS, "
+                      "got FAIL at 'proj_out/weight'", res.stdout)
+        s = summary(out, "2026-01-02")
+        self.assertEqual(s["previous"], os.path.join("..", "2026-01-01", "summary.json"))
+        drift = s["drift"]
+        # New failures first, then the flagged err/tol jumps of the taps it broke.
+        self.assertEqual(drift[0]["kind"], "new failure")
+        self.assertIn("defaults @ dp=4,tp=4", drift[0]["what"])
+        first_change = next(r for r in drift if r["kind"] == "err/tol")
+        self.assertTrue(first_change["flagged"])
+        flagged = {r["tap"] for r in drift if r["kind"] == "err/tol" and r["flagged"]}
+        self.assertIn("proj_out/weight", flagged)
+        self.assertIn("out", flagged)
+        self.assertNotIn("attn/q", flagged)  # taps before the fault did not move
+        # The failing cell's JUnit case and its report.
+        xml = JUnitXml.fromfile(os.path.join(out, "2026-01-02", "junit.xml"))
+        failing = [c.name for suite in xml for c in suite if c.result and isinstance(c.result[0], Failure)]
+        self.assertIn("defaults @ dp=4,tp=4", failing)
+        bad = next(c for c in s["cells"] if not c["ok"])
+        report = os.path.join(out, "2026-01-02", bad["report"])
+        self.assertIn("proj_out/weight", open(report).read())
+
+    @unittest.skipUnless(CHROMIUM, "chromium is not installed (scripts/setup.sh installs it)")
+    def test_index_page_in_a_browser(self):
+        out = tempfile.mkdtemp(prefix="diffcheck_nightly_html_")
+        self.addCleanup(shutil.rmtree, out, True)
+        shutil.copytree(os.path.join(self.root, "2026-01-01"), os.path.join(out, "2026-01-01"))
+        res = night(out, "2026-01-02", "--scenario", "timestep_broadcast",
+                    env={"DIFFCHECK_NIGHTLY_INJECT": "timestep_broadcast:timestep_temp_broadcast"})
+        self.assertEqual(res.returncode, 1, res.stdout + res.stderr)
+        page = os.path.join(out, "2026-01-02", "index.html")
+        dom, errors, shot = self.browse(page)
+        self.assertEqual(errors, [])
+        self.assertIn("FAIL", dom.find(id="verdict")[0][2])
+        bad = dom.find("td", **{"class": "bad"})
+        self.assertEqual(len(bad), 2)  # the two clean cells of timestep_broadcast
+        for td in bad:
+            self.assertIn("false positive", td[1]["title"])
+        links = [e[1]["href"] for e in dom.find("a") if e[1].get("href", "").endswith(".html")]
+        self.assertTrue(links)
+        for href in links:
+            self.assertTrue(os.path.exists(os.path.join(out, "2026-01-02", href)), href)
+        rows = dom.find("tr", **{"class": "newfail"})
+        self.assertEqual(len(rows), 2)
+        # The clean night's page too: all cells as expected, none outlined.
+        dom, errors, _ = self.browse(os.path.join(out, "2026-01-01", "index.html"))
+        self.assertEqual(errors, [])
+        self.assertEqual(dom.find("td", **{"class": "bad"}), [])
+        self.assertGreaterEqual(len(dom.find("td", **{"class": "caught"})), 7)
+
+
+class DriftRules(unittest.TestCase):
+    """The drift table on made-up nights: no MPI."""
+    @classmethod
+    def setUpClass(cls):
+        cls.n = load_nightly_module()
+
+    def cell(self, ok=True, taps=None, mesh="dp=1,tp=4", kind="clean", verdict="PASS"):
+        return {"scenario": "s", "dtype": "float32", "variant": "defaults", "mesh": mesh, "kind": kind,
+                "ok": ok, "verdict": verdict, "expected": "PASS", "first_tap": "-", "taps": taps or {}}
+
+    def test_a_change_above_2x_is_flagged_and_below_is_not(self):
+        prev = {"cells": [self.cell(taps={"a": 0.1, "b": 0.1, "c": 0.1})]}
+        rows = self.n.drift([self.cell(taps={"a": 0.21, "b": 0.19, "c": 0.04})], prev)
+        flags = {r["tap"]: r["flagged"] for r in rows}
+        self.assertEqual(flags, {"a": True, "b": False, "c": True})
+        self.assertEqual(rows[0]["tap"], "c")  # 2.5x down before 2.1x up
+        self.assertLess(rows[0]["factor"], 0)
+
+    def test_new_failures_come_first_and_fixed_cells_are_listed(self):
+        prev = {"cells": [self.cell(taps={"a": 0.1}), self.cell(ok=False, mesh="dp=2,tp=2", verdict="FAIL")]}
+        now = [self.cell(taps={"a": 0.1}, mesh="dp=2,tp=2"),
+               self.cell(ok=False, verdict="FAIL", taps={"a": 50.0})]
+        rows = self.n.drift(now, prev)
+        self.assertEqual([r["kind"] for r in rows[:2]], ["new failure", "fixed"])
+        self.assertEqual(rows[0]["now"], "false positive")
+
+    def test_tiny_ratios_and_nan(self):
+        prev = {"cells": [self.cell(taps={"z": 0.0, "n": 0.1})]}
+        rows = self.n.drift([self.cell(taps={"z": 1e-9, "n": float("nan")})], prev)
+        flags = {r["tap"]: r["flagged"] for r in rows}
+        self.assertEqual(flags, {"z": False, "n": True})
+
+    def test_no_previous_night_no_drift_rows(self):
+        self.assertEqual(self.n.drift([self.cell(taps={"a": 1.0})], None), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
