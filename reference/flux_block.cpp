@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "harness/core/error.h"
+
 #include "reference/attention.h"
 #include "reference/generate.h"
 #include "reference/nn.h"
@@ -35,29 +37,32 @@ ColumnRanges packed_columns(const FluxSizes& z, std::size_t w) {
 
 template <class T>
 FluxWeights<T> make_flux_weights(std::uint64_t seed, const FluxSizes& z, std::size_t w,
-                                 std::size_t i, bool contiguous, DType dtype) {
+                                 std::size_t i, bool contiguous, DType dtype, const GenerateBlock& gen_block) {
   const std::size_t d = z.dim, m = z.mlp;
+  auto generate = [&](const char* name, const Shape& s, float scale, const Ranges& block = {}) {
+    return gen_block ? gen_block(name, s, scale, block) : ref::generate(seed, name, s, scale, block);
+  };
   auto cvt = [&](Tensor t) { return as_run_values<T>(std::move(t), dtype); };
   auto scale = [](std::size_t fan_in) { return 1.0f / std::sqrt(static_cast<float>(fan_in)); };
   auto full = [&](const char* name, Shape s, std::size_t fan_in) {
-    return cvt(generate(seed, name, s, scale(fan_in)));
+    return cvt(generate(name, s, scale(fan_in)));
   };
   // Column-parallel: rows [i*n/w, (i+1)*n/w) of an [n, fan_in] weight, and of its bias.
   auto rows = [&](const char* name, std::size_t n, std::size_t fan_in) {
-    return cvt(generate(seed, name, {n, fan_in}, scale(fan_in), {{i * n / w, (i + 1) * n / w}, {0, fan_in}}));
+    return cvt(generate(name, {n, fan_in}, scale(fan_in), {{i * n / w, (i + 1) * n / w}, {0, fan_in}}));
   };
   auto bias_rows = [&](const char* name, std::size_t n, std::size_t fan_in) {
-    return cvt(generate(seed, name, {n}, scale(fan_in), {{i * n / w, (i + 1) * n / w}}));
+    return cvt(generate(name, {n}, scale(fan_in), {{i * n / w, (i + 1) * n / w}}));
   };
   auto gain = [&](const char* name) {  // RMSNorm weights near 1
-    Tensor g = generate(seed, name, {z.head_dim}, 0.25f);
+    Tensor g = generate(name, {z.head_dim}, 0.25f);
     for (auto& x : g.data) x += 1.0f;
     return cvt(g);
   };
   // Row-parallel proj_out: this rank's columns of [d, d+m], packed side by side.
   Tensor out_cols;
   for (auto [a, b] : proj_out_columns(z, w, i, contiguous)) {
-    Tensor block = generate(seed, "proj_out.w", {d, d + m}, scale(d + m), {{0, d}, {a, b}});
+    Tensor block = generate("proj_out.w", {d, d + m}, scale(d + m), {{0, d}, {a, b}});
     out_cols = out_cols.size() ? concat_last(out_cols, block) : block;
   }
   return FluxWeights<T>{full("adaln.w", {3 * d, d}, d), full("adaln.b", {3 * d}, d),
@@ -79,13 +84,19 @@ RopeTable flux_rope(const FluxSizes& z) {
 template <class T>
 FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor<T>& temb,
                                       const FluxWeights<T>& w, const FluxSizes& z,
-                                      const RopeTable& rope, bool add_bias,
-                                      const std::function<void(BasicTensor<T>&)>& round) {
+                                      const RopeTable& all_rope, bool add_bias,
+                                      const std::function<void(BasicTensor<T>&)>& round,
+                                      std::size_t first_token, const GatherTokens<T>& gather) {
   auto r = [&](BasicTensor<T> x) {
     round(x);
     return x;
   };
   const std::size_t n = h.shape[0], d = z.dim;
+  if (first_token + n > all_rope.cos.shape[0] || (n != all_rope.cos.shape[0] && !gather))
+    fail("flux_block_forward: tokens [{}, {}) of a {}-token sample{}", first_token, first_token + n,
+         all_rope.cos.shape[0], gather ? "" : " without a way to gather the others' k and v");
+  const RopeTable rope{take_rows(all_rope.cos, first_token, first_token + n),
+                       take_rows(all_rope.sin, first_token, first_token + n)};
   FluxActivations<T> a;
   a.ada = r(linear(r(silu(temb)), w.ada_w, w.ada_b));
   auto ln = r(layer_norm(h, kEps));
@@ -102,7 +113,8 @@ FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor
   a.q = r(apply_rope(r(rms_norm(project(w.q_w, w.q_b), w.gq, kEps)), rope));
   a.k = r(apply_rope(r(rms_norm(project(w.k_w, w.k_b), w.gk, kEps)), rope));
   a.v = project(w.v_w, w.v_b);
-  a.attn = reshape(r(attention(a.q, a.k, a.v, 1.0 / std::sqrt(double(z.head_dim)))),
+  const double scale = 1.0 / std::sqrt(double(z.head_dim));
+  a.attn = reshape(r(gather ? attention(a.q, gather(a.k), gather(a.v), scale) : attention(a.q, a.k, a.v, scale)),
                    {n, heads * z.head_dim});
   a.cat = concat_last(a.attn, a.mlp);
   a.partial = r(linear(a.cat, w.out_w, add_bias ? w.out_b : BasicTensor<T>()));
@@ -121,11 +133,12 @@ BasicTensor<T> gated_residual(const BasicTensor<T>& y, const BasicTensor<T>& ada
 
 #define DC_INSTANTIATE(T)                                                                       \
   template FluxWeights<T> make_flux_weights<T>(std::uint64_t, const FluxSizes&, std::size_t,    \
-                                               std::size_t, bool, DType);                       \
+                                               std::size_t, bool, DType, const GenerateBlock&); \
   template FluxActivations<T> flux_block_forward(const BasicTensor<T>&, const BasicTensor<T>&,  \
                                                  const FluxWeights<T>&, const FluxSizes&,        \
                                                  const RopeTable&, bool,                         \
-                                                 const std::function<void(BasicTensor<T>&)>&);  \
+                                                 const std::function<void(BasicTensor<T>&)>&,   \
+                                                 std::size_t, const GatherTokens<T>&);          \
   template BasicTensor<T> gated_residual(const BasicTensor<T>&, const BasicTensor<T>&,          \
                                          const BasicTensor<T>&);
 DC_INSTANTIATE(float)

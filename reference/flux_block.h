@@ -10,6 +10,7 @@
 
 #include "harness/core/dtype.h"
 #include "harness/core/tensor.h"
+#include "reference/generate.h"
 #include "reference/ops.h"
 #include "reference/rope.h"
 
@@ -36,11 +37,17 @@ struct FluxWeights {
   BasicTensor<T> ada_w, ada_b, q_w, q_b, k_w, k_b, v_w, v_b, mlp_w, mlp_b, gq, gk, out_w, out_b;
 };
 
+// Makes a block of a generated tensor, as ref::generate(seed, name, global,
+// scale, block) does: the reference passes one that shares the work among
+// the ranks that all need the same full weights.
+using GenerateBlock = std::function<Tensor(const std::string& name, const Shape& global, float scale,
+                                           const Ranges& block)>;
+
 // Generated weights of tp rank i of w (w = 1: the full block), rounded to
 // `dtype` when T is float.
 template <class T>
 FluxWeights<T> make_flux_weights(std::uint64_t seed, const FluxSizes& z, std::size_t w,
-                                 std::size_t i, bool contiguous, DType dtype);
+                                 std::size_t i, bool contiguous, DType dtype, const GenerateBlock& gen = {});
 
 // FLUX position ids: text tokens (0,0,0), image tokens (0, row, col).
 RopeTable flux_rope(const FluxSizes& z);
@@ -56,13 +63,24 @@ struct FluxActivations {
   BasicTensor<T> partial;  // [N, d] = cat · out_wᵀ (+ bias if asked)
 };
 
+// Turns one part's rows of k or v ([rows, heads, D]) into all tokens' rows, in
+// token order (an all-gather over the ranks that split the tokens).
+template <class T>
+using GatherTokens = std::function<BasicTensor<T>(const BasicTensor<T>&)>;
+
 // One sample: h [N, d], temb [1, d]. `round` is applied after every op that
 // yields a tensor of the run's dtype (no-op for the reference).
+//
+// Or the query tokens [first_token, first_token + rows) of a sample of
+// rope.cos.shape[0] tokens, h holding just those rows: every op is token-local
+// except attention, which needs every token's k and v: `gather` collects them
+// from the other parts. The activations are this part's rows (k and v too).
 template <class T>
 FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor<T>& temb,
                                       const FluxWeights<T>& w, const FluxSizes& z,
                                       const RopeTable& rope, bool add_bias,
-                                      const std::function<void(BasicTensor<T>&)>& round);
+                                      const std::function<void(BasicTensor<T>&)>& round,
+                                      std::size_t first_token = 0, const GatherTokens<T>& gather = {});
 
 // out = gate * y + h
 template <class T>

@@ -77,6 +77,9 @@ class FluxTp final : public Scenario {
       t.shape.erase(t.shape.begin());
       return t;
     };
+    // The sharded block in a scope of its own: its weights and activations
+    // are gone (copied into the taps) before the reference needs the memory.
+    {
     const Tensor h = input("hidden", {n, d}), temb = input("temb", {1, d});
     const bool contiguous = ctx.injected("proj_out_contiguous");
     const bool bias_every_rank = ctx.injected("proj_out_bias_every_rank");
@@ -100,8 +103,9 @@ class FluxTp final : public Scenario {
     const Layout by_sample = Layout::parse("dp", "");
     ctx.taps.tap("y", ref::with_batch_dim(y), {.layout = by_sample, .reduction_depth = long(d + z.mlp)});
     ctx.taps.tap("out", ref::with_batch_dim(out), {.layout = by_sample, .reduction_depth = long(d + z.mlp)});
+    }
 
-    record_reference(ctx, z, tp, dp, rope);
+    record_reference(ctx, z, tp_comm, b, i, dp, rope);
   }
 
  private:
@@ -128,43 +132,89 @@ class FluxTp final : public Scenario {
   }
 
   // The single-rank reference in float64, every sample with the full
-  // weights; the samples are spread over the ranks (TapRecorder's rule).
-  void record_reference(RunContext& ctx, const FluxSizes& z, std::size_t tp, std::size_t dp,
-                        const ref::RopeTable& rope) const {
+  // weights. Sample b is computed by the tp group that runs it, each tp rank
+  // taking N/tp of its query tokens (every op but attention is token-local;
+  // attention all-gathers k and v over the group): so every rank shares the
+  // reference work, also at dp = 1, and holds only its rows' activations.
+  void record_reference(RunContext& ctx, const FluxSizes& z, const Comm& tp_comm, std::size_t b,
+                        std::size_t i, std::size_t dp, const ref::RopeTable& rope) const {
     const ReferenceClock clock(ctx.taps);
-    const std::size_t n = z.tokens(), d = z.dim;
+    const std::size_t n = z.tokens(), d = z.dim, tp = static_cast<std::size_t>(tp_comm.size());
     const auto packed = ref::packed_columns(z, tp);
-    if (ctx.taps.is_reference_rank()) {
-      // What the sharded run should hold: the dtype-rounded weight, packed.
-      auto w_run = ref::make_flux_weights<float>(ctx.seed, z, 1, 0, false, ctx.dtype);
-      ctx.taps.reference("proj_out/weight", ref::to_ref(ref::take_last(w_run.out_w, packed)));
+    {
+      // What the sharded run should hold: the dtype-rounded weight, packed;
+      // its rows spread over the ranks.
+      const std::size_t world = static_cast<std::size_t>(ctx.world.size()), me = static_cast<std::size_t>(ctx.world.rank());
+      const std::size_t r0 = me * d / world, r1 = (me + 1) * d / world;
+      const Tensor w_run = ref::generate(ctx.seed, "proj_out.w", {d, d + z.mlp},
+                                         1.0f / std::sqrt(static_cast<float>(d + z.mlp)), {{r0, r1}, {0, d + z.mlp}});
+      ctx.taps.reference_rows("proj_out/weight", {d, d + z.mlp}, r0,
+                              ref::to_ref(ref::take_last(ref::as_run_values<float>(w_run, ctx.dtype), packed)));
     }
-    const auto samples = ctx.taps.my_reference_rows(dp);
-    if (samples.empty()) return;
-    const auto w = ref::make_flux_weights<double>(ctx.seed, z, 1, 0, false, ctx.dtype);
+    // Tokens split evenly over the group, or (when tp does not divide them) the
+    // whole sample on tp rank 0.
+    const std::size_t parts = n % tp == 0 ? tp : 1;
+    if (i >= parts) return;
+    const std::size_t t0 = i * n / parts, rows = n / parts;
+    // The group's ranks all need the same full weights: each generates 1/parts
+    // of every weight's rows and they all-gather the rest (generation is a
+    // seventh of the reference's time at flux1-dev size).
+    const ref::GenerateBlock shared = [&](const std::string& name, const Shape& global, float scale,
+                                          const ref::Ranges& block) {
+      ref::Ranges all = block;
+      if (all.empty())
+        for (auto x : global) all.emplace_back(0, x);
+      const std::size_t count = all[0].second - all[0].first;
+      if (parts == 1 || count % parts != 0) return ref::generate(ctx.seed, name, global, scale, block);
+      ref::Ranges mine = all;
+      mine[0] = {all[0].first + i * count / parts, all[0].first + (i + 1) * count / parts};
+      const Tensor part = ref::generate(ctx.seed, name, global, scale, mine);
+      Shape shape;
+      for (auto [a, e] : all) shape.push_back(e - a);
+      return Tensor(shape, tp_comm.all_gather(std::span<const float>(part.data)));
+    };
+    const auto w = ref::make_flux_weights<double>(ctx.seed, z, 1, 0, false, ctx.dtype, shared);
     const std::function<void(RefTensor&)> exact = [](RefTensor&) {};
-    for (std::size_t b : samples) {
-      auto input = [&](const char* name, std::size_t rows) {
-        return ref::reshape(ref::to_ref(ref::generate(ctx.seed, name, {dp, rows, d}, 1.0f, {{b, b + 1}, {0, rows}, {0, d}})),
-                            {rows, d});
-      };
-      const RefTensor h = input("hidden", n), temb = input("temb", 1);
-      auto a = ref::flux_block_forward(h, temb, w, z, rope, true, exact);
-      auto put = [&](const char* name, const RefTensor& t) { ctx.taps.reference_row(name, dp, b, t); };
-      put("input/hidden", h);
-      put("input/temb", temb);
-      put("adaln", a.ada);
-      put("nx", a.nx);
-      put("attn/q", a.q);
-      put("attn/k", a.k);
-      put("attn/v", a.v);
-      put("attn/out", a.attn);
-      put("mlp", a.mlp);
-      put("proj_out/input_packed", ref::take_last(a.cat, packed));
-      put("proj_out/partial", a.partial);
-      put("y", a.partial);
-      put("out", ref::gated_residual(a.partial, a.ada, h));
+    const ref::GatherTokens<double> gather = [&](const RefTensor& mine) {
+      Shape all = mine.shape;
+      all[0] = n;
+      return RefTensor(all, tp_comm.all_gather(std::span<const double>(mine.data)));
+    };
+    auto input = [&](const char* name, std::size_t first, std::size_t count, std::size_t total) {
+      return ref::reshape(
+          ref::to_ref(ref::generate(ctx.seed, name, {dp, total, d}, 1.0f, {{b, b + 1}, {first, first + count}, {0, d}})),
+          {count, d});
+    };
+    RefTensor h = input("hidden", t0, rows, n), temb = input("temb", 0, 1, 1);
+    auto a = ref::flux_block_forward(h, temb, w, z, rope, true, exact, t0, parts > 1 ? gather : ref::GatherTokens<double>{});
+    // Tap shapes are [dp, tokens, ...]: this part is sample b, tokens [t0, t0 + rows).
+    // Activations move into the recorder (at flux1-dev size they are GBs).
+    auto put = [&](const char* name, RefTensor&& t) {
+      Shape global = t.shape;
+      global[0] = n;
+      global.insert(global.begin(), dp);
+      t.shape.insert(t.shape.begin(), 1);
+      std::vector<std::size_t> start(global.size(), 0);
+      start[0] = b;
+      start[1] = t0;
+      ctx.taps.reference_block(name, global, std::move(start), std::move(t));
+    };
+    if (i == 0) {
+      ctx.taps.reference_row("input/temb", dp, b, temb);
+      ctx.taps.reference_row("adaln", dp, b, a.ada);
     }
+    put("out", ref::gated_residual(a.partial, a.ada, h));
+    put("input/hidden", std::move(h));
+    put("nx", std::move(a.nx));
+    put("attn/q", std::move(a.q));
+    put("attn/k", std::move(a.k));
+    put("attn/v", std::move(a.v));
+    put("attn/out", std::move(a.attn));
+    put("mlp", std::move(a.mlp));
+    put("proj_out/input_packed", ref::take_last(a.cat, packed));
+    a.cat = {};
+    put("y", RefTensor(a.partial));
+    put("proj_out/partial", std::move(a.partial));
   }
 };
 

@@ -184,7 +184,10 @@ def run_cell(exe, cell, night, args, regressions):
     if fault:
         cmd += ["--inject", fault]
     t0 = time.monotonic()
-    res = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    except OSError as err:  # e.g. the executable being rebuilt under us
+        res = subprocess.CompletedProcess(cmd, 127, "", f"cannot start {exe}: {err}")
     cell["seconds"] = round(time.monotonic() - t0, 2)
     row = None
     try:

@@ -113,6 +113,38 @@ TEST(Store, ReferenceRowsFromEveryRank) {
   world().barrier();
 }
 
+// Boxes of a [B, N, 3] reference: each rank holds token `rank` of both
+// samples, two boxes that are not contiguous in the file (two collective
+// writes, the second with nothing from ranks that hold one box).
+TEST(Store, ReferenceBoxesFromEveryRank) {
+  const int n = world().size(), me = world().rank();
+  Mesh mesh = Mesh::parse(fmt::format("dp={}", n));
+  TapRecorder taps(mesh, me, DType::float32);
+  const std::size_t tokens = static_cast<std::size_t>(n);
+  taps.tap("y", Tensor({2, tokens, 3}, 1.0f));
+  RefTensor want({2, tokens, 3}, 0.0);
+  for (std::size_t i = 0; i < want.size(); ++i) want.data[i] = static_cast<double>(i) + 0.5;
+  for (std::size_t b = 0; b < 2; ++b) {
+    if (b == 1 && me == 1) continue;  // rank 0 takes this one: it holds three boxes
+    const std::size_t t = static_cast<std::size_t>(me);
+    RefTensor box({1, 1, 3}, 0.0);
+    std::copy_n(want.data.begin() + static_cast<long>((b * tokens + t) * 3), 3, box.data.begin());
+    taps.reference_block("y", want.shape, {b, t, 0}, box);
+    if (b == 1 && me == 0 && n > 1) {
+      std::copy_n(want.data.begin() + static_cast<long>((b * tokens + 1) * 3), 3, box.data.begin());
+      taps.reference_block("y", want.shape, {b, 1, 0}, box);
+    }
+  }
+  std::string path = temp_path("boxes");
+  write_run_file(world(), path, {"unit", "", "float32", 1, "test"}, taps);
+  if (me == 0) {
+    ActivationSet s = read_activations(path);
+    EXPECT_EQ(read_whole_reference(s, s.taps[0]), want.data);
+    std::filesystem::remove(path);
+  }
+  world().barrier();
+}
+
 // A row nobody computed would read as zeros: every rank refuses instead.
 TEST(Store, MissingReferenceRowsAreAnError) {
   const int n = world().size(), me = world().rank();
@@ -141,4 +173,11 @@ TEST(TapRecorder, ReferenceRowsOverlappingOrMisshapenAreRefused) {
   EXPECT_THROW(taps.reference_row("y", 4, 4, RefTensor({2}, 1.0)), Error);
   EXPECT_THROW(taps.reference_row("y", 5, 2, RefTensor({2}, 1.0)), Error);  // other shape
   EXPECT_THROW(taps.reference_rows("y", {4, 2}, 2, RefTensor({2, 3}, 1.0)), Error);
+  // Boxes: overlapping, or not fitting the whole.
+  taps.reference_block("z", {2, 4, 3}, {0, 0, 0}, RefTensor({1, 2, 3}, 1.0));
+  taps.reference_block("z", {2, 4, 3}, {1, 0, 0}, RefTensor({1, 2, 3}, 1.0));
+  EXPECT_THROW(taps.reference_block("z", {2, 4, 3}, {0, 1, 0}, RefTensor({1, 2, 3}, 1.0)), Error);
+  EXPECT_THROW(taps.reference_block("z", {2, 4, 3}, {0, 3, 0}, RefTensor({1, 2, 3}, 1.0)), Error);
+  EXPECT_THROW(taps.reference_block("z", {2, 4, 3}, {0, 2}, RefTensor({1, 2, 3}, 1.0)), Error);
+  taps.reference_block("z", {2, 4, 3}, {0, 2, 0}, RefTensor({1, 2, 3}, 1.0));
 }

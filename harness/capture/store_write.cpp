@@ -39,23 +39,24 @@ std::string first_difference(const std::string& mine, const std::string& root) {
   }
 }
 
-// name\tdim,dim,...\trows\n for each reference this rank holds rows of
-// (a scalar counts as one row).
+// name\tdim,dim,...\telements\tblocks\n for each reference this rank holds
+// boxes of.
 std::string reference_manifest(const TapRecorder& taps) {
   std::string m;
   for (const auto& [name, part] : taps.references()) {
     std::string dims;
     for (auto d : part.global) dims += fmt::format("{}{}", dims.empty() ? "" : ",", d);
-    std::size_t rows = 0;
-    for (const auto& b : part.blocks) rows += part.global.empty() ? 1 : b.rows.shape[0];
-    m += fmt::format("{}\t{}\t{}\n", name, dims, rows);
+    std::size_t elements = 0;
+    for (const auto& b : part.blocks) elements += b.data.size();
+    m += fmt::format("{}\t{}\t{}\t{}\n", name, dims, elements, part.blocks.size());
   }
   return m;
 }
 
 struct ReferenceEntry {
   Shape shape;
-  std::size_t rows = 0;  // held by all ranks together
+  std::size_t elements = 0;  // held by all ranks together
+  std::size_t max_blocks = 0;  // the most boxes one rank holds: collective writes per reference
   int first_rank = -1;   // who declared the shape first, for messages
 };
 
@@ -68,25 +69,25 @@ std::map<std::string, ReferenceEntry> merge_reference_manifests(
     std::stringstream ss(all[r]);
     std::string line;
     while (std::getline(ss, line)) {
-      auto t1 = line.find('\t'), t2 = line.rfind('\t');
+      std::vector<std::string> f;
+      std::stringstream fs(line);
+      for (std::string x; std::getline(fs, x, '\t');) f.push_back(x);
+      if (f.size() == 3) f.insert(f.begin() + 1, "");  // a scalar: no dims
       Shape shape;
-      std::stringstream ds(line.substr(t1 + 1, t2 - t1 - 1));
-      std::string d;
-      while (std::getline(ds, d, ',')) shape.push_back(std::stoull(d));
-      const std::string name = line.substr(0, t1);
-      auto [it, fresh] = out.try_emplace(name, ReferenceEntry{shape, 0, static_cast<int>(r)});
+      std::stringstream ds(f[1]);
+      for (std::string d; std::getline(ds, d, ',');) shape.push_back(std::stoull(d));
+      auto [it, fresh] = out.try_emplace(f[0], ReferenceEntry{shape, 0, 0, static_cast<int>(r)});
       if (!fresh && it->second.shape != shape)
-        fail("reference of tap '{}' has shape {} on rank {} but {} on rank {}", name,
+        fail("reference of tap '{}' has shape {} on rank {} but {} on rank {}", f[0],
              shape_str(it->second.shape), it->second.first_rank, shape_str(shape), r);
-      it->second.rows += std::stoull(line.substr(t2 + 1));
+      it->second.elements += std::stoull(f[2]);
+      it->second.max_blocks = std::max<std::size_t>(it->second.max_blocks, std::stoull(f[3]));
     }
   }
-  for (const auto& [name, e] : out) {
-    const std::size_t want = e.shape.empty() ? 1 : e.shape[0];
-    if (e.rows != want)
-      fail("reference of tap '{}' ({}) has {} rows computed over all ranks, expected {} once each",
-           name, shape_str(e.shape), e.rows, want);
-  }
+  for (const auto& [name, e] : out)
+    if (e.elements != numel(e.shape))
+      fail("reference of tap '{}' ({}) has {} elements computed over all ranks, expected {} once each",
+           name, shape_str(e.shape), e.elements, numel(e.shape));
   return out;
 }
 
@@ -146,50 +147,44 @@ void write_taps(hid_t file, const TapRecorder& taps, int world, int rank) {
   }
 }
 
-// Collective write of each reference: every rank writes the rows it
-// computed (one hyperslab per block), in one call per reference.
+// Collective write of each reference: every rank writes the boxes it
+// computed, one collective call per box (ranks with fewer boxes join the
+// later calls with nothing): a box's values are contiguous in memory and in
+// row-major order in the file, which a union of boxes would not be.
 void write_references(hid_t file, const Comm& world, const TapRecorder& taps,
                       const std::map<std::string, ReferenceEntry>& manifest) {
   const int rank = world.rank();
   for (const auto& [name, entry] : manifest) {
     const std::string path = "/reference/" + name;
     Handle ds = create_dataset(file, path, H5T_IEEE_F64LE, entry.shape, rank);
-    Handle fspace(H5Dget_space(ds.get()));
-    H5Sselect_none(fspace.get());
-    std::vector<double> joined;  // only when this rank holds several blocks
-    const double* data = nullptr;
-    hsize_t n = 0;
     auto it = taps.references().find(name);
-    if (it != taps.references().end()) {
-      const auto& blocks = it->second.blocks;
-      bool first = true;
-      for (const auto& b : blocks) {
-        if (entry.shape.empty() || b.rows.size() == 0) continue;  // a scalar: selected whole below
-        std::vector<hsize_t> start(entry.shape.size(), 0),
-            count(entry.shape.begin(), entry.shape.end());
-        start[0] = b.first_row;
-        count[0] = b.rows.shape[0];
-        H5Sselect_hyperslab(fspace.get(), first ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(),
-                            nullptr, count.data(), nullptr);
-        first = false;
-      }
-      if (entry.shape.empty()) H5Sselect_all(fspace.get());
-      for (const auto& b : blocks) n += b.rows.size();
-      if (blocks.size() == 1) {
-        data = blocks[0].rows.ptr();
+    const std::vector<ReferenceBlock> none;
+    const auto& blocks = it != taps.references().end() ? it->second.blocks : none;
+    for (std::size_t k = 0; k < entry.max_blocks; ++k) {
+      Handle fspace(H5Dget_space(ds.get()));
+      const double* data = nullptr;
+      hsize_t n = 0;
+      if (k < blocks.size() && blocks[k].data.size() > 0) {
+        const auto& b = blocks[k];
+        if (entry.shape.empty()) {
+          H5Sselect_all(fspace.get());
+        } else {
+          std::vector<hsize_t> start(b.start.begin(), b.start.end()), count(b.data.shape.begin(), b.data.shape.end());
+          H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+        }
+        data = b.data.ptr();
+        n = b.data.size();
       } else {
-        for (const auto& b : blocks)
-          joined.insert(joined.end(), b.rows.data.begin(), b.rows.data.end());
-        data = joined.data();
+        H5Sselect_none(fspace.get());
       }
+      const hsize_t mem_n = std::max<hsize_t>(n, 1);
+      Handle mspace(H5Screate_simple(1, &mem_n, nullptr));
+      if (n == 0) H5Sselect_none(mspace.get());
+      Handle xfer(H5Pcreate(H5P_DATASET_XFER));
+      H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_COLLECTIVE);
+      if (H5Dwrite(ds.get(), H5T_NATIVE_DOUBLE, mspace.get(), fspace.get(), xfer.get(), data) < 0)
+        fail("rank {}: HDF5 collective write of '{}' failed: {}", rank, path, h5::last_error());
     }
-    const hsize_t mem_n = std::max<hsize_t>(n, 1);
-    Handle mspace(H5Screate_simple(1, &mem_n, nullptr));
-    if (n == 0) H5Sselect_none(mspace.get());
-    Handle xfer(H5Pcreate(H5P_DATASET_XFER));
-    H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_COLLECTIVE);
-    if (H5Dwrite(ds.get(), H5T_NATIVE_DOUBLE, mspace.get(), fspace.get(), xfer.get(), data) < 0)
-      fail("rank {}: HDF5 collective write of '{}' failed: {}", rank, path, h5::last_error());
   }
 }
 

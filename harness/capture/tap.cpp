@@ -1,5 +1,7 @@
 #include "harness/capture/tap.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "harness/core/error.h"
@@ -36,9 +38,7 @@ void TapRecorder::tap(const std::string& name, const Tensor& local, TapOptions o
 
 void TapRecorder::reference(const std::string& name, const RefTensor& global) {
   if (!is_reference_rank()) return;
-  validate_tap_name(name);
-  if (!references_.emplace(name, ReferencePart{global.shape, {{0, global}}}).second)
-    fail("rank {}: reference of tap '{}' recorded twice", rank_, name);
+  reference_block(name, global.shape, std::vector<std::size_t>(global.shape.size(), 0), global);
 }
 
 std::vector<std::size_t> TapRecorder::my_reference_rows(std::size_t n) const {
@@ -50,23 +50,15 @@ std::vector<std::size_t> TapRecorder::my_reference_rows(std::size_t n) const {
 
 void TapRecorder::reference_rows(const std::string& name, const Shape& global, std::size_t first_row,
                                  const RefTensor& rows) {
-  validate_tap_name(name);
   if (global.empty()) fail("rank {}: reference rows of tap '{}': a scalar has no rows", rank_, name);
   Shape want = global;
   want[0] = rows.shape.empty() ? 0 : rows.shape[0];
-  if (rows.shape != want || first_row + want[0] > global[0])
+  if (rows.shape != want)
     fail("rank {}: reference rows of tap '{}': shape {} at row {} does not fit {}", rank_, name,
          shape_str(rows.shape), first_row, shape_str(global));
-  auto [it, fresh] = references_.try_emplace(name, ReferencePart{global, {}});
-  if (!fresh && it->second.global != global)
-    fail("rank {}: reference of tap '{}' recorded with shapes {} and {}", rank_, name,
-         shape_str(it->second.global), shape_str(global));
-  auto& blocks = it->second.blocks;
-  for (const auto& b : blocks)
-    if (first_row < b.first_row + b.rows.shape[0] && b.first_row < first_row + want[0])
-      fail("rank {}: reference rows of tap '{}' recorded twice (row {})", rank_, name, first_row);
-  auto at = std::find_if(blocks.begin(), blocks.end(), [&](const auto& b) { return b.first_row > first_row; });
-  blocks.insert(at, ReferenceRows{first_row, rows});
+  std::vector<std::size_t> start(global.size(), 0);
+  start[0] = first_row;
+  reference_block(name, global, std::move(start), rows);
 }
 
 void TapRecorder::reference_row(const std::string& name, std::size_t n, std::size_t row,
@@ -75,6 +67,35 @@ void TapRecorder::reference_row(const std::string& name, std::size_t n, std::siz
   global.insert(global.begin(), n);
   one.insert(one.begin(), 1);
   reference_rows(name, global, row, RefTensor(one, item.data));
+}
+
+void TapRecorder::reference_block(const std::string& name, const Shape& global, std::vector<std::size_t> start,
+                                  RefTensor block) {
+  validate_tap_name(name);
+  const auto where = [&] {
+    std::string s;
+    for (auto x : start) s += fmt::format("{}{}", s.empty() ? "" : ",", x);
+    return "[" + s + "]";
+  };
+  bool fits = block.shape.size() == global.size() && start.size() == global.size() && block.size() == numel(block.shape);
+  for (std::size_t k = 0; fits && k < global.size(); ++k) fits = start[k] + block.shape[k] <= global[k];
+  if (!fits)
+    fail("rank {}: reference block of tap '{}': shape {} at {} does not fit {}", rank_, name,
+         shape_str(block.shape), where(), shape_str(global));
+  auto [it, fresh] = references_.try_emplace(name, ReferencePart{global, {}});
+  if (!fresh && it->second.global != global)
+    fail("rank {}: reference of tap '{}' recorded with shapes {} and {}", rank_, name,
+         shape_str(it->second.global), shape_str(global));
+  auto& blocks = it->second.blocks;
+  const auto overlaps = [&](const ReferenceBlock& b) {
+    for (std::size_t k = 0; k < global.size(); ++k)
+      if (start[k] >= b.start[k] + b.data.shape[k] || b.start[k] >= start[k] + block.shape[k]) return false;
+    return numel(block.shape) > 0 && b.data.size() > 0;
+  };
+  if (global.empty() ? !blocks.empty() : std::any_of(blocks.begin(), blocks.end(), overlaps))
+    fail("rank {}: reference of tap '{}' recorded twice (block at {})", rank_, name, where());
+  auto at = std::find_if(blocks.begin(), blocks.end(), [&](const auto& b) { return b.start > start; });
+  blocks.insert(at, ReferenceBlock{std::move(start), std::move(block)});
 }
 
 }  // namespace dc

@@ -1,8 +1,8 @@
 // The tap recorder: what a scenario calls to capture a named tensor with its
 // layout. Records keep execution order. References (each tap's GLOBAL tensor,
 // in float64) are kept by the ranks that compute them: a whole reference on
-// the reference rank, or rows of it (independent samples) spread over the
-// ranks, so the references of a run are computed in parallel.
+// the reference rank, or boxes of it (independent samples, token rows) spread
+// over the ranks, so the references of a run are computed in parallel.
 #pragma once
 #include <chrono>
 #include <functional>
@@ -25,16 +25,16 @@ struct TapOptions {
   std::optional<double> rtol;
 };
 
-// Rows [first_row, first_row + rows.shape[0]) of a reference along its first
-// dimension (all of it for a scalar).
-struct ReferenceRows {
-  std::size_t first_row = 0;
-  RefTensor rows;
+// A box of a reference: `data` (its shape is the box's extent) placed at
+// `start` of the whole reference (all of it for a scalar).
+struct ReferenceBlock {
+  std::vector<std::size_t> start;
+  RefTensor data;
 };
 
 struct ReferencePart {
   Shape global;                        // the whole reference's shape
-  std::vector<ReferenceRows> blocks;   // what this rank holds, by first row
+  std::vector<ReferenceBlock> blocks;  // what this rank holds, in order of start
 };
 
 struct TapRecord {
@@ -65,6 +65,10 @@ class TapRecorder {
                       const RefTensor& rows);
   // Row `row` of an `n`-row reference whose rows have the shape of `item`.
   void reference_row(const std::string& name, std::size_t n, std::size_t row, const RefTensor& item);
+  // Any box of a reference (e.g. sample b, tokens [t0, t1) of [B, N, d]): the
+  // ranks' boxes together must cover it once.
+  void reference_block(const std::string& name, const Shape& global, std::vector<std::size_t> start,
+                       RefTensor block);
 
   // Seconds this rank spent computing references, so a run can report the
   // sharded block's own time apart: scenarios compute their references in
