@@ -148,7 +148,7 @@ class Pipeline {
 
   void compute(std::size_t c) {
     auto [q, k, v] = unpack_first(c);
-    attn_[slot(c)] = ref::flash_attention(q, k, v, opt_.flash_block, opt_.flash_block);
+    attn_[slot(c)] = opt_.attend ? opt_.attend(c, q, k, v) : ref::flash_attention(q, k, v, opt_.flash_block, opt_.flash_block);
     round_to(opt_.dtype, attn_[slot(c)].data);
     if (observe_) observe_(c, chunks_[c], q, k, v, attn_[slot(c)]);
   }

@@ -34,6 +34,10 @@ struct UlyssesOptions {
   // like the compiler bug it models.
   bool fault_read_before_wait = false;  // compute reads the receive buffer as posted (NaN-poisoned)
   bool fault_send_reuse = false;        // chunk c+1 is packed into the send buffer chunk c is sending
+  // The attention of chunk c over the gathered sequence, head-major q, k, v
+  // [heads of this rank, S, D] -> [heads of this rank, S, D]; default: flash
+  // attention. (usp_attention puts ring attention here.)
+  std::function<Tensor(std::size_t chunk, const Tensor& q, const Tensor& k, const Tensor& v)> attend;
 };
 
 // What a chunk looked like on this rank: head-major [heads of this rank, S, D].

@@ -221,7 +221,7 @@ def run_cell(exe, cell, night, args, regressions):
 def outcome(cell):
     """A short word for what the cell shows."""
     if cell["ok"]:
-        return "caught" if cell["verdict"] == "FAIL" else "pass"
+        return "caught" if cell["verdict"] in ("FAIL", "CRASHED") else "pass"
     if cell["verdict"] in ("CRASHED", "TIMED OUT", "ERROR", "INTERRUPTED"):
         return "broken"
     if cell["expected"] == "PASS":

@@ -99,7 +99,8 @@ int list_scenarios_json() {
     for (const auto& f : s->faults())
       j["faults"].push_back({{"name", f.name}, {"help", f.help}, {"first_tap", f.first_tap},
                              {"needs_flags", f.needs_flags},
-                             {"takes_effect_when", f.takes_effect_when.empty() ? "always" : f.takes_effect_when}});
+                             {"takes_effect_when", f.takes_effect_when.empty() ? "always" : f.takes_effect_when},
+                             {"crashes_when", f.crashes_when}});
     j["default_mesh"] = nlohmann::json::object();
     for (int n : {1, 2, 4, 8, 16}) {
       try {
@@ -150,6 +151,7 @@ int list_scenarios() {
     for (const auto& f : s->faults()) {
       std::cout << fmt::format("    {}: {}\n      first divergent tap '{}'", f.name, f.help, f.first_tap);
       if (!f.takes_effect_when.empty()) std::cout << fmt::format(" when {}", f.takes_effect_when);
+      if (!f.crashes_when.empty()) std::cout << fmt::format("; a crash when {}", f.crashes_when);
       if (!f.needs_flags.empty()) std::cout << fmt::format("; needs --flag {}", fmt::join(f.needs_flags, " --flag "));
       std::cout << "\n";
     }
@@ -221,6 +223,7 @@ int main(int argc, char** argv) {
   sweep->add_option("--mesh", sw.only_meshes, "Run only this mesh (repeatable), written as the sweep lists it, e.g. dp=2,tp=8");
   sweep->add_option("--reports", sw.reports_dir,
                     "Keep each mesh's run report in DIR: <mesh>.json and <mesh>.html (e.g. dp2_tp8.html)");
+  sweep->add_option("--show-tap", sw.show_taps, "Add a column with this tap's worst err/tol on each mesh (repeatable)");
   sweep->add_flag("--dry-run", sw.dry_run, "List the meshes that would run and those the size rules out; run nothing");
 
   auto* bis = app.add_subcommand("bisect", "Delta-debug a failing flag set down to a 1-minimal failing subset (each trial a child process with a time limit; results cached)");
@@ -294,8 +297,10 @@ int main(int argc, char** argv) {
         with_needs.insert(with_needs.end(), f->needs_flags.begin(), f->needs_flags.end());
         const bool armed = dc::FlagValues::resolve(s->flags(), sw.flags, s->name()).str() ==
                            dc::FlagValues::resolve(s->flags(), with_needs, s->name()).str();
-        sw.expected_first_tap = [f = *f, armed](const dc::Mesh& m) {
-          return armed && f.takes_effect(m) ? f.first_tap : std::string();
+        sw.expected = [f = *f, armed, size = sw.size](const dc::Mesh& m) -> std::pair<std::string, std::string> {
+          if (!armed || !f.takes_effect(m)) return {"PASS", ""};
+          if (f.crashes_on && f.crashes_on(m, size)) return {"CRASHED", ""};
+          return {"FAIL", f.first_tap};
         };
       }
       return dc::sweep_mesh(sw);

@@ -29,6 +29,7 @@ struct Comm::Impl {
 
 struct Request::Impl {
   MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Request req2 = MPI_REQUEST_NULL;  // the receive of a ring step
   std::function<void()> on_complete;  // runs after the MPI request completes
   std::string what;
 };
@@ -272,6 +273,32 @@ Request Comm::iall_to_all(std::span<const T> send, std::span<T> recv) const {
   return Request(std::move(r));
 }
 
+template <class T>
+void Comm::ring_shift(std::span<const T> send, std::span<T> recv) const {
+  iring_shift(send, recv).wait();
+}
+
+template <class T>
+Request Comm::iring_shift(std::span<const T> send, std::span<T> recv) const {
+  if (send.size() != recv.size())
+    fail("rank {}: ring_shift on '{}': send {} / recv {} elements differ", impl_->world_rank, impl_->name,
+         send.size(), recv.size());
+  fingerprint(*impl_, "ring_shift", send.size());
+  auto r = std::make_unique<Request::Impl>();
+  r->what = "ring shift (MPI_Isend/MPI_Irecv) on '" + impl_->name + "'";
+  const int n = impl_->size, cnt = to_int_count(send.size(), "MPI_Isend", *impl_);
+  if (n == 1) {
+    std::copy(send.begin(), send.end(), recv.begin());
+    return Request(std::move(r));
+  }
+  constexpr int kTag = 7;
+  check(MPI_Irecv(recv.data(), cnt, mpi_type<T>(), (impl_->rank + n - 1) % n, kTag, impl_->comm, &r->req2),
+        "MPI_Irecv", *impl_);
+  check(MPI_Isend(send.data(), cnt, mpi_type<T>(), (impl_->rank + 1) % n, kTag, impl_->comm, &r->req),
+        "MPI_Isend", *impl_);
+  return Request(std::move(r));
+}
+
 int Comm::max_int(int v) const {
   fingerprint(*impl_, "max_int", 1);
   int out = 0;
@@ -361,8 +388,9 @@ bool Request::pending() const { return impl_ != nullptr; }
 void Request::wait() {
   if (!impl_) return;
   auto impl = std::move(impl_);
-  if (impl->req != MPI_REQUEST_NULL) {
-    int rc = MPI_Wait(&impl->req, MPI_STATUS_IGNORE);
+  for (MPI_Request* req : {&impl->req, &impl->req2}) {
+    if (*req == MPI_REQUEST_NULL) continue;
+    int rc = MPI_Wait(req, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) {
       char msg[MPI_MAX_ERROR_STRING];
       int len = 0;
@@ -382,7 +410,9 @@ void Request::wait() {
   template std::vector<T> Comm::all_gather<T>(std::span<const T>) const;       \
   template std::vector<T> Comm::reduce_scatter_sum<T>(std::span<const T>) const; \
   template void Comm::all_to_all<T>(std::span<const T>, std::span<T>) const;   \
-  template Request Comm::iall_to_all<T>(std::span<const T>, std::span<T>) const;
+  template Request Comm::iall_to_all<T>(std::span<const T>, std::span<T>) const; \
+  template void Comm::ring_shift<T>(std::span<const T>, std::span<T>) const;   \
+  template Request Comm::iring_shift<T>(std::span<const T>, std::span<T>) const;
 DC_INSTANTIATE(float)
 DC_INSTANTIATE(double)
 #undef DC_INSTANTIATE

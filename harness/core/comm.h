@@ -77,6 +77,14 @@ class Comm {
   template <class T>
   Request iall_to_all(std::span<const T> send, std::span<T> recv) const;
 
+  // One step of a ring: every rank sends `send` to the next rank of the group
+  // (rank + 1 mod size) and receives the previous rank's into `recv` (same
+  // size). Called by every rank of the group, like a collective.
+  template <class T>
+  void ring_shift(std::span<const T> send, std::span<T> recv) const;
+  template <class T>
+  Request iring_shift(std::span<const T> send, std::span<T> recv) const;
+
   // Small helpers for verdicts and metadata.
   int max_int(int v) const;
   double max_double(double v) const;

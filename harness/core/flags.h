@@ -36,6 +36,10 @@ struct FaultSpec {
   // run is correct. Empty: every mesh.
   std::string takes_effect_when = {};
   std::function<bool(const Mesh&)> takes_effect_on = {};
+  // Where the fault crashes the code under test instead (a CRASH finding,
+  // exit 1), in words and as a test of the mesh and size preset.
+  std::string crashes_when = {};
+  std::function<bool(const Mesh&, const std::string& size)> crashes_on = {};
 
   bool takes_effect(const Mesh& m) const { return !takes_effect_on || takes_effect_on(m); }
 };

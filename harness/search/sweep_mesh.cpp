@@ -68,6 +68,13 @@ Row judge(const std::string& mesh, const TrialOutcome& t, const std::string& jso
     row.detail = t.describe();
     return row;
   }
+  // An exception or fault in the code under test: its CRASH line, exit 1.
+  const auto crash = t.output.find("CRASH on rank");
+  if (t.exit_code == 1 && crash != std::string::npos && !std::filesystem::exists(json_file)) {
+    row.verdict = "CRASHED";
+    row.detail = t.output.substr(crash, t.output.find('\n', crash) - crash);
+    return row;
+  }
   if (t.exit_code == 2 || !std::filesystem::exists(json_file)) {
     row.verdict = "ERROR";
     auto last = t.output.find_last_of('\n', t.output.size() > 1 ? t.output.size() - 2 : 0);
@@ -257,10 +264,10 @@ int sweep_mesh(const SweepMeshOptions& opts) {
       if (kept.empty()) std::filesystem::remove(json);
       else row.report_stem = kept;
     }
-    if (opts.expected_first_tap) {
-      const std::string tap = opts.expected_first_tap(mesh);
-      row.expected = tap.empty() ? "PASS" : fmt::format("FAIL at '{}'", tap);
-      row.as_expected = opts.dry_run || (tap.empty() ? row.verdict == "PASS" : row.verdict == "FAIL" && row.first_tap == tap);
+    if (opts.expected) {
+      const auto [verdict, tap] = opts.expected(mesh);
+      row.expected = verdict == "FAIL" ? fmt::format("FAIL at '{}'", tap) : verdict;
+      row.as_expected = opts.dry_run || (row.verdict == verdict && (verdict != "FAIL" || row.first_tap == tap));
     }
     rows.push_back(std::move(row));
   }
@@ -269,19 +276,29 @@ int sweep_mesh(const SweepMeshOptions& opts) {
   std::cout << fmt::format("sweep-mesh: {} on {} ranks{}{}\n", opts.scenario, opts.ranks,
                            opts.fault.empty() ? "" : ", inject " + opts.fault,
                            opts.flags.empty() ? "" : fmt::format(", flags {}", fmt::join(opts.flags, " ")));
-  const bool expect = static_cast<bool>(opts.expected_first_tap);
-  std::cout << "| mesh | wall s | verdict | first divergent tap | detail |" << (expect ? " expected |" : "")
-            << "\n|---|---|---|---|---|" << (expect ? "---|" : "") << "\n";
+  const bool expect = static_cast<bool>(opts.expected);
+  std::cout << "| mesh | wall s | verdict | first divergent tap | detail |" << (expect ? " expected |" : "");
+  for (const auto& t : opts.show_taps) std::cout << fmt::format(" {} err/tol |", t);
+  std::cout << "\n|---|---|---|---|---|" << (expect ? "---|" : "");
+  for (std::size_t k = 0; k < opts.show_taps.size(); ++k) std::cout << "---|";
+  std::cout << "\n";
   int failed = 0, unexpected = 0;
   for (const auto& r : rows) {
     std::cout << fmt::format("| {} | {:.1f} | {} | {} | {} |", r.mesh, r.seconds, r.verdict, r.first_tap, r.detail);
     if (expect) std::cout << fmt::format(" {}{} |", r.expected, r.as_expected ? "" : " (NOT MET)");
+    for (const auto& t : opts.show_taps) {
+      auto it = std::find_if(r.taps.begin(), r.taps.end(), [&](const auto& x) { return x.first == t; });
+      std::cout << (it == r.taps.end() ? std::string(" - |") : fmt::format(" {} |", html::num(it->second.ratio)));
+    }
     std::cout << "\n";
     failed += r.failed;
     unexpected += !r.as_expected;
   }
-  for (const auto& [m, why] : skipped)
-    std::cout << fmt::format("| {} | - | skipped | - | {} |{}\n", m, why, expect ? " - |" : "");
+  for (const auto& [m, why] : skipped) {
+    std::cout << fmt::format("| {} | - | skipped | - | {} |{}", m, why, expect ? " - |" : "");
+    for (std::size_t k = 0; k < opts.show_taps.size(); ++k) std::cout << " - |";
+    std::cout << "\n";
+  }
   std::cout << fmt::format("{} meshes {}, {} fail, {} skipped by the problem size\n", rows.size(),
                            opts.dry_run ? "planned" : "run", failed, skipped.size());
   if (expect && !opts.dry_run)
@@ -296,6 +313,9 @@ int sweep_mesh(const SweepMeshOptions& opts) {
       nlohmann::json row{{"mesh", r.mesh}, {"seconds", r.seconds}, {"verdict", r.verdict},
                          {"first_divergence", r.first_tap}, {"detail", r.detail}};
       if (expect) row["expected"] = r.expected, row["as_expected"] = r.as_expected;
+      for (const auto& t : opts.show_taps)
+        for (const auto& [name, c] : r.taps)
+          if (name == t) row["err_over_tol"][t] = c.ratio;
       if (!r.report_stem.empty()) row["report"] = {{"json", r.report_stem + ".json"}, {"html", r.report_stem + ".html"}};
       j["rows"].push_back(row);
     }

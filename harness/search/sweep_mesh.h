@@ -8,6 +8,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/core/mesh.h"
@@ -29,12 +30,15 @@ struct SweepMeshOptions {
   // Keep each mesh's run report (<dir>/<mesh>.json and .html, e.g. dp2_tp8.json),
   // written as soon as that mesh has run.
   std::string reports_dir;
+  // Taps whose worst err/tol gets a column of the table (e.g. how a fault's
+  // error grows with a mesh axis).
+  std::vector<std::string> show_taps;
   // List the meshes that would run (and those skipped), run nothing.
   bool dry_run = false;
-  // With a fault: the tap where a mesh must first diverge, or "" where the
-  // fault does not take effect (the run must pass). Rows then say whether
-  // they went as expected.
-  std::function<std::string(const Mesh&)> expected_first_tap;
+  // With a fault: what each mesh must show — {"FAIL", first divergent tap},
+  // {"CRASHED", ""} or {"PASS", ""} where the fault does not take effect.
+  // Rows then say whether they went as expected.
+  std::function<std::pair<std::string, std::string>(const Mesh&)> expected;
   // The scenario's mesh axes, in order, and its mesh check: throws InputError
   // (with the reason) for a mesh the scenario or its size cannot run on.
   std::vector<std::string> axes;

@@ -1,0 +1,149 @@
+#include "scenarios/ring_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "harness/core/error.h"
+
+namespace dc {
+
+template <class T>
+std::pair<BasicTensor<T>, BasicTensor<T>> block_attention(const BasicTensor<T>& q, const BasicTensor<T>& k,
+                                                          const BasicTensor<T>& v) {
+  const std::size_t h = q.shape[0], sq = q.shape[1], d = q.shape[2], sk = k.shape[1];
+  BasicTensor<T> out({h, sq, d}), lse({h, sq});
+  std::vector<double> s(sk), o(d);
+  for (std::size_t a = 0; a < h; ++a)
+    for (std::size_t i = 0; i < sq; ++i) {
+      const T* qi = q.ptr() + (a * sq + i) * d;
+      double m = -INFINITY;
+      for (std::size_t j = 0; j < sk; ++j) {
+        const T* kj = k.ptr() + (a * sk + j) * d;
+        double dot = 0;
+        for (std::size_t x = 0; x < d; ++x) dot += double(qi[x]) * double(kj[x]);
+        s[j] = dot;
+        m = std::max(m, dot);
+      }
+      double l = 0;
+      std::fill(o.begin(), o.end(), 0.0);
+      for (std::size_t j = 0; j < sk; ++j) {
+        const double p = std::exp(s[j] - m);
+        l += p;
+        const T* vj = v.ptr() + (a * sk + j) * d;
+        for (std::size_t x = 0; x < d; ++x) o[x] += p * double(vj[x]);
+      }
+      for (std::size_t x = 0; x < d; ++x) out.data[(a * sq + i) * d + x] = static_cast<T>(o[x] / l);
+      lse.data[a * sq + i] = static_cast<T>(m + std::log(l));
+    }
+  return {std::move(out), std::move(lse)};
+}
+
+template std::pair<Tensor, Tensor> block_attention(const Tensor&, const Tensor&, const Tensor&);
+template std::pair<RefTensor, RefTensor> block_attention(const RefTensor&, const RefTensor&, const RefTensor&);
+
+namespace {
+
+Tensor transpose2(const Tensor& x) {
+  const std::size_t r = x.shape[0], c = x.shape[1];
+  Tensor y({c, r});
+  for (std::size_t i = 0; i < r; ++i)
+    for (std::size_t j = 0; j < c; ++j) y.data[j * r + i] = x.data[i * c + j];
+  return y;
+}
+
+double log_sigmoid(double x) { return x < 0 ? x - std::log1p(std::exp(x)) : -std::log1p(std::exp(-x)); }
+
+// Merges (ob, lb) into (out, lse); lse and lb token-major [Sq, h], outputs [h, Sq, D].
+void merge(Tensor& out, Tensor& lse, const Tensor& ob, const Tensor& lb, bool sigmoid_form) {
+  const std::size_t h = out.shape[0], sq = out.shape[1], d = out.shape[2];
+  for (std::size_t i = 0; i < sq; ++i)
+    for (std::size_t a = 0; a < h; ++a) {
+      const double l = lse.data[i * h + a], b = lb.data[i * h + a];
+      float* o = out.ptr() + (a * sq + i) * d;
+      const float* ob_row = ob.ptr() + (a * sq + i) * d;
+      if (sigmoid_form) {
+        const double w = 1.0 / (1.0 + std::exp(l - b));  // sigmoid(b - l)
+        for (std::size_t x = 0; x < d; ++x) o[x] = static_cast<float>(o[x] - w * (double(o[x]) - ob_row[x]));
+        lse.data[i * h + a] = static_cast<float>(l - log_sigmoid(l - b));
+      } else {
+        const double m = std::max(l, b), p = std::exp(l - m), c = std::exp(b - m);
+        for (std::size_t x = 0; x < d; ++x) o[x] = static_cast<float>((p * o[x] + c * ob_row[x]) / (p + c));
+        lse.data[i * h + a] = static_cast<float>(m + std::log(p + c));
+      }
+    }
+}
+
+}  // namespace
+
+std::pair<Tensor, Tensor> ring_attention(const Comm& ring, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const RingOptions& opt, const RingObserver& observe) {
+  const std::size_t n = static_cast<std::size_t>(ring.size()), me = static_cast<std::size_t>(ring.rank());
+  const std::size_t h = q.shape[0], sq = q.shape[1], d = q.shape[2], sk = k.shape[1], kv_n = k.size();
+  std::array<std::vector<float>, 2> buf;
+  buf[0].reserve(2 * kv_n);
+  buf[0].insert(buf[0].end(), k.data.begin(), k.data.end());
+  buf[0].insert(buf[0].end(), v.data.begin(), v.data.end());
+  buf[1].assign(2 * kv_n, 0.0f);
+  std::vector<float> all;  // kv_transfer=allgather: every ring rank's block, in ring order
+  if (opt.allgather) all = ring.all_gather(std::span<const float>(buf[0]));
+  std::size_t cur = 0;
+  Tensor out, lse;  // the merge state: out [h, Sq, D], lse token-major [Sq, h]
+  for (std::size_t t = 0; t < n; ++t) {
+    const bool more = !opt.allgather && t + 1 < n;
+    Request next;
+    const float* block = buf[cur].data();
+    if (opt.allgather) {
+      block = all.data() + ((me + n - t) % n) * 2 * kv_n;
+    } else if (more && opt.overlap) {
+      next = ring.iring_shift(std::span<const float>(buf[cur]), std::span<float>(buf[1 - cur]));
+      // The fault: the incoming block is received into the buffer this step
+      // still reads; deterministically, as if it landed before the read.
+      if (opt.fault_kv_reuse) {
+        next.wait();
+        block = buf[1 - cur].data();
+      }
+    }
+    const Tensor kb({h, sk, d}, std::vector<float>(block, block + kv_n));
+    const Tensor vb({h, sk, d}, std::vector<float>(block + kv_n, block + 2 * kv_n));
+    auto [ob, lb] = block_attention(q, kb, vb);  // lb head-major [h, Sq]
+    round_to(opt.dtype, ob.data);
+    if (opt.fault_lse_offset) {
+      // Smoothing: k - mean(k over the block) leaves the softmax (and ob)
+      // unchanged and lowers every logit of query i by q_i . mean(k); the
+      // kernel never adds that back into its LSE.
+      for (std::size_t a = 0; a < h; ++a) {
+        std::vector<double> mean(d, 0.0);
+        for (std::size_t j = 0; j < sk; ++j)
+          for (std::size_t x = 0; x < d; ++x) mean[x] += kb.data[(a * sk + j) * d + x] / double(sk);
+        for (std::size_t i = 0; i < sq; ++i) {
+          double off = 0;
+          for (std::size_t x = 0; x < d; ++x) off += double(q.data[(a * sq + i) * d + x]) * mean[x];
+          lb.data[a * sq + i] = static_cast<float>(lb.data[a * sq + i] - off);
+        }
+      }
+    }
+    // The hand-over: the merge reads [Sq, h]; the faulty kernel gives [h, Sq].
+    const Tensor handed = opt.fault_lse_layout ? lb : transpose2(lb);
+    if (handed.shape != Shape{sq, h})
+      fail("ring attention merge (ring rank {}, step {}): the kernel's LSE has shape {} where the merge reads "
+           "[Sq, heads] = [{}, {}]",
+           me, t, shape_str(handed.shape), sq, h);
+    if (t == 0) {
+      out = std::move(ob);
+      lse = handed;
+    } else {
+      merge(out, lse, ob, handed, opt.sigmoid_merge);
+      round_to(opt.dtype, out.data);
+    }
+    if (more) {
+      if (opt.overlap) next.wait();
+      else ring.ring_shift(std::span<const float>(buf[cur]), std::span<float>(buf[1 - cur]));
+      cur = 1 - cur;
+    }
+    if (observe) observe(t, out, transpose2(lse));
+  }
+  return {out, transpose2(lse)};
+}
+
+}  // namespace dc
