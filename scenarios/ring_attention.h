@@ -28,6 +28,12 @@ template <class T>
 std::pair<BasicTensor<T>, BasicTensor<T>> block_attention(const BasicTensor<T>& q, const BasicTensor<T>& k,
                                                           const BasicTensor<T>& v);
 
+// Merges one block's partial result into the running one: out and out_b
+// [h, Sq, D]; lse and lse_b token-major [Sq, h] (the merge's layout).
+template <class T>
+void lse_merge(BasicTensor<T>& out, BasicTensor<T>& lse, const BasicTensor<T>& out_b, const BasicTensor<T>& lse_b,
+               bool sigmoid_form);
+
 struct RingOptions {
   bool overlap = false;        // post the next K/V transfer before computing the current block
   bool allgather = false;      // kv_transfer=allgather: every block at once instead of ring steps

@@ -61,7 +61,7 @@ class QuickNight(E2ETest):
                 self.assertTrue(cell["ok"], cell)
                 if cell["expected"] == "CRASHED":  # e.g. usp_attention's lse_layout on most meshes
                     self.assertEqual(cell["verdict"], "CRASHED", cell)
-                    self.assertIn("CRASH on rank", cell["detail"])
+                    self.assertIn("CRASH on ", cell["detail"])
                     continue
                 self.assertEqual(cell["verdict"], "FAIL", cell)
                 self.assertEqual(cell["first_tap"], f["first_tap"], cell)

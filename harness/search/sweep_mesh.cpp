@@ -69,7 +69,7 @@ Row judge(const std::string& mesh, const TrialOutcome& t, const std::string& jso
     return row;
   }
   // An exception or fault in the code under test: its CRASH line, exit 1.
-  const auto crash = t.output.find("CRASH on rank");
+  const auto crash = t.output.find("CRASH on ");
   if (t.exit_code == 1 && crash != std::string::npos && !std::filesystem::exists(json_file)) {
     row.verdict = "CRASHED";
     row.detail = t.output.substr(crash, t.output.find('\n', crash) - crash);

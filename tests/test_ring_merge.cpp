@@ -1,0 +1,121 @@
+// The log-sum-exp merge of ring attention: against PyTorch (float64, both
+// merge forms), against exact attention over every key for ring degrees 1-8
+// with uneven blocks, and the two halves of a sequence merging to the whole.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "harness/capture/store.h"
+#include "reference/generate.h"
+#include "reference/nn.h"
+#include "scenarios/ring_attention.h"
+
+using namespace dc;
+
+namespace {
+
+template <class T>
+BasicTensor<T> transpose2(const BasicTensor<T>& x) {
+  BasicTensor<T> y({x.shape[1], x.shape[0]});
+  for (std::size_t i = 0; i < x.shape[0]; ++i)
+    for (std::size_t j = 0; j < x.shape[1]; ++j) y.data[j * x.shape[0] + i] = x.data[i * x.shape[1] + j];
+  return y;
+}
+
+// Keys [from, to) of a head-major [h, n, D] tensor.
+RefTensor keys(const RefTensor& x, std::size_t from, std::size_t to) {
+  const std::size_t h = x.shape[0], n = x.shape[1], d = x.shape[2];
+  RefTensor y({h, to - from, d});
+  for (std::size_t a = 0; a < h; ++a)
+    std::copy(x.ptr() + (a * n + from) * d, x.ptr() + (a * n + to) * d, y.ptr() + a * (to - from) * d);
+  return y;
+}
+
+// Merges block attention over `cuts` (block boundaries of the keys).
+std::pair<RefTensor, RefTensor> merged(const RefTensor& q, const RefTensor& k, const RefTensor& v,
+                                       const std::vector<std::size_t>& cuts, bool sigmoid) {
+  RefTensor out, lse;
+  for (std::size_t b = 0; b + 1 < cuts.size(); ++b) {
+    auto [o, l] = block_attention(q, keys(k, cuts[b], cuts[b + 1]), keys(v, cuts[b], cuts[b + 1]));
+    if (b == 0) {
+      out = o;
+      lse = transpose2(l);
+    } else {
+      lse_merge(out, lse, o, transpose2(l), sigmoid);
+    }
+  }
+  return {out, transpose2(lse)};
+}
+
+RefTensor random(const char* name, Shape s, float scale) { return ref::to_ref(ref::generate(5, name, s, scale)); }
+
+void expect_near(const RefTensor& a, const RefTensor& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.shape, b.shape) << what;
+  for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a.data[i], b.data[i], tol) << what << " at " << i;
+}
+
+}  // namespace
+
+TEST(RingMerge, MatchesPyTorch) {
+  ActivationSet f = read_activations(std::string(DIFFCHECK_SOURCE_DIR) + "/tests/fixtures/ring_merge_small.h5");
+  std::map<std::string, RefTensor> t;
+  for (const auto& tap : f.taps) t[tap.name] = RefTensor(tap.local_shape, read_whole_piece(f, tap, 0));
+  for (bool sigmoid : {true, false}) {
+    RefTensor out, lse;
+    for (int b = 0; b < 3; ++b) {
+      auto [o, l] = block_attention(t["q"], t[fmt::format("k{}", b)], t[fmt::format("v{}", b)]);
+      expect_near(o, t[fmt::format("out{}", b)], 1e-12, "block output");
+      expect_near(l, t[fmt::format("lse{}", b)], 1e-12, "block LSE");
+      if (b == 0) out = o, lse = transpose2(l);
+      else lse_merge(out, lse, o, transpose2(l), sigmoid);
+    }
+    const std::string form = sigmoid ? "sigmoid" : "maxexp";
+    expect_near(out, t["merged_" + form], 1e-12, "merged " + form);
+    expect_near(transpose2(lse), t["lse_" + form], 1e-12, "LSE " + form);
+    expect_near(out, t["exact"], 1e-12, "merged vs exact " + form);
+    expect_near(transpose2(lse), t["lse_exact"], 1e-12, "LSE vs exact " + form);
+  }
+}
+
+TEST(RingMerge, RingDegreesAndUnevenBlocksEqualExactAttention) {
+  const std::size_t h = 3, sq = 7, d = 8, n = 45;
+  const RefTensor q = random("q", {h, sq, d}, 1.0f), k = random("k", {h, n, d}, 0.5f), v = random("v", {h, n, d}, 1.0f);
+  auto [exact, exact_lse] = block_attention(q, k, v);
+  for (std::size_t ring : {1, 2, 4, 8}) {
+    std::vector<std::size_t> even, uneven{0};
+    for (std::size_t b = 0; b <= ring; ++b) even.push_back(b * n / ring);
+    for (std::size_t b = 1; b < ring; ++b) uneven.push_back(uneven.back() + 1 + b % 3);  // 2, 3, 1, 2, ...
+    uneven.push_back(n);
+    for (const auto& cuts : {even, uneven})
+      for (bool sigmoid : {true, false}) {
+        auto [out, lse] = merged(q, k, v, cuts, sigmoid);
+        const std::string what = fmt::format("ring {} {} {}", ring, cuts == even ? "even" : "uneven", sigmoid ? "sigmoid" : "maxexp");
+        expect_near(out, exact, 1e-13, what);
+        expect_near(lse, exact_lse, 1e-13, what);
+      }
+  }
+}
+
+TEST(RingMerge, TwoHalvesMergeToTheWhole) {
+  const RefTensor q = random("q2", {2, 5, 4}, 1.0f), k = random("k2", {2, 10, 4}, 1.0f), v = random("v2", {2, 10, 4}, 1.0f);
+  auto [whole, whole_lse] = block_attention(q, k, v);
+  auto [out, lse] = merged(q, k, v, {0, 5, 10}, true);
+  expect_near(out, whole, 1e-14, "halves");
+  expect_near(lse, whole_lse, 1e-14, "halves LSE");
+  // An LSE lowered by the same constant in every block cancels in the merge
+  // (only the LSE itself shows it); lse_offset's offset differs per block.
+  auto [o0, l0] = block_attention(q, keys(k, 0, 5), keys(v, 0, 5));
+  auto [o1, l1] = block_attention(q, keys(k, 5, 10), keys(v, 5, 10));
+  for (auto* l : {&l0, &l1})
+    for (auto& x : l->data) x -= 0.75;
+  RefTensor m = o0, ml = transpose2(l0);
+  lse_merge(m, ml, o1, transpose2(l1), true);
+  expect_near(m, whole, 1e-14, "a shared offset cancels");
+  for (auto& x : l1.data) x -= 0.5;  // a different offset per block does not
+  m = o0, ml = transpose2(l0);
+  lse_merge(m, ml, o1, transpose2(l1), true);
+  double worst = 0;
+  for (std::size_t i = 0; i < m.size(); ++i) worst = std::max(worst, std::abs(m.data[i] - whole.data[i]));
+  EXPECT_GT(worst, 1e-2);
+}
