@@ -25,11 +25,15 @@ def run(exe, n, scenario, dtype, fault, tmp, flags=()):
             "--json", js]
     if fault:
         args += ["--inject", fault]
+    if os.path.exists(js):
+        os.remove(js)
     for f in flags:
         args += ["--flag", f]
     p = subprocess.run(args, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
     if p.returncode not in (0, 1):
         sys.exit(f"{' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
+    if not os.path.exists(js):  # the code under test crashed: no report
+        return p.returncode, {"taps": [], "first_divergence": {"tap": "CRASHED", "checks": []}}
     with open(js) as f:
         return p.returncode, json.load(f)
 
@@ -42,7 +46,7 @@ def worst_clean(report):
 
 def faults_of(exe, scenario):
     p = subprocess.run([exe, "list", "--json"], capture_output=True, text=True, check=True)
-    return [f["name"] for s in json.loads(p.stdout) if s["name"] == scenario for f in s["faults"]]
+    return [(f["name"], f["needs_flags"]) for s in json.loads(p.stdout) if s["name"] == scenario for f in s["faults"]]
 
 
 def main():
@@ -60,8 +64,8 @@ def main():
                 code, rep = run(a.exe, a.n, sc, dtype, None, tmp, a.set)
                 ratio, tap, _ = worst_clean(rep)
                 clean = f"{ratio:.3f} ({tap})" + ("" if code == 0 else " FAILED")
-                for fault in faults_of(a.exe, sc):
-                    code, rep = run(a.exe, a.n, sc, dtype, fault, tmp, a.set)
+                for fault, needs in faults_of(a.exe, sc):
+                    code, rep = run(a.exe, a.n, sc, dtype, fault, tmp, a.set + needs)
                     fd = rep["first_divergence"] or {}
                     t = next((t for t in rep["taps"] if t["name"] == fd.get("tap")), None)
                     r = t["reference"].get("worst_ratio", "-") if t else "-"
