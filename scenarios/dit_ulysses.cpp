@@ -62,16 +62,21 @@ class DitUlysses final : public Scenario {
              {"64", "7"}}};
   }
   std::vector<FaultSpec> faults() const override {
+    // The nightly matrix found the first two documented as "sp > 1" wrongly:
+    // an all-to-all over one rank still goes through the schedule (both fire
+    // at sp = 1), and with 16 heads over sp = 16 there is one head per rank,
+    // so a single head chunk and nothing to overwrite.
     const auto sharded = [](const Mesh& m) { return m.axis_size("sp") > 1; };
+    const auto two_chunks = [](const Mesh& m) { return WanSizes{}.heads / std::size_t(m.axis_size("sp")) >= 2; };
     return {{"a2a_read_before_wait",
              "with async_a2a and overlap both on, attention reads all-to-all #1's receive buffer "
              "before its wait (NaN-poisoned): the seeds/000 NaN",
-             "ulysses/chunk0/q_after_a2a", {"async_a2a=true", "overlap=true"}, "sp > 1", sharded},
+             "ulysses/chunk0/q_after_a2a", {"async_a2a=true", "overlap=true"}},
             {"a2a_send_reuse",
              "with async_a2a and overlap both on, the next chunk is packed into the send buffer "
              "still being sent: finite, wrong heads (needs ulysses_chunks >= 2)",
-             "ulysses/chunk0/q_after_a2a", {"async_a2a=true", "overlap=true", "ulysses_chunks=2"}, "sp > 1",
-             sharded},
+             "ulysses/chunk0/q_after_a2a", {"async_a2a=true", "overlap=true", "ulysses_chunks=2"},
+             "there are two head chunks (at least 2 heads per sp rank)", two_chunks},
             {"rope_local_positions", "RoPE with local instead of global token positions", "attn/q", {}, "sp > 1",
              sharded}};
   }

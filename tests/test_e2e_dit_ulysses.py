@@ -78,6 +78,17 @@ class DitUlysses(E2ETest):
                           "--inject", "a2a_send_reuse")
         self.assertExit(res, 0)
 
+    def test_faults_take_effect_where_documented(self):
+        # The nightly matrix found these two documented as "sp > 1": both fire
+        # at sp = 1, and the send-buffer reuse needs two head chunks (not at sp = 16).
+        for fault, needs in (("a2a_read_before_wait", ("async_a2a", "overlap")),
+                             ("a2a_send_reuse", ("async_a2a", "overlap"))):
+            with self.subTest(fault=fault):
+                res = self.diffcheck("sweep-mesh", "--scenario", "dit_ulysses", "-n", "16", "--inject", fault,
+                                     *flag_args(needs, 2 if fault == "a2a_send_reuse" else None))
+                self.assertExit(res, 1)
+                self.assertIn("every mesh as documented", res.out)
+
     def test_rope_local_positions(self):
         res = self.mpirun(16, "--scenario", "dit_ulysses", "--inject", "rope_local_positions")
         self.assertExit(res, 1)
