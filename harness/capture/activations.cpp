@@ -58,4 +58,8 @@ std::vector<double> read_whole_reference(const ActivationSet& set, const TapData
   return v;
 }
 
+// Sources every process can read need no staging.
+void ActivationData::stage(const TapData&, const std::vector<PlannedRead>&) const {}
+int ActivationData::reference_holder(const TapData&, const Slab&) const { return 0; }
+
 }  // namespace dc

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/core/comm.h"
 #include "harness/core/layout.h"
 #include "harness/core/mesh.h"
 #include "harness/core/tensor.h"
@@ -43,6 +44,14 @@ struct Slab {
   Shape start, count;
 };
 
+// A read a checking process will make in the next round: rank `rank`'s piece
+// (local coordinates) or, for rank -1, the reference (global coordinates).
+struct PlannedRead {
+  int reader = 0;
+  int rank = -1;
+  Slab slab;
+};
+
 // Streamed access to tap values, as float64 in row-major order. Implementations
 // may be called from several threads at once (they serialize what must be).
 class ActivationData {
@@ -52,6 +61,18 @@ class ActivationData {
   virtual void read_piece(const TapData& t, int rank, const Slab& slab, double* out) const = 0;
   // The reference of tap `t`, restricted to `slab` (global coordinates).
   virtual void read_reference(const TapData& t, const Slab& slab, double* out) const = 0;
+
+  // Distributed sources (a run's taps, still in the memory of the ranks that
+  // recorded them) return the processes that hold the values; null for
+  // files, which any process can read. The checker then reads only in
+  // rounds: stage() is collective over those processes, is given every
+  // process's reads of the round, and moves what each needs; afterwards each
+  // process reads what was staged for it (or what it holds).
+  virtual const Comm* holders() const { return nullptr; }
+  virtual void stage(const TapData& t, const std::vector<PlannedRead>& reads) const;
+  // The process holding the first element of a slab of the reference: the
+  // natural reader of that slab (the data need not move). 0 for files.
+  virtual int reference_holder(const TapData& t, const Slab& slab) const;
 };
 
 struct ActivationSet {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -230,14 +231,12 @@ struct Workers {
   int size() const { return processes ? processes->size() : 1; }
 };
 
-// This process's share of items 0..n-1 on its threads, each thread with its
-// own stats, merged. The first exception (e.g. an unreadable file) stops the
-// other threads and is rethrown.
+// Items `items` on up to `threads` threads, each thread with its own stats,
+// merged. The first exception (e.g. an unreadable file) stops the other
+// threads and is rethrown.
 template <class Work>
-TapStats run_local_items(std::size_t n, const Workers& w, Work& work) {
-  const std::size_t stride = static_cast<std::size_t>(w.size());
-  const std::size_t mine = n / stride + (static_cast<std::size_t>(w.rank()) < n % stride ? 1 : 0);
-  int threads = static_cast<int>(std::min<std::size_t>(std::max(1, w.threads), std::max<std::size_t>(mine, 1)));
+TapStats run_item_list(const std::vector<std::size_t>& items, int threads_wanted, Work& work) {
+  int threads = static_cast<int>(std::min<std::size_t>(std::max(1, threads_wanted), std::max<std::size_t>(items.size(), 1)));
   std::vector<TapStats> parts(static_cast<std::size_t>(threads));
   std::atomic<std::size_t> next{0};
   std::atomic<bool> stop{false};
@@ -245,8 +244,8 @@ TapStats run_local_items(std::size_t n, const Workers& w, Work& work) {
   std::mutex error_mu;
   auto loop = [&](int k) {
     try {
-      for (std::size_t j; !stop && (j = next++) < mine;)
-        work(j * stride + static_cast<std::size_t>(w.rank()), parts[static_cast<std::size_t>(k)], k);
+      for (std::size_t j; !stop && (j = next++) < items.size();)
+        work(items[j], parts[static_cast<std::size_t>(k)], k);
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mu);
       if (!error) error = std::current_exception();
@@ -267,25 +266,35 @@ TapStats run_local_items(std::size_t n, const Workers& w, Work& work) {
   return all;
 }
 
-// Every item's stats, merged on every process. Processes agree on failure as
-// well: a process that could not read its share sends its error instead, and
-// every process throws the lowest rank's error, so none waits for another.
+// This process's share of items 0..n-1 (i % size == rank) on its threads.
 template <class Work>
-TapStats run_items(std::size_t n, const Workers& w, Work&& work) {
-  if (w.size() == 1) {
-    TapStats s = run_local_items(n, w, work);
+TapStats run_local_items(std::size_t n, const Workers& w, Work& work) {
+  std::vector<std::size_t> mine;
+  for (std::size_t i = static_cast<std::size_t>(w.rank()); i < n; i += static_cast<std::size_t>(w.size()))
+    mine.push_back(i);
+  return run_item_list(mine, w.threads, work);
+}
+
+// Every process's stats from `local()`, merged on every process. Processes
+// agree on failure as well: a process that could not read its share sends its
+// error instead, and every process throws the lowest rank's error, so none
+// waits for another.
+template <class Local>
+TapStats merge_processes(const Comm* processes, Local&& local) {
+  if (!processes || processes->size() == 1) {
+    TapStats s = local();
     s.finish();
     return s;
   }
   std::string mine;
   try {
-    mine = "S" + run_local_items(n, w, work).encode();
+    mine = "S" + local().encode();
   } catch (const InputError& e) {
     mine = std::string("I") + e.what();
   } catch (const std::exception& e) {
     mine = std::string("E") + e.what();
   }
-  auto all = w.processes->all_gather_strings(mine);
+  auto all = processes->all_gather_strings(mine);
   TapStats s;
   for (const auto& part : all) {
     if (part.empty()) fail("comparator: empty statistics from another process");
@@ -295,6 +304,48 @@ TapStats run_items(std::size_t n, const Workers& w, Work&& work) {
   }
   s.finish();
   return s;
+}
+
+// Every item's stats, merged on every process.
+template <class Work>
+TapStats run_items(std::size_t n, const Workers& w, Work&& work) {
+  return merge_processes(w.processes, [&] { return run_local_items(n, w, work); });
+}
+
+// Items of a distributed source (see ActivationData::holders), in rounds: a
+// round's items run on the process that plan(round) names for each, after
+// the source has staged every process's reads of the round. A process whose
+// work failed keeps joining the rounds (they are collective) and reports its
+// error at the merge.
+struct Round {
+  std::vector<std::size_t> items;  // item numbers of the round
+  std::vector<int> reader;         // per item, the process that runs it
+  std::vector<PlannedRead> reads;  // of every process
+};
+
+template <class Plan, class Work>
+TapStats run_rounds(const ActivationSet& set, const TapData& t, std::size_t rounds, int threads,
+                    Plan&& plan, Work&& work) {
+  const Comm* holders = set.data->holders();
+  TapStats mine;
+  std::exception_ptr error;
+  for (std::size_t round = 0; round < rounds; ++round) {
+    const Round r = plan(round);
+    set.data->stage(t, r.reads);
+    if (error) continue;
+    std::vector<std::size_t> local;
+    for (std::size_t i = 0; i < r.items.size(); ++i)
+      if (r.reader[i] == holders->rank()) local.push_back(r.items[i]);
+    try {
+      mine.merge(run_item_list(local, threads, work));
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  return merge_processes(holders, [&] {
+    if (error) std::rethrow_exception(error);
+    return mine;
+  });
 }
 
 struct Buffers {
@@ -309,8 +360,13 @@ double reference_rms(const ActivationSet& set, const TapPlan& p, std::size_t chu
   const Shape& shape = *p.tap->reference_shape;
   const std::size_t n = numel(shape);
   if (n == 0) return 0;
-  ChunkPlan plan(shape, chunk, unit);
-  TapStats s = run_items(plan.count(), threads, [&](std::size_t i, TapStats& st, int k) {
+  // A distributed source: rounds of one item per process, each chunk read
+  // by the process holding its first element (so it rarely moves); a round
+  // stages at most `processes` chunks, a quarter of a thread's buffers each.
+  const Comm* holders = set.data->holders();
+  const std::size_t per_round = holders ? static_cast<std::size_t>(holders->size()) : 1;
+  ChunkPlan plan(shape, holders ? std::max(unit, std::min(chunk, chunk * 4 / per_round)) : chunk, unit);
+  auto work = [&](std::size_t i, TapStats& st, int k) {
     Slab slab = plan.slab(i);
     double* r = bufs[static_cast<std::size_t>(k)].ref.data();
     set.data->read_reference(*p.tap, slab, r);
@@ -326,7 +382,23 @@ double reference_rms(const ActivationSet& set, const TapPlan& p, std::size_t chu
           if (std::isfinite(r[j])) st.ref_sq.add_value(r[j]);
       at = end;
     }
-  });
+  };
+  TapStats s;
+  if (!holders) {
+    s = run_items(plan.count(), threads, work);
+  } else {
+    const std::size_t rounds = (plan.count() + per_round - 1) / per_round;
+    s = run_rounds(set, *p.tap, rounds, threads.threads, [&](std::size_t round) {
+      Round r;
+      for (std::size_t i = round * per_round; i < std::min(plan.count(), (round + 1) * per_round); ++i) {
+        const Slab slab = plan.slab(i);
+        r.items.push_back(i);
+        r.reader.push_back(set.data->reference_holder(*p.tap, slab));
+        r.reads.push_back({r.reader.back(), -1, slab});
+      }
+      return r;
+    }, work);
+  }
   return s.ref_sq.rms(n);
 }
 
@@ -350,9 +422,23 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
     tol = derive_tolerance(in);
   }
 
-  ChunkPlan plan(t.local_shape, chunk, unit);
+  // A distributed source: each block is checked by its owner, one chunk
+  // index per round; the chunk shrinks so that what a round stages for the
+  // busiest owner (its blocks' other pieces and reference) stays within the
+  // four buffers of a thread.
+  const Comm* holders = set.data->holders();
+  std::size_t reads_per_owner = 1;
+  if (holders) {
+    std::map<int, std::size_t> reads;
+    for (const auto& g : p.groups) {
+      std::size_t n = has_ref ? 1 : 0;
+      for (const auto& reps : g.replicas) n += 1 + reps.size();
+      reads_per_owner = std::max(reads_per_owner, reads[g.owner] += n);
+    }
+  }
+  ChunkPlan plan(t.local_shape, holders ? std::max(unit, std::min(chunk, chunk * 4 / reads_per_owner)) : chunk, unit);
   const std::size_t n_items = plan.count() * p.groups.size();
-  TapStats s = run_items(n_items, threads, [&](std::size_t item, TapStats& st, int k) {
+  auto work = [&](std::size_t item, TapStats& st, int k) {
     const BlockGroup& g = p.groups[item % p.groups.size()];
     const std::size_t ci = item / p.groups.size();
     Slab slab = plan.slab(ci);
@@ -375,7 +461,27 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
     if (!has_ref) return;
     set.data->read_reference(t, to_global(slab, t.local_shape, g.block), b.ref.data());
     scan_reference(sum ? b.sum.data() : b.leader.data(), b.ref.data(), n, tol, p, g, first, plan, st);
-  });
+  };
+  TapStats s;
+  if (!holders) {
+    s = run_items(n_items, threads, work);
+  } else {
+    s = run_rounds(set, t, plan.count(), threads.threads, [&](std::size_t ci) {
+      Round r;
+      const Slab slab = plan.slab(ci);
+      for (std::size_t gi = 0; gi < p.groups.size(); ++gi) {
+        const BlockGroup& g = p.groups[gi];
+        r.items.push_back(ci * p.groups.size() + gi);
+        r.reader.push_back(g.owner);
+        for (std::size_t li = 0; li < g.leaders.size(); ++li) {
+          r.reads.push_back({g.owner, g.leaders[li], slab});
+          for (int rep : g.replicas[li]) r.reads.push_back({g.owner, rep, slab});
+        }
+        if (has_ref) r.reads.push_back({g.owner, -1, to_global(slab, t.local_shape, g.block)});
+      }
+      return r;
+    }, work);
+  }
 
   PerRank& pr = v.ranks;
   const auto world = static_cast<std::size_t>(set.world_size);

@@ -44,9 +44,15 @@ ActivationSet read_everywhere(const std::string& source, const std::string& refe
 
 int compare_and_report(const std::string& source, const std::string& reference,
                        const ReportOptions& opts) {
-  const Comm* processes = opts.compare.processes;
   const auto started = std::chrono::steady_clock::now();
-  ActivationSet set = read_everywhere(source, reference, processes);
+  ActivationSet set = read_everywhere(source, reference, opts.compare.processes);
+  return check_and_report(set, opts, started);
+}
+
+int check_and_report(const ActivationSet& set, const ReportOptions& opts,
+                     std::chrono::steady_clock::time_point started) {
+  const Comm* processes = set.data->holders() ? set.data->holders() : opts.compare.processes;
+  const std::string& source = set.source;
   const auto t0 = std::chrono::steady_clock::now();
   CompareResult res = compare(set, opts.compare);
   if (!opts.timings.empty()) {

@@ -1,6 +1,7 @@
 // `diffcheck compare` and the end of a scenario run: read activations from
 // disk, check them, print the report.
 #pragma once
+#include <chrono>
 #include <string>
 
 #include "harness/check/compare.h"
@@ -26,5 +27,12 @@ struct ReportOptions {
 // only rank 0 prints.
 int compare_and_report(const std::string& source, const std::string& reference,
                        const ReportOptions& opts);
+
+// The same for activations already at hand: a run's taps in its ranks'
+// memory (capture/recorded.h; collective over the holders, only rank 0
+// prints) or a set read elsewhere. `started` is when the work being reported
+// began (JUnit times).
+int check_and_report(const ActivationSet& set, const ReportOptions& opts,
+                     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now());
 
 }  // namespace dc

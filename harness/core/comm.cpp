@@ -356,6 +356,39 @@ std::vector<std::string> Comm::all_gather_strings(const std::string& s) const {
   return out;
 }
 
+std::vector<std::vector<double>> Comm::exchange(
+    const std::vector<std::vector<double>>& to_each) const {
+  fingerprint(*impl_, "exchange", 0);
+  const auto n = static_cast<std::size_t>(impl_->size);
+  if (to_each.size() != n)
+    fail("rank {}: exchange on '{}' given {} destinations for {} ranks", impl_->rank, impl_->name,
+         to_each.size(), n);
+  std::vector<int> send_n(n), recv_n(n), send_at(n), recv_at(n);
+  std::size_t send_total = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    send_n[r] = to_int_count(to_each[r].size(), "MPI_Alltoallv", *impl_);
+    send_at[r] = to_int_count(send_total, "MPI_Alltoallv", *impl_);
+    send_total += to_each[r].size();
+  }
+  check(MPI_Alltoall(send_n.data(), 1, MPI_INT, recv_n.data(), 1, MPI_INT, impl_->comm),
+        "MPI_Alltoall(counts)", *impl_);
+  std::size_t recv_total = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    recv_at[r] = to_int_count(recv_total, "MPI_Alltoallv", *impl_);
+    recv_total += static_cast<std::size_t>(recv_n[r]);
+  }
+  std::vector<double> send(send_total), recv(recv_total);
+  for (std::size_t r = 0; r < n; ++r)
+    std::copy(to_each[r].begin(), to_each[r].end(), send.begin() + send_at[r]);
+  check(MPI_Alltoallv(send.data(), send_n.data(), send_at.data(), MPI_DOUBLE, recv.data(),
+                      recv_n.data(), recv_at.data(), MPI_DOUBLE, impl_->comm),
+        "MPI_Alltoallv(exchange)", *impl_);
+  std::vector<std::vector<double>> out(n);
+  for (std::size_t r = 0; r < n; ++r)
+    out[r].assign(recv.begin() + recv_at[r], recv.begin() + recv_at[r] + recv_n[r]);
+  return out;
+}
+
 // --- Request ---------------------------------------------------------------
 
 Request::Request() = default;

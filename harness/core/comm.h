@@ -85,6 +85,10 @@ class Comm {
   template <class T>
   Request iring_shift(std::span<const T> send, std::span<T> recv) const;
 
+  // Personalized exchange of any lengths: `to_each[r]` goes to rank r; the
+  // result's entry r is what rank r sent to this one (MPI_Alltoallv).
+  std::vector<std::vector<double>> exchange(const std::vector<std::vector<double>>& to_each) const;
+
   // Small helpers for verdicts and metadata.
   int max_int(int v) const;
   double max_double(double v) const;

@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 
+#include "harness/capture/recorded.h"
 #include "harness/capture/store.h"
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
@@ -274,10 +275,12 @@ int run_scenario(const RunOptions& given) {
   const double write_s = seconds_since(t1);
   spdlog::info("wrote {} in {:.3f}s", out, write_s);
 
-  // Every rank reads the file back and checks its share of each tap's chunks:
-  // the same path `diffcheck compare` takes (so a run and a later comparison
-  // of its file cannot disagree), and rank 0 prints the report. The ranks
-  // agree on errors, so a failure ends every rank alike.
+  // The ranks check the taps where they are, in memory: each block on its
+  // owner, with only partial sums, differing replicas and reference boxes
+  // moving to it (capture/recorded.h). The set is the one the file gives
+  // when read back, and the comparator the one `diffcheck compare` runs, so
+  // a run and a later comparison of its file cannot disagree; rank 0 prints
+  // the report. The ranks agree on errors, so a failure ends every rank alike.
   ReportOptions report = opts.report;
   report.compare.processes = &world;
   report.timings = {{"sharded_s", sharded_s}, {"reference_s", reference_s}, {"write_s", write_s}};
@@ -287,7 +290,7 @@ int run_scenario(const RunOptions& given) {
   int status = kExitPass;
   auto t2 = std::chrono::steady_clock::now();
   try {
-    status = compare_and_report(out, "", report);
+    status = check_and_report(recorded_activations(world, taps, info, out), report, t2);
     spdlog::info("checked {} in {:.3f}s", out, seconds_since(t2));
   } catch (const std::exception& e) {
     fail("rank {}: comparison of '{}' failed: {}", rank, out, e.what());

@@ -1,0 +1,71 @@
+"""A run checks its taps in its ranks' memory (each block on its owner, only
+partial sums, differing replicas and reference boxes moving); a later
+`diffcheck compare` reads the written file. Both must give the same report:
+same verdicts, first divergence, statistics and per-rank numbers, for every
+scenario, clean and with each fault (with the flags it needs), at 1, 2, 4 and
+16 ranks, float32 and bfloat16."""
+import json
+import os
+import subprocess
+import unittest
+
+from e2e import E2ETest, EXE
+
+RANKS = [int(n) for n in os.environ.get("DIFFCHECK_INRUN_RANKS", "2,16").split(",")]
+
+
+def scenarios():
+    out = subprocess.run([EXE, "list", "--json"], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def strip(report):
+    """What a run adds to its report: its phase times."""
+    report = dict(report)
+    report.pop("timings", None)
+    return report
+
+
+class InRunMatchesCompare(E2ETest):
+    def check(self, n, scenario, fault=None, flags=(), dtype="float32", size=None):
+        args = ["--scenario", scenario, "--dtype", dtype]
+        if size:
+            args += ["--size", size]
+        if fault:
+            args += ["--inject", fault]
+        for f in flags:
+            args += ["--flag", f]
+        for name in ("run.h5", "report.json", "cmp.json"):
+            if os.path.exists(self.path(name)):
+                os.remove(self.path(name))
+        run = self.mpirun(n, *args)
+        self.assertIn(run.code, (0, 1), msg=str(run))
+        if "CRASH" in run.out + run.err:  # a crash finding (lse_layout): no file to compare
+            self.assertFalse(os.path.exists(self.path("run.h5")), msg=str(run))
+            return run
+        cmp = self.run_cmd([EXE, "compare", self.path("run.h5"), "--json", self.path("cmp.json")], "cmp.json")
+        self.assertEqual(cmp.code, run.code, msg=f"{scenario} {fault} n={n}\nrun: {run}\ncompare: {cmp}")
+        self.assertEqual(strip(run.report), strip(cmp.report), msg=f"{scenario} {fault} n={n} {dtype}")
+        self.assertEqual(run.out.split("\n\n", 1)[-1], cmp.out.split("\n\n", 1)[-1])
+        return run
+
+    def test_every_scenario_and_fault(self):
+        caught = 0
+        for s in scenarios():
+            for n in RANKS:
+                with self.subTest(scenario=s["name"], n=n, fault=None):
+                    self.assertEqual(self.check(n, s["name"]).code, 0)
+                for f in s["faults"]:
+                    with self.subTest(scenario=s["name"], n=n, fault=f["name"]):
+                        res = self.check(n, s["name"], f["name"], f["needs_flags"])
+                        caught += res.code == 1
+        self.assertGreater(caught, 0)  # faults were armed, not only clean runs
+
+    def test_bfloat16_and_lse_square(self):
+        self.check(16, "flux_tp", "proj_out_contiguous", dtype="bfloat16")
+        self.check(4, "usp_attention", "lse_layout", size="lse_square")
+        self.check(16, "dit_ulysses", "a2a_read_before_wait", ["async_a2a=true", "overlap=true"], dtype="bfloat16")
+
+
+if __name__ == "__main__":
+    unittest.main()
