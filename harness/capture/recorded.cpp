@@ -150,7 +150,9 @@ class RecordedData final : public ActivationData {
     std::map<std::tuple<int, int, Shape, Shape>, bool> seen;
     for (const auto& r : reads) {
       const int src = r.rank < 0 ? -1 : source_of(t, r.rank);
-      if (src == r.reader) continue;  // read straight from the reader's own memory
+      // Read straight from the reader's own memory: its piece, the leader's
+      // piece it stands in for, or a reference slab inside one of its boxes.
+      if (src == r.reader || (src < 0 && holds_whole(t, r.reader, Box{r.slab.start, r.slab.count}))) continue;
       if (seen.emplace(std::make_tuple(r.reader, src, r.slab.start, r.slab.count), true).second)
         transfers.emplace_back(r.reader, src, Box{r.slab.start, r.slab.count});
     }
@@ -173,7 +175,19 @@ class RecordedData final : public ActivationData {
         copy_region(local_box(t, b.box).ptr(), b.box, o.data() + at, part, part);
       }
     }
-    const auto in = world_.exchange(out);
+    // What this rank receives is known from the transfers: point to point
+    // between the pairs that move something, no collective.
+    std::vector<std::size_t> from(static_cast<std::size_t>(P), 0);
+    for (const auto& [reader, src, box] : transfers) {
+      if (reader != me) continue;
+      if (src >= 0) {
+        from[static_cast<std::size_t>(src)] += box_size(box);
+        continue;
+      }
+      for (const auto& b : boxes_of(t))
+        if (b.holder != me) from[static_cast<std::size_t>(b.holder)] += box_size(intersect(b.box, box));
+    }
+    const auto in = world_.exchange_known(out, from);
     std::vector<std::size_t> at(static_cast<std::size_t>(P), 0);
     for (const auto& [reader, src, box] : transfers) {
       if (reader != me) continue;
@@ -213,11 +227,10 @@ class RecordedData final : public ActivationData {
   void read_reference(const TapData& t, const Slab& slab, double* out) const override {
     // A slab held whole by this rank is read in place; anything else was staged.
     const Box want{slab.start, slab.count};
-    for (const auto& b : boxes_of(t))
-      if (b.holder == world_.rank() && box_size(intersect(b.box, want)) == box_size(want)) {
-        copy_region(local_box(t, b.box).ptr(), b.box, out, want, want);
-        return;
-      }
+    if (const Placed* b = whole_box(t, world_.rank(), want)) {
+      copy_region(local_box(t, b->box).ptr(), b->box, out, want, want);
+      return;
+    }
     copy_staged(-1, slab, out, fmt::format("reference of tap '{}'", t.name));
   }
 
@@ -233,6 +246,16 @@ class RecordedData final : public ActivationData {
     static const std::vector<Placed> none;
     auto it = boxes_.find(t.name);
     return it == boxes_.end() ? none : it->second;
+  }
+
+  // A box of `holder`'s that contains all of `want`, or null.
+  const Placed* whole_box(const TapData& t, int holder, const Box& want) const {
+    for (const auto& b : boxes_of(t))
+      if (b.holder == holder && box_size(intersect(b.box, want)) == box_size(want)) return &b;
+    return nullptr;
+  }
+  bool holds_whole(const TapData& t, int holder, const Box& want) const {
+    return whole_box(t, holder, want) != nullptr;
   }
 
   // This rank's box of a reference that starts at `box.start`.

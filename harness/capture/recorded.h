@@ -5,8 +5,8 @@
 // the file, and no rank holds more than its own pieces and reference boxes
 // plus what one round of checking needs.
 //
-// What moves, per round of chunks (RecordedData::stage, one personalized
-// exchange): a block's partial-sum pieces to the block's owner, the
+// What moves, per round of chunks (RecordedData::stage, point to point
+// between the pairs concerned, no collective): a block's partial-sum pieces to the block's owner, the
 // reference boxes under the owner's block to it, and a replica's piece only
 // when its hash differs from its replica leader's (equal hashes mean equal
 // bits, so the leader's values stand in for the replica's: same statistics,

@@ -24,12 +24,20 @@ struct RunInfo {
   std::string producer;
 };
 
+// How a run file is written: `collective`, every rank writes its rows and
+// reference boxes with parallel HDF5 (MPI-IO) — the directory must be the same
+// for every rank; `gathered`, rank 0 writes the file alone and the others send
+// it their rows and boxes over MPI, one piece of at most kGatherElements at a
+// time — for directories each host has its own of (node-local /tmp).
+enum class WriteMode { collective, gathered };
+inline constexpr std::size_t kGatherElements = std::size_t{4} << 20;
+
 // Collective over `world`. Writes to "<path>.tmp" and renames when complete, so
 // `path` either is whole or is not there. Every rank must have recorded the
 // same taps with the same shapes and layouts; otherwise an Error names the
 // first tap that differs.
 void write_run_file(const Comm& world, const std::string& path, const RunInfo& info,
-                    const TapRecorder& taps);
+                    const TapRecorder& taps, WriteMode mode = WriteMode::collective);
 
 // `source` is a run file, one rank file, or the prefix of rank files
 // (`<prefix>.rank<R>.h5`). `reference_path`, when not empty, is a separate file

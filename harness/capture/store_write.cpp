@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <sstream>
@@ -127,23 +128,30 @@ void write_row(hid_t ds, hid_t mem_type, const void* data, const Shape& dims, st
     fail("rank {}: HDF5 collective write of '{}' failed: {}", rank, what, h5::last_error());
 }
 
+// A tap's dataset [world, *local] with its attributes.
+Handle create_tap(hid_t file, const TapRecord& r, const TapRecorder& taps, int world, int rank) {
+  Shape dims{static_cast<std::size_t>(world)};
+  dims.insert(dims.end(), r.local.shape.begin(), r.local.shape.end());
+  Handle ds = create_dataset(file, "/taps/" + r.name, H5T_IEEE_F32LE, dims, rank);
+  const auto& l = r.opts.layout;
+  if (!l.spec.empty()) h5::write_string_attr(ds.get(), "spec", l.spec_str());
+  if (!l.partial.empty()) h5::write_string_attr(ds.get(), "partial", l.partial_str());
+  h5::write_int_attr(ds.get(), "order", r.order);
+  if (taps.dtype() == DType::bfloat16) h5::write_string_attr(ds.get(), "dtype", "bfloat16");
+  if (r.opts.reduction_depth > 0)
+    h5::write_int_attr(ds.get(), "reduction_depth", r.opts.reduction_depth);
+  if (r.opts.atol) h5::write_float_attr(ds.get(), "atol", *r.opts.atol);
+  if (r.opts.rtol) h5::write_float_attr(ds.get(), "rtol", *r.opts.rtol);
+  return ds;
+}
+
 void write_taps(hid_t file, const TapRecorder& taps, int world, int rank) {
   for (const auto& r : taps.records()) {
+    Handle ds = create_tap(file, r, taps, world, rank);
     Shape dims{static_cast<std::size_t>(world)};
     dims.insert(dims.end(), r.local.shape.begin(), r.local.shape.end());
-    std::string path = "/taps/" + r.name;
-    Handle ds = create_dataset(file, path, H5T_IEEE_F32LE, dims, rank);
-    const auto& l = r.opts.layout;
-    if (!l.spec.empty()) h5::write_string_attr(ds.get(), "spec", l.spec_str());
-    if (!l.partial.empty()) h5::write_string_attr(ds.get(), "partial", l.partial_str());
-    h5::write_int_attr(ds.get(), "order", r.order);
-    if (taps.dtype() == DType::bfloat16) h5::write_string_attr(ds.get(), "dtype", "bfloat16");
-    if (r.opts.reduction_depth > 0)
-      h5::write_int_attr(ds.get(), "reduction_depth", r.opts.reduction_depth);
-    if (r.opts.atol) h5::write_float_attr(ds.get(), "atol", *r.opts.atol);
-    if (r.opts.rtol) h5::write_float_attr(ds.get(), "rtol", *r.opts.rtol);
     write_row(ds.get(), H5T_NATIVE_FLOAT, r.local.ptr(), dims, static_cast<std::size_t>(rank), rank,
-              path);
+              "/taps/" + r.name);
   }
 }
 
@@ -188,10 +196,149 @@ void write_references(hid_t file, const Comm& world, const TapRecorder& taps,
   }
 }
 
+// --- Gathered writing: rank 0 writes, the others send -----------------------
+
+// "name\tstart\tshape" per reference box this rank holds, in the order it
+// sends them.
+std::string box_lines(const TapRecorder& taps) {
+  std::string m;
+  for (const auto& [name, part] : taps.references())
+    for (const auto& b : part.blocks)
+      m += fmt::format("{}\t{}\t{}\n", name, fmt::join(b.start, ","), fmt::join(b.data.shape, ","));
+  return m;
+}
+
+// Elements per piece: kGatherElements, or DIFFCHECK_GATHER_ELEMENTS (tests
+// use small pieces to reach every boundary with small tensors).
+std::size_t gather_piece_elements() {
+  static const std::size_t n = [] {
+    const char* v = std::getenv("DIFFCHECK_GATHER_ELEMENTS");
+    const long long x = v ? std::atoll(v) : 0;
+    return x > 0 ? static_cast<std::size_t>(x) : kGatherElements;
+  }();
+  return n;
+}
+
+// A tensor of `shape` travels in pieces of whole slices along its first
+// dimension, at most gather_piece_elements() each (one slice when a slice is
+// larger).
+template <class F>
+void for_each_piece(const Shape& shape, F&& f) {
+  const std::size_t n = numel(shape);
+  if (n == 0) return;
+  if (shape.empty()) return f(std::size_t{0}, std::size_t{1}, std::size_t{1});
+  const std::size_t inner = n / shape[0];
+  const std::size_t rows = std::max<std::size_t>(1, gather_piece_elements() / inner);
+  for (std::size_t i0 = 0; i0 < shape[0]; i0 += rows) {
+    const std::size_t k = std::min(rows, shape[0] - i0);
+    f(i0, k, k * inner);
+  }
+}
+
+// Writes `data` (row-major, `count` elements per dimension) at `start` of `ds`.
+void write_box(hid_t ds, hid_t mem_type, const void* data, const std::vector<hsize_t>& start,
+               const std::vector<hsize_t>& count, const std::string& what) {
+  Handle fspace(H5Dget_space(ds));
+  if (start.empty()) {
+    H5Sselect_all(fspace.get());
+  } else {
+    H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+  }
+  hsize_t n = 1;
+  for (auto c : count) n *= c;
+  Handle mspace(H5Screate_simple(1, &n, nullptr));
+  if (H5Dwrite(ds, mem_type, mspace.get(), fspace.get(), H5P_DEFAULT, data) < 0)
+    fail("rank 0: HDF5 write of '{}' failed: {}", what, h5::last_error());
+}
+
+void send_rows_and_boxes(const Comm& world, const TapRecorder& taps,
+                         const std::map<std::string, ReferenceEntry>& manifest) {
+  for (const auto& r : taps.records())
+    for_each_piece(r.local.shape, [&](std::size_t i0, std::size_t, std::size_t n) {
+      const std::size_t inner = r.local.shape.empty() ? 1 : numel(r.local.shape) / r.local.shape[0];
+      world.send(std::span<const float>(r.local.ptr() + i0 * inner, n), 0);
+    });
+  for (const auto& [name, entry] : manifest) {
+    auto it = taps.references().find(name);
+    if (it == taps.references().end()) continue;
+    for (const auto& b : it->second.blocks)
+      for_each_piece(b.data.shape, [&](std::size_t i0, std::size_t, std::size_t n) {
+        const std::size_t inner = b.data.shape.empty() ? 1 : b.data.size() / b.data.shape[0];
+        world.send(std::span<const double>(b.data.ptr() + i0 * inner, n), 0);
+      });
+  }
+}
+
+// Rank 0: every tap row and reference box, its own from memory and the
+// others' as they arrive, in the order they are sent.
+void receive_and_write(hid_t file, const Comm& world, const TapRecorder& taps,
+                       const std::map<std::string, ReferenceEntry>& manifest,
+                       const std::vector<std::string>& box_directory) {
+  const int P = world.size();
+  std::vector<float> fbuf;
+  std::vector<double> dbuf;
+  for (const auto& r : taps.records()) {
+    Handle ds = create_tap(file, r, taps, P, 0);
+    const std::string what = "/taps/" + r.name;
+    for (int src = 0; src < P; ++src)
+      for_each_piece(r.local.shape, [&](std::size_t i0, std::size_t k, std::size_t n) {
+        std::vector<hsize_t> start{static_cast<hsize_t>(src)}, count{1};
+        for (std::size_t d = 0; d < r.local.shape.size(); ++d) {
+          start.push_back(d == 0 ? i0 : 0);
+          count.push_back(d == 0 ? k : r.local.shape[d]);
+        }
+        const float* data = r.local.ptr() + i0 * (n / std::max<std::size_t>(k, 1));
+        if (src != 0) {
+          fbuf.resize(n);
+          world.recv(std::span<float>(fbuf), src);
+          data = fbuf.data();
+        }
+        write_box(ds.get(), H5T_NATIVE_FLOAT, data, start, count, what);
+      });
+  }
+  for (const auto& [name, entry] : manifest) {
+    const std::string what = "/reference/" + name;
+    Handle ds = create_dataset(file, what, H5T_IEEE_F64LE, entry.shape, 0);
+    for (int src = 0; src < P; ++src) {
+      std::stringstream ss(box_directory[static_cast<std::size_t>(src)]);
+      std::size_t mine = 0;  // rank 0's boxes of this reference, in order
+      for (std::string line; std::getline(ss, line);) {
+        std::vector<std::string> f;
+        std::stringstream ls(line);
+        for (std::string x; std::getline(ls, x, '\t');) f.push_back(x);
+        f.resize(3);
+        if (f[0] != name) continue;
+        auto dims = [](const std::string& text) {
+          Shape out;
+          std::stringstream ds(text);
+          for (std::string d; std::getline(ds, d, ',');) out.push_back(std::stoull(d));
+          return out;
+        };
+        const Shape start = dims(f[1]), shape = dims(f[2]);
+        const double* local = src == 0 ? taps.references().at(name).blocks.at(mine++).data.ptr() : nullptr;
+        for_each_piece(shape, [&](std::size_t i0, std::size_t k, std::size_t n) {
+          std::vector<hsize_t> at(start.begin(), start.end()), count(shape.begin(), shape.end());
+          if (!at.empty()) {
+            at[0] += i0;
+            count[0] = k;
+          }
+          const double* data = local ? local + i0 * (n / std::max<std::size_t>(k, 1)) : nullptr;
+          if (src != 0) {
+            dbuf.resize(n);
+            world.recv(std::span<double>(dbuf), src);
+            data = dbuf.data();
+          }
+          write_box(ds.get(), H5T_NATIVE_DOUBLE, data, at, count, what);
+        });
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void write_run_file(const Comm& world, const std::string& path, const RunInfo& info,
-                    const TapRecorder& taps) {
+                    const TapRecorder& taps, WriteMode mode) {
   h5::silence_errors();
   const int rank = world.rank();
   // Agree on the tap list first: a rank that recorded something else would
@@ -208,17 +355,27 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
   // not covered is an error on all ranks alike.
   const auto manifest =
       merge_reference_manifests(world.all_gather_strings(reference_manifest(taps)));
+  // Where every rank's reference boxes are, for the rank that writes them all.
+  const std::vector<std::string> box_directory =
+      mode == WriteMode::gathered ? world.all_gather_strings(box_lines(taps)) : std::vector<std::string>{};
   const std::string tmp = path + ".tmp";
-  bool closed = false;
+  bool closed = true;
   std::string close_error;
-  {
+  if (mode == WriteMode::collective || rank == 0) {
     Handle fapl(H5Pcreate(H5P_FILE_ACCESS));
-    H5Pset_fapl_mpio(fapl.get(), CommAccess::native(world), MPI_INFO_NULL);
-    H5Pset_all_coll_metadata_ops(fapl.get(), true);
-    H5Pset_coll_metadata_write(fapl.get(), true);
+    if (mode == WriteMode::collective) {
+      H5Pset_fapl_mpio(fapl.get(), CommAccess::native(world), MPI_INFO_NULL);
+      H5Pset_all_coll_metadata_ops(fapl.get(), true);
+      H5Pset_coll_metadata_write(fapl.get(), true);
+    }
     Handle fcpl(H5Pcreate(H5P_FILE_CREATE));
     H5Pset_link_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
     Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()));
+    if (!file.valid() && mode == WriteMode::gathered) {
+      // The others are about to send their rows to this rank.
+      spdlog::error("rank {}: HDF5 cannot create run file '{}': {}", rank, tmp, h5::last_error());
+      Comm::abort(2);
+    }
     if (!file.valid())
       fail("rank {}: HDF5 cannot create run file '{}': {}", rank, tmp, h5::last_error());
 
@@ -238,12 +395,16 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
       fail("rank {}: HDF5 cannot create /taps in '{}': {}", rank, tmp, h5::last_error());
 
     try {
-      write_taps(file.get(), taps, world.size(), rank);
-      write_references(file.get(), world, taps, manifest);
+      if (mode == WriteMode::collective) {
+        write_taps(file.get(), taps, world.size(), rank);
+        write_references(file.get(), world, taps, manifest);
+      } else {
+        receive_and_write(file.get(), world, taps, manifest, box_directory);
+      }
     } catch (const Error& e) {
       // A write failed on this rank (a full disk, a quota) while the others
-      // may be inside the same collective write: unwinding would close the
-      // file collectively and wait for them forever. Say it and end the job.
+      // may be inside the same collective write, or sending to this rank:
+      // unwinding would wait for them forever. Say it and end the job.
       spdlog::error("{}; nothing was written to '{}'", e.what(), path);
       std::remove(tmp.c_str());
       file.release();
@@ -256,6 +417,8 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
     // renames a file that any rank could not close.
     closed = H5Fclose(file.release()) >= 0;
     if (!closed) close_error = h5::last_error();
+  } else {
+    send_rows_and_boxes(world, taps, manifest);
   }
   if (world.max_int(closed ? 0 : 1) != 0) {
     if (rank == 0) {

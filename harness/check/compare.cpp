@@ -348,6 +348,15 @@ TapStats run_rounds(const ActivationSet& set, const TapData& t, std::size_t roun
   });
 }
 
+// Values one round of a distributed source may stage for one process: an
+// eighth of what the budget leaves beside the program (see chunk_elements),
+// since a round's values exist up to four times (packed, sent, received,
+// staged) next to the chunk buffers.
+std::size_t staging_elements(std::size_t budget) {
+  const std::size_t rest = budget > 2 * kProcessAllowance ? budget - kProcessAllowance : budget / 2;
+  return std::max<std::size_t>(rest / 8 / sizeof(double), 4096);
+}
+
 struct Buffers {
   std::vector<double> leader, other, sum, ref;
   explicit Buffers(std::size_t n) : leader(n), other(n), sum(n), ref(n) {}
@@ -356,16 +365,17 @@ struct Buffers {
 // RMS of the reference, for a tolerance derived from it: one pass over the
 // reference alone.
 double reference_rms(const ActivationSet& set, const TapPlan& p, std::size_t chunk, std::size_t unit,
-                     const Workers& threads, std::vector<Buffers>& bufs) {
+                     std::size_t budget, const Workers& threads, std::vector<Buffers>& bufs) {
   const Shape& shape = *p.tap->reference_shape;
   const std::size_t n = numel(shape);
   if (n == 0) return 0;
-  // A distributed source: rounds of one item per process, each chunk read
-  // by the process holding its first element (so it rarely moves); a round
-  // stages at most `processes` chunks, a quarter of a thread's buffers each.
+  // A distributed source: each chunk read by the process holding its first
+  // element (so it rarely moves), in rounds of as many chunks as the staging
+  // share of the budget holds should all of them move (at least one per process).
   const Comm* holders = set.data->holders();
-  const std::size_t per_round = holders ? static_cast<std::size_t>(holders->size()) : 1;
-  ChunkPlan plan(shape, holders ? std::max(unit, std::min(chunk, chunk * 4 / per_round)) : chunk, unit);
+  ChunkPlan plan(shape, chunk, unit);
+  const std::size_t per_round =
+      holders ? std::max<std::size_t>(static_cast<std::size_t>(holders->size()), staging_elements(budget) / chunk) : 1;
   auto work = [&](std::size_t i, TapStats& st, int k) {
     Slab slab = plan.slab(i);
     double* r = bufs[static_cast<std::size_t>(k)].ref.data();
@@ -418,14 +428,14 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
   Tolerance tol;
   if (has_ref) {
     ToleranceInputs in{t.dtype, t.reduction_depth, t.atol, t.rtol, opts.atol, opts.rtol, 0.0};
-    if (!t.atol && !opts.atol) in.reference_rms = reference_rms(set, p, chunk, unit, threads, bufs);
+    if (!t.atol && !opts.atol) in.reference_rms = reference_rms(set, p, chunk, unit, opts.memory_budget, threads, bufs);
     tol = derive_tolerance(in);
   }
 
-  // A distributed source: each block is checked by its owner, one chunk
-  // index per round; the chunk shrinks so that what a round stages for the
-  // busiest owner (its blocks' other pieces and reference) stays within the
-  // four buffers of a thread.
+  // A distributed source: each block is checked by its owner, a run of chunk
+  // indices per round, as many as keep what a round stages for the busiest
+  // owner (its blocks' other pieces and reference) within the staging share
+  // of the budget: few rounds (each one collective exchange), bounded memory.
   const Comm* holders = set.data->holders();
   std::size_t reads_per_owner = 1;
   if (holders) {
@@ -436,7 +446,9 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
       reads_per_owner = std::max(reads_per_owner, reads[g.owner] += n);
     }
   }
-  ChunkPlan plan(t.local_shape, holders ? std::max(unit, std::min(chunk, chunk * 4 / reads_per_owner)) : chunk, unit);
+  ChunkPlan plan(t.local_shape, chunk, unit);
+  const std::size_t chunks_per_round =
+      std::max<std::size_t>(1, staging_elements(opts.memory_budget) / (reads_per_owner * chunk));
   const std::size_t n_items = plan.count() * p.groups.size();
   auto work = [&](std::size_t item, TapStats& st, int k) {
     const BlockGroup& g = p.groups[item % p.groups.size()];
@@ -466,18 +478,21 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
   if (!holders) {
     s = run_items(n_items, threads, work);
   } else {
-    s = run_rounds(set, t, plan.count(), threads.threads, [&](std::size_t ci) {
+    const std::size_t rounds = (plan.count() + chunks_per_round - 1) / chunks_per_round;
+    s = run_rounds(set, t, rounds, threads.threads, [&](std::size_t round) {
       Round r;
-      const Slab slab = plan.slab(ci);
-      for (std::size_t gi = 0; gi < p.groups.size(); ++gi) {
-        const BlockGroup& g = p.groups[gi];
-        r.items.push_back(ci * p.groups.size() + gi);
-        r.reader.push_back(g.owner);
-        for (std::size_t li = 0; li < g.leaders.size(); ++li) {
-          r.reads.push_back({g.owner, g.leaders[li], slab});
-          for (int rep : g.replicas[li]) r.reads.push_back({g.owner, rep, slab});
+      for (std::size_t ci = round * chunks_per_round; ci < std::min(plan.count(), (round + 1) * chunks_per_round); ++ci) {
+        const Slab slab = plan.slab(ci);
+        for (std::size_t gi = 0; gi < p.groups.size(); ++gi) {
+          const BlockGroup& g = p.groups[gi];
+          r.items.push_back(ci * p.groups.size() + gi);
+          r.reader.push_back(g.owner);
+          for (std::size_t li = 0; li < g.leaders.size(); ++li) {
+            r.reads.push_back({g.owner, g.leaders[li], slab});
+            for (int rep : g.replicas[li]) r.reads.push_back({g.owner, rep, slab});
+          }
+          if (has_ref) r.reads.push_back({g.owner, -1, to_global(slab, t.local_shape, g.block)});
         }
-        if (has_ref) r.reads.push_back({g.owner, -1, to_global(slab, t.local_shape, g.block)});
       }
       return r;
     }, work);

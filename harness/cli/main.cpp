@@ -126,6 +126,12 @@ void add_target_options(CLI::App& app, dc::FlagTarget& t, std::string& flags_csv
   app.add_option("--check", t.check_file, "External command: activation file it writes; compared after each trial (mismatch = wrong)");
   app.add_option("--timeout", t.timeout_seconds, "Time limit per trial, seconds (a hang is recorded as 'timed out')")->capture_default_str();
   app.add_option("--mpirun", t.mpirun, "MPI launcher for scenario trials")->capture_default_str();
+  app.add_option("--launcher", t.launcher,
+                 "Launcher template for scenario trials, {n} = ranks, e.g. 'mpirun --host h1:8,h2:8 -n {n}' or "
+                 "'srun -n {n}' (default: '<--mpirun> -n {n}')");
+  app.add_option("--work-dir", t.work_dir,
+                 "Directory for trial files (run files, reports; default: the system's temporary directory). "
+                 "When the launcher starts rank 0 on another host, one that host and this one share");
   app.add_option("command", t.command, "External command after --; '{flags}' is replaced by the flags");
 }
 
@@ -190,6 +196,13 @@ int main(int argc, char** argv) {
   app.add_option("--inject", run.fault, "Inject a fault by name (see 'diffcheck list')");
   app.add_option("--size", run.size, "Problem size preset of the scenario")->capture_default_str();
   app.add_option("--out", run.out, "Run file to write (default results/<scenario>.h5)");
+  app.add_option("--store", run.store,
+                 "How the run file is written: mpiio (every rank writes its rows, parallel HDF5; needs the output "
+                 "directory shared by all hosts), gather (rank 0 writes, the others send their rows over MPI in "
+                 "bounded pieces; for node-local directories), auto (mpiio when every rank sees the directory, "
+                 "else gather)")
+      ->check(CLI::IsMember({"auto", "mpiio", "gather"}))
+      ->capture_default_str();
   if (const char* t = std::getenv("DIFFCHECK_TIMEOUT")) run.timeout_seconds = std::atof(t);
   app.add_option("--timeout", run.timeout_seconds,
                  "Watchdog: when no rank makes progress (a collective, a tap) for S seconds the run ends as a HANG "
@@ -220,6 +233,12 @@ int main(int argc, char** argv) {
   sweep->add_option("--junit", sw.junit_path, "Also write a JUnit XML report (one test case per mesh)");
   sweep->add_option("--html", sw.html_path, "Also write a self-contained HTML page: a mesh x tap heatmap of err/tol");
   sweep->add_option("--mpirun", sw.mpirun, "MPI launcher")->capture_default_str();
+  sweep->add_option("--launcher", sw.launcher,
+                    "Launcher template, {n} = ranks, e.g. 'mpirun --host h1:8,h2:8 -n {n}' or 'srun -n {n}' "
+                    "(default: '<--mpirun> -n {n}')");
+  sweep->add_option("--work-dir", sw.work_dir,
+                    "Directory for each mesh's run file and report (default: the system's temporary directory); "
+                    "when the launcher starts rank 0 on another host, one that host and this one share");
   sweep->add_option("--mesh", sw.only_meshes, "Run only this mesh (repeatable), written as the sweep lists it, e.g. dp=2,tp=8");
   sweep->add_option("--reports", sw.reports_dir,
                     "Keep each mesh's run report in DIR: <mesh>.json and <mesh>.html (e.g. dp2_tp8.html)");

@@ -356,36 +356,47 @@ std::vector<std::string> Comm::all_gather_strings(const std::string& s) const {
   return out;
 }
 
-std::vector<std::vector<double>> Comm::exchange(
-    const std::vector<std::vector<double>>& to_each) const {
-  fingerprint(*impl_, "exchange", 0);
+template <class T>
+void Comm::send(std::span<const T> buf, int dest) const {
+  check(MPI_Send(buf.data(), to_int_count(buf.size(), "MPI_Send", *impl_), mpi_type<T>(), dest, 7,
+                 impl_->comm),
+        "MPI_Send", *impl_);
+}
+
+template <class T>
+void Comm::recv(std::span<T> buf, int source) const {
+  check(MPI_Recv(buf.data(), to_int_count(buf.size(), "MPI_Recv", *impl_), mpi_type<T>(), source, 7,
+                 impl_->comm, MPI_STATUS_IGNORE),
+        "MPI_Recv", *impl_);
+}
+
+std::vector<std::vector<double>> Comm::exchange_known(
+    const std::vector<std::vector<double>>& to_each, const std::vector<std::size_t>& from_counts) const {
   const auto n = static_cast<std::size_t>(impl_->size);
-  if (to_each.size() != n)
-    fail("rank {}: exchange on '{}' given {} destinations for {} ranks", impl_->rank, impl_->name,
-         to_each.size(), n);
-  std::vector<int> send_n(n), recv_n(n), send_at(n), recv_at(n);
-  std::size_t send_total = 0;
-  for (std::size_t r = 0; r < n; ++r) {
-    send_n[r] = to_int_count(to_each[r].size(), "MPI_Alltoallv", *impl_);
-    send_at[r] = to_int_count(send_total, "MPI_Alltoallv", *impl_);
-    send_total += to_each[r].size();
-  }
-  check(MPI_Alltoall(send_n.data(), 1, MPI_INT, recv_n.data(), 1, MPI_INT, impl_->comm),
-        "MPI_Alltoall(counts)", *impl_);
-  std::size_t recv_total = 0;
-  for (std::size_t r = 0; r < n; ++r) {
-    recv_at[r] = to_int_count(recv_total, "MPI_Alltoallv", *impl_);
-    recv_total += static_cast<std::size_t>(recv_n[r]);
-  }
-  std::vector<double> send(send_total), recv(recv_total);
-  for (std::size_t r = 0; r < n; ++r)
-    std::copy(to_each[r].begin(), to_each[r].end(), send.begin() + send_at[r]);
-  check(MPI_Alltoallv(send.data(), send_n.data(), send_at.data(), MPI_DOUBLE, recv.data(),
-                      recv_n.data(), recv_at.data(), MPI_DOUBLE, impl_->comm),
-        "MPI_Alltoallv(exchange)", *impl_);
+  if (to_each.size() != n || from_counts.size() != n)
+    fail("rank {}: exchange_known on '{}' given {}/{} entries for {} ranks", impl_->rank, impl_->name,
+         to_each.size(), from_counts.size(), n);
   std::vector<std::vector<double>> out(n);
-  for (std::size_t r = 0; r < n; ++r)
-    out[r].assign(recv.begin() + recv_at[r], recv.begin() + recv_at[r] + recv_n[r]);
+  std::vector<MPI_Request> reqs;
+  constexpr int kTag = 8;
+  for (std::size_t r = 0; r < n; ++r) {
+    if (from_counts[r] == 0) continue;
+    out[r].resize(from_counts[r]);
+    reqs.emplace_back();
+    check(MPI_Irecv(out[r].data(), to_int_count(from_counts[r], "MPI_Irecv", *impl_), MPI_DOUBLE,
+                    static_cast<int>(r), kTag, impl_->comm, &reqs.back()),
+          "MPI_Irecv(exchange)", *impl_);
+  }
+  for (std::size_t r = 0; r < n; ++r) {
+    if (to_each[r].empty()) continue;
+    reqs.emplace_back();
+    check(MPI_Isend(to_each[r].data(), to_int_count(to_each[r].size(), "MPI_Isend", *impl_), MPI_DOUBLE,
+                    static_cast<int>(r), kTag, impl_->comm, &reqs.back()),
+          "MPI_Isend(exchange)", *impl_);
+  }
+  if (!reqs.empty())
+    check(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), "MPI_Waitall(exchange)",
+          *impl_);
   return out;
 }
 
@@ -445,7 +456,9 @@ void Request::wait() {
   template void Comm::all_to_all<T>(std::span<const T>, std::span<T>) const;   \
   template Request Comm::iall_to_all<T>(std::span<const T>, std::span<T>) const; \
   template void Comm::ring_shift<T>(std::span<const T>, std::span<T>) const;   \
-  template Request Comm::iring_shift<T>(std::span<const T>, std::span<T>) const;
+  template Request Comm::iring_shift<T>(std::span<const T>, std::span<T>) const; \
+  template void Comm::send<T>(std::span<const T>, int) const;                  \
+  template void Comm::recv<T>(std::span<T>, int) const;
 DC_INSTANTIATE(float)
 DC_INSTANTIATE(double)
 #undef DC_INSTANTIATE

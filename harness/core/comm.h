@@ -85,9 +85,20 @@ class Comm {
   template <class T>
   Request iring_shift(std::span<const T> send, std::span<T> recv) const;
 
-  // Personalized exchange of any lengths: `to_each[r]` goes to rank r; the
-  // result's entry r is what rank r sent to this one (MPI_Alltoallv).
-  std::vector<std::vector<double>> exchange(const std::vector<std::vector<double>>& to_each) const;
+  // Point to point, in order between a pair of ranks (not collectives: no
+  // fingerprint). For moving data to one rank in bounded pieces.
+  template <class T>
+  void send(std::span<const T> buf, int dest) const;
+  template <class T>
+  void recv(std::span<T> buf, int source) const;
+
+  // Personalized exchange between the pairs that have something to move,
+  // point to point, when every rank knows what it receives: `to_each[r]` goes
+  // to rank r (empty: no message), and `from_counts[r]` values come from rank
+  // r (0: no message); the result's entry r holds them. Ranks with nothing to
+  // send or receive return at once.
+  std::vector<std::vector<double>> exchange_known(const std::vector<std::vector<double>>& to_each,
+                                                  const std::vector<std::size_t>& from_counts) const;
 
   // Small helpers for verdicts and metadata.
   int max_int(int v) const;

@@ -1,7 +1,12 @@
 #include "harness/core/files.h"
 
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "harness/core/error.h"
 
@@ -21,6 +26,29 @@ void write_whole_file(const std::string& path, const std::string& text, const st
     std::filesystem::remove(tmp, ec);
     fail("cannot write {} '{}': {}", what, path, ec.message());
   }
+}
+
+bool directory_shared(const Comm& world, const std::string& dir) {
+  if (world.size() == 1) return true;
+  std::string token, path;
+  if (world.rank() == 0) {
+    std::random_device rd;
+    token = fmt::format("{}-{}-{:x}{:x}", ::getpid(),
+                        std::chrono::steady_clock::now().time_since_epoch().count(), rd(), rd());
+    path = (std::filesystem::path(dir.empty() ? "." : dir) / (".diffcheck-probe-" + token)).string();
+    std::ofstream(path) << token;
+  }
+  token = world.broadcast_string(token, 0);
+  path = (std::filesystem::path(dir.empty() ? "." : dir) / (".diffcheck-probe-" + token)).string();
+  std::string seen;
+  if (std::ifstream in(path); in) std::getline(in, seen);
+  const bool shared = world.max_int(seen == token ? 0 : 1) == 0;
+  world.barrier();  // every rank has looked before the probe goes
+  if (world.rank() == 0) {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+  }
+  return shared;
 }
 
 }  // namespace dc

@@ -3,9 +3,18 @@
 #pragma once
 #include <string>
 
+#include "harness/core/comm.h"
+
 namespace dc {
 
 // Throws Error naming the file and `what` (e.g. "HTML report") when it cannot.
 void write_whole_file(const std::string& path, const std::string& text, const std::string& what);
+
+// Whether every rank of `world` sees the same directory `dir` (a shared
+// filesystem) rather than one of its own host's (node-local /tmp): rank 0
+// writes a probe file with a token no earlier run could have left, the others
+// look for it. Collective; the same answer on every rank. `dir` must exist on
+// every rank.
+bool directory_shared(const Comm& world, const std::string& dir);
 
 }  // namespace dc

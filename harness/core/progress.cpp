@@ -89,6 +89,20 @@ void say_where() {
 }
 
 int g_rank = 0;
+char g_hosts[4096] = "";
+
+void on_stop_signal(int) {
+  put(g_prefix);
+  put("STOPPED by the launcher (SIGTERM) while rank ");
+  put_number(g_rank);
+  put(" was running: a rank or a whole host was lost (the launcher names it), or the job was cancelled");
+  if (g_hosts[0]) {
+    put("; ranks by host: ");
+    put(g_hosts);
+  }
+  say_where();
+  _exit(1);
+}
 
 void on_fatal_signal(int sig) {
   put(g_prefix);
@@ -156,6 +170,16 @@ void install_crash_handlers(int rank) {
   sa.sa_flags = SA_RESETHAND;
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) sigaction(sig, &sa, nullptr);
   std::set_terminate(on_terminate);
+}
+
+void set_rank_hosts(const std::string& text) { copy(g_hosts, sizeof g_hosts, text); }
+
+void install_stop_handler() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(SIGTERM, &sa, nullptr);
 }
 
 }  // namespace dc::progress

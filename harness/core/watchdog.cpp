@@ -57,8 +57,8 @@ std::string tap_str(const progress::Snapshot& s) { return s.tap.empty() ? "no ta
 
 }  // namespace
 
-Watchdog::Watchdog(std::string dir, int rank, int world, double timeout_seconds)
-    : dir_(std::move(dir)), rank_(rank), world_(world), timeout_(timeout_seconds) {
+Watchdog::Watchdog(std::string dir, int rank, int world, double timeout_seconds, bool dir_shared)
+    : dir_(std::move(dir)), rank_(rank), world_(world), timeout_(timeout_seconds), dir_shared_(dir_shared) {
   if (timeout_ > 0) thread_ = std::thread([this] { loop(); });
 }
 
@@ -126,8 +126,12 @@ void Watchdog::loop() {
     if (!waiting.empty())
       msg += fmt::format("  rank{} {} {} in {}, {}\n", waiting.size() > 1 ? "s" : "", rank_ranges(waiting),
                          waiting.size() > 1 ? "wait" : "waits", collective_str(at_front), tap_str(at_front));
-    if (!silent.empty())
+    if (!silent.empty() && dir_shared_)
       msg += fmt::format("  rank{} {}: no progress record in {} (never started, died, or the disk is full)\n",
+                         silent.size() > 1 ? "s" : "", rank_ranges(silent), dir_);
+    if (!silent.empty() && !dir_shared_)
+      msg += fmt::format("  rank{} {}: no progress record in {}: on another host (the directory is not shared "
+                         "between hosts), never started, or died\n",
                          silent.size() > 1 ? "s" : "", rank_ranges(silent), dir_);
     if (!all.count(rank_))  // at least this rank's own state
       msg += fmt::format("  rank {} (this rank) is at {}, {}\n", rank_, collective_str(me), tap_str(me));

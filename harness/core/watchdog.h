@@ -4,8 +4,9 @@
 // which rank the others wait for — "rank 3 never entered collective #57
 // (all_to_all on 'sp'); ranks 0-2, 4-15 wait in it" — and ends its process
 // with status 1, so the launcher ends the job: a hang of the code under test
-// is a finding, and no rank is left running. DIR must be shared by the ranks
-// (the run file's directory).
+// is a finding, and no rank is left running. DIR is the run file's directory;
+// where hosts do not share it (`dir_shared` false) each host's ranks see only
+// each other's records, and the report says so of the others.
 #pragma once
 #include <atomic>
 #include <string>
@@ -16,7 +17,7 @@ namespace dc {
 
 class Watchdog {
  public:
-  Watchdog(std::string dir, int rank, int world, double timeout_seconds);
+  Watchdog(std::string dir, int rank, int world, double timeout_seconds, bool dir_shared = true);
   ~Watchdog();  // stops the thread and removes this rank's file
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -26,6 +27,7 @@ class Watchdog {
   std::string dir_;
   int rank_, world_;
   double timeout_;
+  bool dir_shared_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -11,10 +12,13 @@
 #include <optional>
 #include <thread>
 
+#include <unistd.h>
+
 #include "harness/capture/recorded.h"
 #include "harness/capture/store.h"
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
+#include "harness/core/files.h"
 #include "harness/core/flags.h"
 #include "harness/core/progress.h"
 #include "harness/core/watchdog.h"
@@ -63,15 +67,8 @@ RunOptions agree_on_options(const Comm& world, RunOptions opts) {
     auto from_env = split_flag_list(env);
     opts.flags.insert(opts.flags.begin(), from_env.begin(), from_env.end());
   }
-  if (world.rank() == 0 && !opts.scenario.empty()) {
-    // The run file's directory, and beside the file the watchdog's directory,
-    // exist before any rank looks for them (the broadcast below orders it).
-    if (opts.out.empty()) opts.out = fmt::format("results/{}.h5", opts.scenario);
-    std::error_code ec;
-    auto parent = std::filesystem::path(opts.out).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    std::filesystem::create_directories(opts.out + ".watch", ec);
-  }
+  if (world.rank() == 0 && !opts.scenario.empty() && opts.out.empty())
+    opts.out = fmt::format("results/{}.h5", opts.scenario);
   // Every option the ranks act on, by name, in one table that serves both
   // directions: a field cannot be sent in one place and read back in another.
   using Get = std::string (*)(const RunOptions&);
@@ -103,6 +100,8 @@ RunOptions agree_on_options(const Comm& world, RunOptions opts) {
        [](RunOptions& o, const std::string& v) { o.size = v; }},
       {"out", [](const RunOptions& o) { return o.out; },
        [](RunOptions& o, const std::string& v) { o.out = v; }},
+      {"store", [](const RunOptions& o) { return o.store; },
+       [](RunOptions& o, const std::string& v) { o.store = v; }},
       {"html", [](const RunOptions& o) { return o.report.html_path; },
        [](RunOptions& o, const std::string& v) { o.report.html_path = v; }},
       {"junit", [](const RunOptions& o) { return o.report.junit_path; },
@@ -195,6 +194,65 @@ std::string where_now() {
       s.tap.empty() ? "none yet" : "'" + s.tap + "'");
 }
 
+// Which ranks run on which host, for the line rank 0 prints when the launcher
+// ends the job (a lost host): one hostname per rank, gathered once.
+void announce_hosts(const Comm& world) {
+  char name[256] = "";
+  gethostname(name, sizeof name - 1);
+  const auto hosts = world.all_gather_strings(name);
+  if (world.rank() != 0) return;
+  std::vector<std::pair<std::string, std::vector<int>>> by_host;  // in order of first rank
+  for (int r = 0; r < world.size(); ++r) {
+    const auto& h = hosts[static_cast<std::size_t>(r)];
+    auto it = std::find_if(by_host.begin(), by_host.end(), [&](const auto& e) { return e.first == h; });
+    if (it == by_host.end()) by_host.push_back({h, {}}), it = by_host.end() - 1;
+    it->second.push_back(r);
+  }
+  std::string text;
+  for (const auto& [h, ranks] : by_host) {
+    std::string list;
+    for (std::size_t i = 0; i < ranks.size();) {
+      std::size_t j = i;
+      while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+      list += fmt::format("{}{}", list.empty() ? "" : ",",
+                          i == j ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
+      i = j + 1;
+    }
+    text += fmt::format("{}{}: {}", text.empty() ? "" : "; ", h, list);
+  }
+  if (by_host.size() > 1) spdlog::info("ranks by host: {}", text);
+  progress::set_rank_hosts(text);
+  progress::install_stop_handler();
+}
+
+// Every rank makes the run file's directory and the watchdog's beside it: on
+// hosts that do not share it, rank 0's alone would leave the others without
+// one. Returns the run file's directory.
+std::string make_output_directories(const std::string& out) {
+  std::error_code ec;
+  const auto parent = std::filesystem::path(out).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  std::filesystem::create_directories(out + ".watch", ec);
+  return parent.string();
+}
+
+// The run file is written with MPI-IO only where every rank writes into the
+// same file (a directory all hosts share); else rank 0 writes it.
+WriteMode choose_write_mode(const Comm& world, const std::string& out, const std::string& store, bool shared) {
+  const auto parent = std::filesystem::path(out).parent_path();
+  if (store == "mpiio" && !shared)
+    input_error(
+        "--store mpiio: the output directory '{}' is not shared by all ranks (rank 0's probe file there is "
+        "not seen by every rank: node-local storage?); MPI-IO would leave a partial file on each host. Use a "
+        "directory every host mounts, or --store gather (the default 'auto' chooses it)",
+        parent.empty() ? "." : parent.string());
+  const bool gather = store == "gather" || (store == "auto" && !shared);
+  if (world.rank() == 0 && world.size() > 1)
+    spdlog::info("output directory {} by all ranks: run file written {}", shared ? "shared" : "NOT shared",
+                 gather ? "by rank 0 (rows gathered over MPI)" : "with MPI-IO by every rank");
+  return gather ? WriteMode::gathered : WriteMode::collective;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -225,8 +283,11 @@ int run_scenario(const RunOptions& given) {
   const Chaos chaos = parse_chaos(opts.chaos, world.size());
   if (opts.timeout_seconds < 0) input_error("--timeout must be >= 0 (0: no watchdog)");
   const std::string out = opts.out;
+  announce_hosts(world);
+  const bool dir_shared = directory_shared(world, make_output_directories(out));
+  const WriteMode write_mode = choose_write_mode(world, out, opts.store, dir_shared);
   auto watchdog =
-      std::make_unique<Watchdog>(out + ".watch", rank, world.size(), opts.timeout_seconds);
+      std::make_unique<Watchdog>(out + ".watch", rank, world.size(), opts.timeout_seconds, dir_shared);
 
   spdlog::info("scenario {} mesh {} dtype {} flags [{}] fault '{}' -> {}", scenario.name(),
                mesh.str(), dtype_name(dtype), flags.str(), opts.fault, out);
@@ -271,7 +332,7 @@ int run_scenario(const RunOptions& given) {
   auto t1 = std::chrono::steady_clock::now();
   RunInfo info{scenario.name(), flags.str() + (opts.fault.empty() ? "" : " inject=" + opts.fault),
                dtype_name(dtype), opts.seed, fmt::format("diffcheck {}", DIFFCHECK_VERSION)};
-  write_run_file(world, out, info, taps);
+  write_run_file(world, out, info, taps, write_mode);
   const double write_s = seconds_since(t1);
   spdlog::info("wrote {} in {:.3f}s", out, write_s);
 
@@ -297,10 +358,10 @@ int run_scenario(const RunOptions& given) {
   }
   watchdog.reset();
   world.barrier();
-  if (rank == 0) {
-    std::error_code ec;
-    std::filesystem::remove_all(out + ".watch", ec);
-  }
+  // Every rank's file is gone; on hosts that do not share the directory each
+  // has its own (empty) watch directory to remove.
+  std::error_code ec;
+  std::filesystem::remove(out + ".watch", ec);
   return status;
 }
 

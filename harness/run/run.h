@@ -19,6 +19,9 @@ struct RunOptions {
   std::string fault;
   std::string size = "default";
   std::string out;  // empty: results/<scenario>.h5
+  // How the run file is written: "mpiio", "gather" or "auto" (mpiio when
+  // every rank sees the output directory).
+  std::string store = "auto";
   ReportOptions report;
   // Watchdog: a run in which no rank makes progress (enters a collective or
   // records a tap) for this long ends as a HANG finding; 0 disables.

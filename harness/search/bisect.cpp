@@ -11,6 +11,7 @@
 #include "harness/core/error.h"
 #include "harness/core/files.h"
 #include "harness/search/flag_search.h"
+#include "harness/search/launcher.h"
 #include "harness/search/trial.h"
 #include "harness/search/trial_junit.h"
 #include "harness/check/html.h"
@@ -41,7 +42,7 @@ int bisect(const BisectOptions& opts) {
   if (opts.repeat < 1) input_error("bisect: --repeat must be >= 1");
   TrialCache cache(opts.cache_path);
   install_interrupt_handlers();
-  const auto workdir = (std::filesystem::temp_directory_path() / fmt::format("diffcheck_bisect_{}", getpid())).string();
+  const auto workdir = scratch_directory(opts.target.work_dir, "diffcheck_bisect");
   long fresh = 0, cached = 0;
   std::vector<std::string> notes;  // per trial: cached or not, detail, time
   std::vector<double> seconds;     // per trial (0 when cached)

@@ -1,4 +1,5 @@
 #include "harness/search/flag_trial.h"
+#include "harness/search/launcher.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -48,8 +49,8 @@ std::string FlagTarget::identity() const {
   if (external())
     return fmt::format("cmd={} env={} check={} timeout={}", fmt::join(command, "\x1f"), env_var,
                        check_file, timeout_seconds);
-  return fmt::format("scenario={} n={} fault={} dtype={} size={} timeout={}", scenario, ranks, fault,
-                     dtype, size, timeout_seconds);
+  return fmt::format("scenario={} n={} fault={} dtype={} size={} timeout={}{}", scenario, ranks, fault,
+                     dtype, size, timeout_seconds, launcher.empty() ? "" : " launcher=" + launcher);
 }
 
 namespace {
@@ -87,11 +88,9 @@ FlagTrialResult from_outcome(const TrialOutcome& t) {
 FlagTrialResult run_scenario_trial(const FlagTarget& t, const FlagSet& flags, const std::string& dir) {
   const std::string out = dir + "/run.h5", json = dir + "/report.json";
   std::filesystem::remove(json);
-  TrialSpec spec{{t.mpirun, "-n", std::to_string(std::max(1, t.ranks)), self_executable(),
-                  "--scenario", t.scenario, "--dtype", t.dtype, "--size", t.size, "--out", out,
-                  "--json", json},
-                 {},
-                 t.timeout_seconds};
+  TrialSpec spec{launcher_argv(t.launcher, t.mpirun, t.ranks), {}, t.timeout_seconds};
+  spec.argv.insert(spec.argv.end(), {self_executable(), "--scenario", t.scenario, "--dtype", t.dtype,
+                                     "--size", t.size, "--out", out, "--json", json});
   if (!t.fault.empty()) spec.argv.insert(spec.argv.end(), {"--inject", t.fault});
   for (const auto& f : flags) spec.argv.insert(spec.argv.end(), {"--flag", f});
   TrialOutcome o = run_trial(spec);
@@ -112,6 +111,8 @@ FlagTrialResult run_scenario_trial(const FlagTarget& t, const FlagSet& flags, co
       r.run_seconds = tm.value("sharded_s", 0.0);
       r.check_seconds = tm.value("reference_s", 0.0) + tm.value("write_s", 0.0) + tm.value("check_s", 0.0);
     }
+  } else if (r.verdict == Verdict::fail || r.verdict == Verdict::pass) {
+    r.detail = missing_report_hint(json);
   }
   std::filesystem::remove(out);
   return r;

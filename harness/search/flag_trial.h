@@ -19,6 +19,11 @@ struct FlagTarget {
   std::string scenario;
   int ranks = 0;  // 0: the launcher's default (1)
   std::string fault, dtype = "float32", size = "default", mpirun = "mpirun";
+  // Launcher template ("mpirun --host h1:8,h2:8 -n {n}", "srun -n {n}");
+  // empty: "<mpirun> -n {n}". See search/launcher.h.
+  std::string launcher;
+  // Where trial files go (search/launcher.h scratch_directory); empty: /tmp.
+  std::string work_dir;
   // ...or an external command.
   std::vector<std::string> command;
   std::string env_var;     // flags joined by spaces into this variable

@@ -16,6 +16,7 @@
 #include "harness/core/error.h"
 #include "harness/core/files.h"
 #include "harness/search/flag_search.h"
+#include "harness/search/launcher.h"
 #include "harness/search/trial.h"
 #include "harness/search/trial_junit.h"
 #include "harness/check/html.h"
@@ -127,7 +128,7 @@ int sweep(const SweepOptions& opts) {
   std::mutex mu;
   const auto t0 = std::chrono::steady_clock::now();
   const bool tty = isatty(2);
-  auto base = std::filesystem::temp_directory_path() / fmt::format("diffcheck_sweep_{}", getpid());
+  const std::filesystem::path base = scratch_directory(opts.target.work_dir, "diffcheck_sweep");
 
   auto work = [&](std::size_t i) {
     Row& row = rows[i];

@@ -14,6 +14,7 @@
 
 #include "harness/core/error.h"
 #include "harness/core/files.h"
+#include "harness/search/launcher.h"
 #include "harness/search/trial.h"
 
 namespace dc {
@@ -80,6 +81,7 @@ Row judge(const std::string& mesh, const TrialOutcome& t, const std::string& jso
     auto last = t.output.find_last_of('\n', t.output.size() > 1 ? t.output.size() - 2 : 0);
     row.detail = t.output.substr(last == std::string::npos ? 0 : last + 1);
     while (!row.detail.empty() && row.detail.back() == '\n') row.detail.pop_back();
+    if (t.exit_code != 2) row.detail = missing_report_hint(json_file);
     return row;
   }
   nlohmann::json j;
@@ -235,8 +237,7 @@ int sweep_mesh(const SweepMeshOptions& opts) {
                   opts.ranks, fmt::join(axes, ","), all.empty() ? "" : all.front());
   if (!opts.reports_dir.empty()) std::filesystem::create_directories(opts.reports_dir);
 
-  auto dir = std::filesystem::temp_directory_path() / fmt::format("diffcheck_sweep_{}", getpid());
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = opts.dry_run ? std::filesystem::path() : std::filesystem::path(scratch_directory(opts.work_dir, "diffcheck_sweep_mesh"));
   std::vector<Row> rows;
   int index = 0;
   for (const Mesh& mesh : plan) {
@@ -249,11 +250,9 @@ int sweep_mesh(const SweepMeshOptions& opts) {
     if (opts.dry_run) {
       row = Row{mesh.str(), "not run", "-", "", 0, false};
     } else {
-      TrialSpec t{{opts.mpirun, "-n", std::to_string(opts.ranks), self_executable(), "--scenario",
-                   opts.scenario, "--mesh", mesh.str(), "--dtype", opts.dtype, "--size", opts.size,
-                   "--out", out, "--json", json},
-                  {},
-                  opts.timeout_seconds};
+      TrialSpec t{launcher_argv(opts.launcher, opts.mpirun, opts.ranks), {}, opts.timeout_seconds};
+      t.argv.insert(t.argv.end(), {self_executable(), "--scenario", opts.scenario, "--mesh", mesh.str(),
+                                   "--dtype", opts.dtype, "--size", opts.size, "--out", out, "--json", json});
       if (!kept.empty()) t.argv.insert(t.argv.end(), {"--html", kept + ".html"});
       if (!opts.fault.empty()) t.argv.insert(t.argv.end(), {"--inject", opts.fault});
       for (const auto& f : opts.flags) t.argv.insert(t.argv.end(), {"--flag", f});
@@ -271,7 +270,7 @@ int sweep_mesh(const SweepMeshOptions& opts) {
     }
     rows.push_back(std::move(row));
   }
-  std::filesystem::remove_all(dir);
+  if (!dir.empty()) std::filesystem::remove_all(dir);
 
   std::cout << fmt::format("sweep-mesh: {} on {} ranks{}{}\n", opts.scenario, opts.ranks,
                            opts.fault.empty() ? "" : ", inject " + opts.fault,

@@ -25,6 +25,8 @@ struct SweepMeshOptions {
   std::string junit_path;  // one test case per mesh
   std::string html_path;   // a mesh x tap heatmap
   std::string mpirun = "mpirun";
+  std::string launcher;  // e.g. "mpirun --host h1:8,h2:8 -n {n}"; empty: "<mpirun> -n {n}"
+  std::string work_dir;  // trial files; empty: the system's temporary directory
   // Run only these meshes (each must be one of the sweep's); empty: all.
   std::vector<std::string> only_meshes;
   // Keep each mesh's run report (<dir>/<mesh>.json and .html, e.g. dp2_tp8.json),
