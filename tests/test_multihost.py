@@ -14,6 +14,7 @@ whole sweep-mesh.
 Skipped, with the reason, where namespaces cannot be made (not root)."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -46,7 +47,10 @@ class Rig:
         self.dir = f"/run/diffcheck-rig-{os.getpid()}-{n}"
         self.n = n
         subprocess.run(["bash", RIG, "down", self.dir], capture_output=True)
-        up = subprocess.run(["bash", RIG, "up", self.dir, str(n)], capture_output=True, text=True)
+        # The checkout and the executable stay visible on every host (a shared
+        # home), whatever else of /tmp each host has of its own.
+        keep = [os.path.dirname(HERE), os.path.dirname(os.path.realpath(shutil.which(EXE) or EXE))]
+        up = subprocess.run(["bash", RIG, "up", self.dir, str(n), *keep], capture_output=True, text=True)
         if up.returncode != 0:
             self.down()
             raise RuntimeError(f"rig up failed: {up.stderr}")

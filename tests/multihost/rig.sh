@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Separate hosts on one machine, for tests that cross hosts (as root).
-#   rig.sh up DIR N     hosts h1..hN: each its own network namespace (a veth on
+#   rig.sh up DIR N [KEEP...]
+#                       hosts h1..hN: each its own network namespace (a veth on
 #                       a private bridge, 10.R.0.i/24), hostname (UTS), IPC and
 #                       /dev/shm (no shared memory between hosts) and /tmp
 #                       (mount namespace); DIR/shared is the one directory all
 #                       hosts see (a shared filesystem). Writes DIR/agent (the
 #                       rsh agent OpenMPI uses instead of ssh) and DIR/mca.env.
+#                       KEEP: directories under /tmp every host still sees at
+#                       their own path (a checkout and its build, like a shared
+#                       home on a cluster); the rest of /tmp is the host's own.
 #   rig.sh exec DIR HOST CMD...   run CMD on HOST (as mpirun would be run on a login node)
 #   rig.sh down DIR     remove everything `up` made (also after a partial `up`)
 # DIR must not be under /tmp (each host mounts its own /tmp); use /run/...
@@ -15,6 +19,12 @@ die() { echo "rig: $*" >&2; exit 2; }
 
 up() {
   local dir=$1 n=$2
+  shift 2
+  local keep=""
+  for k in "$@"; do
+    k=$(realpath -m "$k")
+    [[ $k == /tmp/* ]] && keep+=" '${k#/tmp/}'"
+  done
   [[ $(id -u) == 0 ]] || die "needs root (network, UTS, IPC and mount namespaces)"
   [[ $dir != /tmp/* ]] || die "DIR must not be under /tmp (each host has its own /tmp)"
   mkdir -p "$dir/shared"
@@ -38,10 +48,14 @@ up() {
     ip netns exec "$ns" ip addr add "10.$id.0.$i/24" dev eth0
     ip netns exec "$ns" ip link set eth0 up
     ip netns exec "$ns" ip link set lo up
-    # The host's holder process keeps its UTS, IPC and mount namespaces.
+    # The host's holder process keeps its UTS, IPC and mount namespaces. The
+    # machine's /tmp stays reachable at DIR/tmp.hI for the KEEP directories.
+    mkdir -p "$dir/tmp.h$i"
     ip netns exec "$ns" unshare --uts --ipc --mount --propagation private -- /bin/sh -c "
       hostname h$i
+      mount --bind /tmp '$dir/tmp.h$i'
       mount -t tmpfs -o size=4g tmpfs /tmp
+      for k in $keep; do mkdir -p \"/tmp/\$k\" && mount --bind \"$dir/tmp.h$i/\$k\" \"/tmp/\$k\"; done
       mount -t tmpfs -o size=1g tmpfs /dev/shm
       mount --bind '$dir/hosts' /etc/hosts
       echo \$\$ > '$dir/h$i.pid'
@@ -103,12 +117,17 @@ down() {
       ip link del "$l" 2>/dev/null || true
     done
   fi
-  rm -rf "$dir"
+  # The tmp.hI directories were mount points inside the hosts only: rmdir,
+  # never rm -r, so a mount seen from here could not take /tmp with it.
+  rmdir "$dir"/tmp.h* 2>/dev/null || true
+  rm -rf "$dir/shared"
+  rm -f "$dir"/agent "$dir"/mca.env "$dir"/hosts "$dir"/netns "$dir"/id "$dir"/h*.pid
+  rmdir "$dir" 2>/dev/null || echo "rig: $dir not empty, left in place" >&2
 }
 
 case ${1:-} in
-  up) [[ $# == 3 ]] || die "usage: rig.sh up DIR N"; up "$2" "$3" ;;
+  up) [[ $# -ge 3 ]] || die "usage: rig.sh up DIR N [KEEP...]"; shift; up "$@" ;;
   exec) [[ $# -ge 4 ]] || die "usage: rig.sh exec DIR HOST CMD..."; shift; run_on "$@" ;;
   down) [[ $# == 2 ]] || die "usage: rig.sh down DIR"; down "$2" ;;
-  *) die "usage: rig.sh up DIR N | exec DIR HOST CMD... | down DIR" ;;
+  *) die "usage: rig.sh up DIR N [KEEP...] | exec DIR HOST CMD... | down DIR" ;;
 esac
