@@ -394,6 +394,7 @@ int main(int argc, char** argv) {
     // A fault of the code under test: exit 1. Raised on every rank alike: one
     // report and a clean end; on this rank alone: the others may wait in a
     // collective, so the job is ended.
+    dc::progress::disarm_stop_handler();
     if (e.everywhere()) {
       if (rank == 0) spdlog::error("{}", e.what());
       dc::Comm::finalize();
@@ -404,6 +405,7 @@ int main(int argc, char** argv) {
     dc::Comm::abort(dc::kExitMismatch);
   } catch (const dc::InputError& e) {
     // Raised identically on every rank before any communication: report once.
+    dc::progress::disarm_stop_handler();
     if (rank == 0) spdlog::error("{}", e.what());
     dc::Comm::finalize();
     return dc::kExitError;

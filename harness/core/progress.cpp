@@ -182,4 +182,6 @@ void install_stop_handler() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
+void disarm_stop_handler() { signal(SIGTERM, SIG_DFL); }
+
 }  // namespace dc::progress

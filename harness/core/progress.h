@@ -34,5 +34,8 @@ void set_rank_hosts(const std::string& text);
 // host the launcher names as lost maps onto ranks; then exit 1.
 //   diffcheck [rank 0] STOPPED by the launcher (SIGTERM) ...; ranks by host: h1: 0-7; h2: 8-15
 void install_stop_handler();
+// Once the run has its verdict (reported, or a finding every rank raised):
+// the launcher ending the others is then no news.
+void disarm_stop_handler();
 
 }  // namespace dc::progress

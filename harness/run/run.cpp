@@ -356,6 +356,7 @@ int run_scenario(const RunOptions& given) {
   } catch (const std::exception& e) {
     fail("rank {}: comparison of '{}' failed: {}", rank, out, e.what());
   }
+  progress::disarm_stop_handler();
   watchdog.reset();
   world.barrier();
   // Every rank's file is gone; on hosts that do not share the directory each
