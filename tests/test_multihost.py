@@ -233,14 +233,15 @@ class MultiHost(unittest.TestCase):
         cmd = ["bash", RIG, "exec", rig.dir, "h1", "env", *[f"{k}={v}" for k, v in env.items()],
                "mpirun", "--host", rig.hosts(8), "-n", "16", EXE, "--scenario", "flux_tp",
                "--chaos", "hang@3", "--timeout", "300", "--out", "/tmp/mh_kill/run.h5"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                stdin=subprocess.DEVNULL)
-        # Wait until h2's ranks run, then kill every process of h2 (its holder stays: the host is "up").
+        log = open(os.path.join(self.dir, "kill.log"), "w+")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+        # Wait until the run is under way (rank 3 hangs after its first tap, the
+        # others wait for it), then kill every process of h2 (its holder stays).
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            pids = self.host_pids(rig, "h2")
-            if len([p for p in pids if "diffcheck" in p[1]]) >= 8:
-                break
+        while time.monotonic() < deadline and proc.poll() is None:
+            with open(log.name) as f:
+                if "--chaos: hang@3" in f.read():
+                    break
             time.sleep(0.5)
         time.sleep(2)
         t0 = time.monotonic()
@@ -251,10 +252,13 @@ class MultiHost(unittest.TestCase):
                 except ProcessLookupError:
                     pass
         try:
-            out, err = proc.communicate(timeout=120)
+            proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
             self.fail("the run did not end within 120 s of the host's death")
+        with open(log.name) as f:
+            out, err = f.read(), ""
+        log.close()
         ended = time.monotonic() - t0
         self.assertLess(ended, 60)
         self.assertNotEqual(proc.returncode, 0, out + err)

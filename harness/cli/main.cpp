@@ -387,6 +387,7 @@ int main(int argc, char** argv) {
   }
   if (run.report.compare.threads == 0) run.report.compare.threads = threads_per_process();
   dc::progress::install_crash_handlers(rank);
+  if (rank == 0) dc::progress::install_stop_handler();  // the hosts join its line once known
   int status = dc::kExitPass;
   try {
     status = dc::run_scenario(run);

@@ -222,7 +222,6 @@ void announce_hosts(const Comm& world) {
   }
   if (by_host.size() > 1) spdlog::info("ranks by host: {}", text);
   progress::set_rank_hosts(text);
-  progress::install_stop_handler();
 }
 
 // Every rank makes the run file's directory and the watchdog's beside it: on
