@@ -106,28 +106,8 @@ class RecordedData final : public ActivationData {
       hashes_.resize(at + stride_);
       std::memcpy(hashes_.data() + at, theirs.data(), theirs.size());
     }
-    // Where every reference box is: "name\tholder\tstart...\tcount...".
-    std::string dir;
-    for (const auto& [name, part] : taps.references())
-      for (const auto& b : part.blocks)
-        dir += fmt::format("{}\t{}\t{}\n", name, fmt::join(b.start, ","), fmt::join(b.data.shape, ","));
-    const auto all = world.all_gather_strings(dir);
-    for (int h = 0; h < P; ++h) {
-      std::stringstream ss(all[static_cast<std::size_t>(h)]);
-      for (std::string line; std::getline(ss, line);) {
-        std::vector<std::string> f;
-        std::stringstream ls(line);
-        for (std::string x; std::getline(ls, x, '\t');) f.push_back(x);
-        f.resize(3);
-        auto dims = [](const std::string& s) {
-          Shape out;
-          std::stringstream ds(s);
-          for (std::string d; std::getline(ds, d, ',');) out.push_back(std::stoull(d));
-          return out;
-        };
-        boxes_[f[0]].push_back({h, Box{dims(f[1]), dims(f[2])}});
-      }
-    }
+    for (const auto& [name, held] : all_reference_boxes(world, taps))
+      for (const auto& h : held) boxes_[name].push_back({h.rank, Box{h.start, h.shape}});
   }
 
   const Comm* holders() const override { return &world_; }

@@ -198,16 +198,6 @@ void write_references(hid_t file, const Comm& world, const TapRecorder& taps,
 
 // --- Gathered writing: rank 0 writes, the others send -----------------------
 
-// "name\tstart\tshape" per reference box this rank holds, in the order it
-// sends them.
-std::string box_lines(const TapRecorder& taps) {
-  std::string m;
-  for (const auto& [name, part] : taps.references())
-    for (const auto& b : part.blocks)
-      m += fmt::format("{}\t{}\t{}\n", name, fmt::join(b.start, ","), fmt::join(b.data.shape, ","));
-  return m;
-}
-
 // Elements per piece: kGatherElements, or DIFFCHECK_GATHER_ELEMENTS (tests
 // use small pieces to reach every boundary with small tensors).
 std::size_t gather_piece_elements() {
@@ -273,7 +263,7 @@ void send_rows_and_boxes(const Comm& world, const TapRecorder& taps,
 // others' as they arrive, in the order they are sent.
 void receive_and_write(hid_t file, const Comm& world, const TapRecorder& taps,
                        const std::map<std::string, ReferenceEntry>& manifest,
-                       const std::vector<std::string>& box_directory) {
+                       const std::map<std::string, std::vector<HeldBox>>& boxes) {
   const int P = world.size();
   std::vector<float> fbuf;
   std::vector<double> dbuf;
@@ -299,22 +289,12 @@ void receive_and_write(hid_t file, const Comm& world, const TapRecorder& taps,
   for (const auto& [name, entry] : manifest) {
     const std::string what = "/reference/" + name;
     Handle ds = create_dataset(file, what, H5T_IEEE_F64LE, entry.shape, 0);
-    for (int src = 0; src < P; ++src) {
-      std::stringstream ss(box_directory[static_cast<std::size_t>(src)]);
-      std::size_t mine = 0;  // rank 0's boxes of this reference, in order
-      for (std::string line; std::getline(ss, line);) {
-        std::vector<std::string> f;
-        std::stringstream ls(line);
-        for (std::string x; std::getline(ls, x, '\t');) f.push_back(x);
-        f.resize(3);
-        if (f[0] != name) continue;
-        auto dims = [](const std::string& text) {
-          Shape out;
-          std::stringstream ds(text);
-          for (std::string d; std::getline(ds, d, ',');) out.push_back(std::stoull(d));
-          return out;
-        };
-        const Shape start = dims(f[1]), shape = dims(f[2]);
+    std::size_t mine = 0;  // rank 0's boxes of this reference, in order
+    const auto it = boxes.find(name);
+    for (const HeldBox& box : it == boxes.end() ? std::vector<HeldBox>{} : it->second) {
+      const int src = box.rank;
+      const Shape& start = box.start;
+      const Shape& shape = box.shape;
         const double* local = src == 0 ? taps.references().at(name).blocks.at(mine++).data.ptr() : nullptr;
         for_each_piece(shape, [&](std::size_t i0, std::size_t k, std::size_t n) {
           std::vector<hsize_t> at(start.begin(), start.end()), count(shape.begin(), shape.end());
@@ -330,7 +310,6 @@ void receive_and_write(hid_t file, const Comm& world, const TapRecorder& taps,
           }
           write_box(ds.get(), H5T_NATIVE_DOUBLE, data, at, count, what);
         });
-      }
     }
   }
 }
@@ -356,8 +335,8 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
   const auto manifest =
       merge_reference_manifests(world.all_gather_strings(reference_manifest(taps)));
   // Where every rank's reference boxes are, for the rank that writes them all.
-  const std::vector<std::string> box_directory =
-      mode == WriteMode::gathered ? world.all_gather_strings(box_lines(taps)) : std::vector<std::string>{};
+  const auto boxes = mode == WriteMode::gathered ? all_reference_boxes(world, taps)
+                                                 : std::map<std::string, std::vector<HeldBox>>{};
   const std::string tmp = path + ".tmp";
   bool closed = true;
   std::string close_error;
@@ -399,7 +378,7 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
         write_taps(file.get(), taps, world.size(), rank);
         write_references(file.get(), world, taps, manifest);
       } else {
-        receive_and_write(file.get(), world, taps, manifest, box_directory);
+        receive_and_write(file.get(), world, taps, manifest, boxes);
       }
     } catch (const Error& e) {
       // A write failed on this rank (a full disk, a quota) while the others

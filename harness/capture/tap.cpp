@@ -1,13 +1,41 @@
 #include "harness/capture/tap.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <sstream>
 
 #include "harness/core/error.h"
 #include "harness/core/progress.h"
 
 namespace dc {
+
+std::map<std::string, std::vector<HeldBox>> all_reference_boxes(const Comm& world, const TapRecorder& taps) {
+  std::string mine;  // "name\tstart\tshape" per box
+  for (const auto& [name, part] : taps.references())
+    for (const auto& b : part.blocks)
+      mine += fmt::format("{}\t{}\t{}\n", name, fmt::join(b.start, ","), fmt::join(b.data.shape, ","));
+  const auto all = world.all_gather_strings(mine);
+  auto dims = [](const std::string& text) {
+    Shape out;
+    std::stringstream ds(text);
+    for (std::string d; std::getline(ds, d, ',');) out.push_back(std::stoull(d));
+    return out;
+  };
+  std::map<std::string, std::vector<HeldBox>> boxes;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    std::stringstream ss(all[r]);
+    for (std::string line; std::getline(ss, line);) {
+      std::vector<std::string> f;
+      std::stringstream ls(line);
+      for (std::string x; std::getline(ls, x, '\t');) f.push_back(x);
+      f.resize(3);
+      boxes[f[0]].push_back({static_cast<int>(r), dims(f[1]), dims(f[2])});
+    }
+  }
+  return boxes;
+}
 
 void validate_tap_name(const std::string& name) {
   if (name.empty() || name.front() == '/' || name.back() == '/' ||

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/core/comm.h"
 #include "harness/core/dtype.h"
 #include "harness/core/layout.h"
 #include "harness/core/mesh.h"
@@ -108,6 +109,17 @@ class ReferenceClock {
   TapRecorder& taps_;
   std::chrono::steady_clock::time_point t0_;
 };
+
+// A reference box and the rank that holds it.
+struct HeldBox {
+  int rank = 0;
+  std::vector<std::size_t> start;
+  Shape shape;
+};
+
+// Where every rank's reference boxes are, per tap, each rank's in the order it
+// holds them. Collective over `world` (one all-gather of a few lines per rank).
+std::map<std::string, std::vector<HeldBox>> all_reference_boxes(const Comm& world, const TapRecorder& taps);
 
 // Tap names are paths below /taps: non-empty parts separated by '/'.
 void validate_tap_name(const std::string& name);
