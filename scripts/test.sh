@@ -2,7 +2,7 @@
 # The whole test suite: set up (if needed), build, run ctest — in three trees:
 #   build/           everything (unit, MPI at 1-16 ranks, end-to-end drivers)
 #   build-sanitize/  the unit and MPI tests under ASan+UBSan (DIFFCHECK_SANITIZE)
-#   build-fuzz/      60 s of libFuzzer per target (clang; scripts/fuzz.sh)
+#   build-fuzz/      30 s of libFuzzer per target (clang; scripts/fuzz.sh)
 # The full nightly matrix (ctest label nightly, scripts/nightly.sh) is left out.
 # With arguments, only build/'s ctest runs, with them (e.g. -L nightly, -R flux).
 set -euo pipefail
@@ -43,7 +43,7 @@ fuzzed() {
     cmake --build build-fuzz -j "$jobs" --target fuzz_parsers fuzz_reader >/dev/null &&
     (cd build-fuzz && ctest --output-on-failure -j "$jobs" -L fuzz)
 }
-step "fuzzing, 60 s per target (build-fuzz/)" fuzzed
+step "fuzzing, 30 s per target (build-fuzz/)" fuzzed
 
 if ((${#failed[@]})); then
   echo "test.sh: FAILED: ${failed[*]}"

@@ -4,7 +4,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 import unittest
 from html.parser import HTMLParser
 
@@ -83,9 +85,12 @@ class E2ETest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="diffcheck_e2e_")
         self.dir = self.tmp.name
+        self.started = time.monotonic()
 
     def tearDown(self):
         self.tmp.cleanup()
+        # Where the suite's time goes (ctest keeps this in its log).
+        sys.stderr.write(f"[{self.id()} took {time.monotonic() - self.started:.1f} s] ")
 
     def path(self, name):
         return os.path.join(self.dir, name)

@@ -77,8 +77,11 @@ class UspAttention(E2ETest):
                 self.assertFalse(taps["ring/chunk0/step1/out"]["pass"])  # merges are not
 
     def test_lse_offset_output_error_grows_with_the_ring(self):
+        # Every mesh nightly; by default the ring degrees at dp = 1 and ring = 1 at both ends of dp.
+        quick = [] if FULL else [a for r, sp, dp in ((1, 16, 1), (1, 1, 16), (2, 8, 1), (4, 4, 1), (8, 2, 1), (16, 1, 1))
+                                 for a in ("--mesh", f"dp={dp},ring={r},sp={sp}")]
         res = self.diffcheck("sweep-mesh", "--scenario", "usp_attention", "-n", "16", "--inject", "lse_offset",
-                             "--show-tap", "attn/out", "--json", self.path("sweep.json"))
+                             "--show-tap", "attn/out", "--json", self.path("sweep.json"), *quick)
         self.assertExit(res, 1)
         self.assertIn("every mesh as documented", res.out)
         with open(self.path("sweep.json")) as f:
@@ -88,7 +91,8 @@ class UspAttention(E2ETest):
             self.assertEqual(r["first_divergence"], "ring/chunk0/step0/lse", r)
             sizes = dict(kv.split("=") for kv in r["mesh"].split(","))
             err[(int(sizes["dp"]), int(sizes["ring"]))] = r["err_over_tol"]["attn/out"]
-        for dp in (1, 2, 4, 8, 16):
+        self.assertEqual(len(rows), 15 if FULL else 6)
+        for dp in (1, 2, 4, 8, 16) if FULL else (1, 16):
             self.assertLess(err[(dp, 1)], 1.0)  # ring = 1: only the LSE shows the offset
         self.assertLess(err[(1, 2)], err[(1, 4)])
         self.assertLess(err[(1, 4)], err[(1, 8)])

@@ -1,8 +1,10 @@
 #include "harness/core/watchdog.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -57,6 +59,23 @@ std::string tap_str(const progress::Snapshot& s) { return s.tap.empty() ? "no ta
 
 }  // namespace
 
+void prepare_watch_directory(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  // Ranks sharing DIR remove the same files; a file already gone is fine.
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) std::filesystem::remove(entry.path(), ec);
+}
+
+bool claim_hang_report(const std::string& dir) {
+  const std::string path = dir + "/hang.reported";
+  const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
+  if (fd >= 0) {
+    ::close(fd);
+    return true;
+  }
+  return errno != EEXIST;
+}
+
 Watchdog::Watchdog(std::string dir, int rank, int world, double timeout_seconds, bool dir_shared)
     : dir_(std::move(dir)), rank_(rank), world_(world), timeout_(timeout_seconds), dir_shared_(dir_shared) {
   if (timeout_ > 0) thread_ = std::thread([this] { loop(); });
@@ -101,7 +120,8 @@ void Watchdog::loop() {
     std::vector<int> candidates = stuck;
     candidates.insert(candidates.end(), silent.begin(), silent.end());
     candidates.push_back(rank_);
-    const bool reporter = *std::min_element(candidates.begin(), candidates.end()) == rank_;
+    const bool reporter =
+        *std::min_element(candidates.begin(), candidates.end()) == rank_ && claim_hang_report(dir_);
     if (!reporter) {
       // The reporter speaks and the job ends; should it not, end this rank.
       if (stalled >= timeout_ + 15) _exit(1);

@@ -4,9 +4,12 @@
 // which rank the others wait for — "rank 3 never entered collective #57
 // (all_to_all on 'sp'); ranks 0-2, 4-15 wait in it" — and ends its process
 // with status 1, so the launcher ends the job: a hang of the code under test
-// is a finding, and no rank is left running. DIR is the run file's directory;
-// where hosts do not share it (`dir_shared` false) each host's ranks see only
-// each other's records, and the report says so of the others.
+// is a finding, and no rank is left running. Ranks see each other's records at
+// different moments, so two may each think they are the lowest stuck rank; the
+// one that creates DIR/hang.reported first speaks, the other stays silent.
+// DIR is the run file's directory plus ".watch"; where hosts do not share it
+// (`dir_shared` false) each host's ranks see only each other's records (and
+// claim), and the report says so of the others.
 #pragma once
 #include <atomic>
 #include <string>
@@ -14,6 +17,15 @@
 #include <vector>
 
 namespace dc {
+
+// Empties DIR (records and claim of an earlier run that was ended) and makes
+// sure it exists. Every rank calls it before any watchdog of the run starts.
+void prepare_watch_directory(const std::string& dir);
+
+// True for the first caller per DIR (the hang report is this rank's to print);
+// false once another rank has claimed it. Where the claim cannot be written
+// (a full disk) it says true: two reports are better than none.
+bool claim_hang_report(const std::string& dir);
 
 class Watchdog {
  public:

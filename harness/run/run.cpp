@@ -231,7 +231,7 @@ std::string make_output_directories(const std::string& out) {
   std::error_code ec;
   const auto parent = std::filesystem::path(out).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  std::filesystem::create_directories(out + ".watch", ec);
+  prepare_watch_directory(out + ".watch");  // before directory_shared's barrier: no watchdog runs yet
   return parent.string();
 }
 

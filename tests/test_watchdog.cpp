@@ -1,0 +1,102 @@
+// The hang report is printed once per run: ranks that see each other's
+// progress records at different moments can each think they are the lowest
+// stuck rank (seen in CI: two "HANG: no progress" reports from one hang at 16
+// ranks); the claim file decides which of them speaks.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "harness/core/progress.h"
+#include "harness/core/watchdog.h"
+
+namespace dc {
+namespace {
+
+std::string fresh_directory(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("diffcheck_watchdog_" + name);
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+TEST(HangReport, OnlyOneOfManyRacingRanksClaimsIt) {
+  const std::string dir = fresh_directory("race");
+  prepare_watch_directory(dir);
+  std::atomic<int> claimed{0};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 16; ++r)
+    ranks.emplace_back([&] {
+      if (claim_hang_report(dir)) ++claimed;
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(claimed.load(), 1);
+  EXPECT_FALSE(claim_hang_report(dir));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(HangReport, ANewRunClearsTheClaimAndRecordsOfAnEndedOne) {
+  const std::string dir = fresh_directory("rerun");
+  prepare_watch_directory(dir);
+  ASSERT_TRUE(claim_hang_report(dir));
+  std::ofstream(dir + "/rank3") << "57\tall_to_all\tsp\tattn/q\t1.0\n";  // a rank ended mid-run
+  prepare_watch_directory(dir);
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  EXPECT_TRUE(claim_hang_report(dir));
+  std::filesystem::remove_all(dir);
+}
+
+// One process per rank, each with its watchdog (a time limit of 1 s). Rank 1
+// stops at once; rank 0 keeps making progress for 1.2 s, then stops too. Rank
+// 1's time runs out while rank 0 still looks alive, so rank 1 is the lowest
+// stuck rank it sees; when rank 0's runs out, rank 1 looks stuck but rank 0 is
+// lower. Without the claim both print a report.
+TEST(HangReport, RanksThatStallAtDifferentMomentsPrintOneReport) {
+  const std::string dir = fresh_directory("stagger");
+  prepare_watch_directory(dir);
+  std::vector<pid_t> ranks;
+  for (int r = 0; r < 2; ++r) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      const int err = ::open((dir + "/stderr" + std::to_string(r)).c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+      dup2(err, 2);
+      progress::recorded_tap("start");
+      Watchdog watchdog(dir, r, 2, 1.0);
+      const auto t0 = std::chrono::steady_clock::now();
+      while (r == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1200)) {
+        progress::recorded_tap("busy");
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(6));  // the watchdog ends it
+      _exit(0);
+    }
+    ranks.push_back(pid);
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(5));  // both time limits long past
+  for (pid_t pid : ranks) {
+    kill(pid, SIGKILL);  // what the launcher does once one rank has reported
+    waitpid(pid, nullptr, 0);
+  }
+  int reports = 0;
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(dir + "/stderr" + std::to_string(r));
+    for (std::string line; std::getline(in, line);) reports += line.find("HANG: no progress") != std::string::npos;
+  }
+  EXPECT_EQ(reports, 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(HangReport, AClaimThatCannotBeWrittenStillReports) {
+  EXPECT_TRUE(claim_hang_report("/nonexistent/diffcheck/watch"));
+}
+
+}  // namespace
+}  // namespace dc
