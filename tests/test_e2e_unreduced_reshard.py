@@ -13,6 +13,10 @@ from e2e import CHROMIUM, E2ETest
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
 
 
+# Every mesh of 16 ranks with dp = 2 (the sweep skips those the size does not allow).
+DP2 = [f"dp=2,fsdp={f},sp={s},tp={8 // (f * s)}" for f in (1, 2, 4, 8) for s in (1, 2, 4, 8) if 8 % (f * s) == 0]
+
+
 def dp_of(mesh):
     return int(dict(p.split("=") for p in mesh.split(","))["dp"])
 
@@ -32,9 +36,7 @@ class UnreducedReshard(E2ETest):
             self.assertEqual(len(table["rows"]) + len(table["skipped"]), 35)  # C(7,3) ordered factorizations
             self.assertGreaterEqual(len(table["rows"]), 30)
         else:  # the meshes the fault breaks (the others pass in the fault's sweep); every one nightly
-            dp2 = [f"dp=2,fsdp={f},sp={s},tp={8 // (f * s)}" for f in (1, 2, 4, 8) for s in (1, 2, 4, 8)
-                   if 8 % (f * s) == 0]
-            res, table = self.sweep(*[a for m in dp2 for a in ("--mesh", m)])
+            res, table = self.sweep(*[a for m in DP2 for a in ("--mesh", m)])
             self.assertEqual(len(table["rows"]) + len(table["skipped"]), 10)
             self.assertEqual(len(table["rows"]), 9)
         self.assertExit(res, 0)
@@ -42,8 +44,13 @@ class UnreducedReshard(E2ETest):
             self.assertEqual(row["verdict"], "PASS", row)
 
     def test_fault_fails_exactly_where_dp_is_2(self):
-        res, table = self.sweep("--inject", "skip_unreduced_allreduce")
+        # Every mesh nightly; by default every dp = 2 mesh and six others.
+        meshes = [] if FULL else DP2 + ["dp=1,fsdp=1,sp=1,tp=16", "dp=1,fsdp=2,sp=2,tp=4", "dp=4,fsdp=1,sp=1,tp=4",
+                                        "dp=4,fsdp=2,sp=2,tp=1", "dp=8,fsdp=1,sp=1,tp=2", "dp=16,fsdp=1,sp=1,tp=1"]
+        res, table = self.sweep("--inject", "skip_unreduced_allreduce", *[a for m in meshes for a in ("--mesh", m)])
         self.assertExit(res, 1)
+        self.assertEqual(len(table["rows"]) + len(table["skipped"]), 35 if FULL else 16)
+        self.assertTrue(any(dp_of(r["mesh"]) != 2 for r in table["rows"]))
         for row in table["rows"]:
             with self.subTest(mesh=row["mesh"]):
                 if dp_of(row["mesh"]) == 2:
