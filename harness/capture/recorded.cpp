@@ -88,7 +88,6 @@ class RecordedData final : public ActivationData {
  public:
   RecordedData(const Comm& world, const TapRecorder& taps) : world_(world), taps_(taps) {
     const auto& records = taps.records();
-    const int P = world.size();
     // Every rank's piece hashes, to know which replicas equal their leader.
     std::vector<std::uint64_t> mine;
     for (const auto& r : records) {
