@@ -110,7 +110,11 @@ Handle create_dataset(hid_t file, const std::string& path, hid_t type, const Sha
   return ds;
 }
 
-// Collective write: this rank writes its row `row` of `dims`.
+// Parallel write: this rank writes its row `row` of `dims`, a contiguous
+// range of the file. Independent MPI-IO, not collective: each rank's piece is
+// one contiguous range, which collective buffering cannot improve, while a
+// collective call per tap made every rank wait for all (flux_tp at 16 ranks
+// on 2 cores: the run file in 0.31 s instead of 0.61 s).
 void write_row(hid_t ds, hid_t mem_type, const void* data, const Shape& dims, std::size_t row,
                int rank, const std::string& what) {
   Handle fspace(H5Dget_space(ds));
@@ -123,9 +127,9 @@ void write_row(hid_t ds, hid_t mem_type, const void* data, const Shape& dims, st
   Handle mspace(H5Screate_simple(1, &n, nullptr));
   if (n == 0) H5Sselect_none(mspace.get());
   Handle xfer(H5Pcreate(H5P_DATASET_XFER));
-  H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_COLLECTIVE);
+  H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_INDEPENDENT);
   if (H5Dwrite(ds, mem_type, mspace.get(), fspace.get(), xfer.get(), data) < 0)
-    fail("rank {}: HDF5 collective write of '{}' failed: {}", rank, what, h5::last_error());
+    fail("rank {}: HDF5 parallel write of '{}' failed: {}", rank, what, h5::last_error());
 }
 
 // A tap's dataset [world, *local] with its attributes.
@@ -155,10 +159,10 @@ void write_taps(hid_t file, const TapRecorder& taps, int world, int rank) {
   }
 }
 
-// Collective write of each reference: every rank writes the boxes it
-// computed, one collective call per box (ranks with fewer boxes join the
-// later calls with nothing): a box's values are contiguous in memory and in
-// row-major order in the file, which a union of boxes would not be.
+// Parallel write of each reference: every rank writes the boxes it computed,
+// one (independent, see write_row) call per box (ranks with fewer boxes join
+// the later calls with nothing): a box's values are contiguous in memory and
+// in row-major order in the file, which a union of boxes would not be.
 void write_references(hid_t file, const Comm& world, const TapRecorder& taps,
                       const std::map<std::string, ReferenceEntry>& manifest) {
   const int rank = world.rank();
@@ -189,9 +193,9 @@ void write_references(hid_t file, const Comm& world, const TapRecorder& taps,
       Handle mspace(H5Screate_simple(1, &mem_n, nullptr));
       if (n == 0) H5Sselect_none(mspace.get());
       Handle xfer(H5Pcreate(H5P_DATASET_XFER));
-      H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_COLLECTIVE);
+      H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_INDEPENDENT);
       if (H5Dwrite(ds.get(), H5T_NATIVE_DOUBLE, mspace.get(), fspace.get(), xfer.get(), data) < 0)
-        fail("rank {}: HDF5 collective write of '{}' failed: {}", rank, path, h5::last_error());
+        fail("rank {}: HDF5 parallel write of '{}' failed: {}", rank, path, h5::last_error());
     }
   }
 }

@@ -82,7 +82,11 @@ Watchdog::Watchdog(std::string dir, int rank, int world, double timeout_seconds,
 }
 
 Watchdog::~Watchdog() {
-  stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
   if (thread_.joinable()) thread_.join();
   std::error_code ec;
   std::filesystem::remove(file_of(dir_, rank_), ec);
@@ -91,8 +95,11 @@ Watchdog::~Watchdog() {
 void Watchdog::loop() {
   const std::string mine = file_of(dir_, rank_), tmp = mine + ".tmp";
   std::string last;
-  while (!stop_) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (wake_.wait_for(lock, std::chrono::milliseconds(500), [this] { return stop_; })) return;
+    }
     const auto me = progress::snapshot();
     const std::string rec = encode(me);
     if (rec != last) {  // replaced whole, so a reader never sees half a record

@@ -11,7 +11,8 @@
 // (`dir_shared` false) each host's ranks see only each other's records (and
 // claim), and the report says so of the others.
 #pragma once
-#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,7 +31,7 @@ bool claim_hang_report(const std::string& dir);
 class Watchdog {
  public:
   Watchdog(std::string dir, int rank, int world, double timeout_seconds, bool dir_shared = true);
-  ~Watchdog();  // stops the thread and removes this rank's file
+  ~Watchdog();  // stops the thread at once and removes this rank's file
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
@@ -40,7 +41,11 @@ class Watchdog {
   int rank_, world_;
   double timeout_;
   bool dir_shared_;
-  std::atomic<bool> stop_{false};
+  // The thread waits on this between looks, so the end of a run does not
+  // wait out its half-second sleep.
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
   std::thread thread_;
 };
 
