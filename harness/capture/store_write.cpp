@@ -160,9 +160,11 @@ void write_taps(hid_t file, const TapRecorder& taps, int world, int rank) {
 }
 
 // Parallel write of each reference: every rank writes the boxes it computed,
-// one (independent, see write_row) call per box (ranks with fewer boxes join
-// the later calls with nothing): a box's values are contiguous in memory and
-// in row-major order in the file, which a union of boxes would not be.
+// one (independent, see write_row) call per box; ranks with fewer boxes join
+// the later calls with nothing, as every rank makes the same HDF5 calls (the
+// file's metadata operations are collective). A box's values are contiguous
+// in memory and in row-major order in the file, which a union of boxes would
+// not be.
 void write_references(hid_t file, const Comm& world, const TapRecorder& taps,
                       const std::map<std::string, ReferenceEntry>& manifest) {
   const int rank = world.rank();
@@ -294,26 +296,24 @@ void receive_and_write(hid_t file, const Comm& world, const TapRecorder& taps,
     const std::string what = "/reference/" + name;
     Handle ds = create_dataset(file, what, H5T_IEEE_F64LE, entry.shape, 0);
     std::size_t mine = 0;  // rank 0's boxes of this reference, in order
+    static const std::vector<HeldBox> none;
     const auto it = boxes.find(name);
-    for (const HeldBox& box : it == boxes.end() ? std::vector<HeldBox>{} : it->second) {
-      const int src = box.rank;
-      const Shape& start = box.start;
-      const Shape& shape = box.shape;
-        const double* local = src == 0 ? taps.references().at(name).blocks.at(mine++).data.ptr() : nullptr;
-        for_each_piece(shape, [&](std::size_t i0, std::size_t k, std::size_t n) {
-          std::vector<hsize_t> at(start.begin(), start.end()), count(shape.begin(), shape.end());
-          if (!at.empty()) {
-            at[0] += i0;
-            count[0] = k;
-          }
-          const double* data = local ? local + i0 * (n / std::max<std::size_t>(k, 1)) : nullptr;
-          if (src != 0) {
-            dbuf.resize(n);
-            world.recv(std::span<double>(dbuf), src);
-            data = dbuf.data();
-          }
-          write_box(ds.get(), H5T_NATIVE_DOUBLE, data, at, count, what);
-        });
+    for (const HeldBox& box : it == boxes.end() ? none : it->second) {
+      const double* local = box.rank == 0 ? taps.references().at(name).blocks.at(mine++).data.ptr() : nullptr;
+      for_each_piece(box.shape, [&](std::size_t i0, std::size_t k, std::size_t n) {
+        std::vector<hsize_t> at(box.start.begin(), box.start.end()), count(box.shape.begin(), box.shape.end());
+        if (!at.empty()) {
+          at[0] += i0;
+          count[0] = k;
+        }
+        const double* data = local ? local + i0 * (n / std::max<std::size_t>(k, 1)) : nullptr;
+        if (box.rank != 0) {
+          dbuf.resize(n);
+          world.recv(std::span<double>(dbuf), box.rank);
+          data = dbuf.data();
+        }
+        write_box(ds.get(), H5T_NATIVE_DOUBLE, data, at, count, what);
+      });
     }
   }
 }

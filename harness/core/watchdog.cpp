@@ -4,8 +4,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -62,8 +62,11 @@ std::string tap_str(const progress::Snapshot& s) { return s.tap.empty() ? "no ta
 void prepare_watch_directory(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
+  // Listed first, removed after (removing while iterating is unspecified).
   // Ranks sharing DIR remove the same files; a file already gone is fine.
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) std::filesystem::remove(entry.path(), ec);
+  std::vector<std::filesystem::path> stale;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) stale.push_back(entry.path());
+  for (const auto& path : stale) std::filesystem::remove(path, ec);
 }
 
 bool claim_hang_report(const std::string& dir) {
