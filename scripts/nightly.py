@@ -33,6 +33,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from child_process import run_ended_gracefully, stop_on_sigterm_like_ctrl_c  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = ("float32", "bfloat16")
 DRIFT_FACTOR = 2.0
@@ -185,7 +188,9 @@ def run_cell(exe, cell, night, args, regressions):
         cmd += ["--inject", fault]
     t0 = time.monotonic()
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        # Interrupted, the night ends its running sweep gracefully: no trial's
+        # run file, watch directory or shared memory stays behind.
+        res = run_ended_gracefully(cmd)
     except OSError as err:  # e.g. the executable being rebuilt under us
         res = subprocess.CompletedProcess(cmd, 127, "", f"cannot start {exe}: {err}")
     cell["seconds"] = round(time.monotonic() - t0, 2)
@@ -497,6 +502,7 @@ def json_load_numbers(v):
 # ---------------------------------------------------------------- main
 
 def main():
+    stop_on_sigterm_like_ctrl_c()  # a batch time limit ends the night as a Ctrl-C does
     args = parse_args()
     exe = find_diffcheck(args.diffcheck)
     version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()

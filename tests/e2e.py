@@ -16,6 +16,16 @@ SCRIPTS = os.environ.get("DIFFCHECK_SCRIPTS", os.path.join(os.path.dirname(__fil
 TIMEOUT = 600
 
 
+sys.path.insert(0, os.path.abspath(SCRIPTS))
+from child_process import run_ended_gracefully, stop_on_sigterm_like_ctrl_c  # noqa: E402
+
+# ctest ends a test that runs over its time with SIGTERM: as a Ctrl-C, it
+# unwinds, the running command is ended gracefully and the temporary
+# directories go with the interpreter (TemporaryDirectory's finalizer)
+# instead of staying under /tmp.
+stop_on_sigterm_like_ctrl_c()
+
+
 def live_processes():
     """(pid, command line) of every process that is not a zombie."""
     out = []
@@ -96,8 +106,7 @@ class E2ETest(unittest.TestCase):
         return os.path.join(self.dir, name)
 
     def run_cmd(self, args, json_name=None):
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT,
-                              stdin=subprocess.DEVNULL)
+        proc = run_ended_gracefully(args, TIMEOUT)
         return Result(proc, self.path(json_name) if json_name else None)
 
     def mpirun(self, n, *args, json=True):

@@ -8,6 +8,7 @@
 // files and per-rank files (form 2) into an ActivationSet.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "harness/capture/activations.h"
@@ -35,9 +36,12 @@ inline constexpr std::size_t kGatherElements = std::size_t{4} << 20;
 // Collective over `world`. Writes to "<path>.tmp" and renames when complete, so
 // `path` either is whole or is not there. Every rank must have recorded the
 // same taps with the same shapes and layouts; otherwise an Error names the
-// first tap that differs.
+// first tap that differs. `created` (a testing aid, --chaos ...:during=write)
+// runs on each rank once "<path>.tmp" exists, or as it starts to send its
+// rows when rank 0 writes alone.
 void write_run_file(const Comm& world, const std::string& path, const RunInfo& info,
-                    const TapRecorder& taps, WriteMode mode = WriteMode::collective);
+                    const TapRecorder& taps, WriteMode mode = WriteMode::collective,
+                    const std::function<void()>& created = {});
 
 // `source` is a run file, one rank file, or the prefix of rank files
 // (`<prefix>.rank<R>.h5`). `reference_path`, when not empty, is a separate file

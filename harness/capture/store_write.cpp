@@ -321,7 +321,7 @@ void receive_and_write(hid_t file, const Comm& world, const TapRecorder& taps,
 }  // namespace
 
 void write_run_file(const Comm& world, const std::string& path, const RunInfo& info,
-                    const TapRecorder& taps, WriteMode mode) {
+                    const TapRecorder& taps, WriteMode mode, const std::function<void()>& created) {
   h5::silence_errors();
   const int rank = world.rank();
   // Agree on the tap list first: a rank that recorded something else would
@@ -361,6 +361,7 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
     }
     if (!file.valid())
       fail("rank {}: HDF5 cannot create run file '{}': {}", rank, tmp, h5::last_error());
+    if (created) created();
 
     h5::write_int_attr(file.get(), "diffcheck_schema", 1);
     h5::write_string_attr(file.get(), "mesh", taps.mesh().str());
@@ -401,6 +402,7 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
     closed = H5Fclose(file.release()) >= 0;
     if (!closed) close_error = h5::last_error();
   } else {
+    if (created) created();
     send_rows_and_boxes(world, taps, manifest);
   }
   if (world.max_int(closed ? 0 : 1) != 0) {

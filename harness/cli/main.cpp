@@ -14,6 +14,7 @@
 
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
+#include "harness/core/interrupt.h"
 #include "harness/core/progress.h"
 #include "harness/core/log.h"
 #include "harness/run/run.h"
@@ -210,7 +211,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--chaos", run.chaos,
                  "Testing aid: a process fault on one rank: crash@R, hang@R or desync@R (an extra collective), "
-                 "optionally :after=TAP (default: after its first tap)");
+                 "optionally :after=TAP (default: after its first tap) or :during=write|check (once the run file's "
+                 "temporary exists / as the check starts)");
   add_report_options(app, run.report);
 
   auto* compare = app.add_subcommand("compare", "Check an activation file (run file, rank file or rank-file prefix) without running anything");
@@ -375,7 +377,9 @@ int main(int argc, char** argv) {
     return status;
   }
 
-  // Run mode: every rank of the job runs this.
+  // Run mode: every rank of the job runs this. Ctrl-C and SIGTERM are
+  // handled from the first moment, MPI's start-up included.
+  dc::interrupt::install(rank0, rank0 == 0, launcher_size() > 1);
   dc::Comm::init(&argc, &argv);
   int rank = rank0;
   dc::setup_logging(rank);
@@ -387,7 +391,6 @@ int main(int argc, char** argv) {
   }
   if (run.report.compare.threads == 0) run.report.compare.threads = threads_per_process();
   dc::progress::install_crash_handlers(rank);
-  if (rank == 0) dc::progress::install_stop_handler();  // the hosts join its line once known
   int status = dc::kExitPass;
   try {
     status = dc::run_scenario(run);
@@ -395,7 +398,8 @@ int main(int argc, char** argv) {
     // A fault of the code under test: exit 1. Raised on every rank alike: one
     // report and a clean end; on this rank alone: the others may wait in a
     // collective, so the job is ended.
-    dc::progress::disarm_stop_handler();
+    dc::interrupt::verdict_reached();
+    dc::interrupt::remove_partial_files();
     if (e.everywhere()) {
       if (rank == 0) spdlog::error("{}", e.what());
       dc::Comm::finalize();
@@ -406,13 +410,15 @@ int main(int argc, char** argv) {
     dc::Comm::abort(dc::kExitMismatch);
   } catch (const dc::InputError& e) {
     // Raised identically on every rank before any communication: report once.
-    dc::progress::disarm_stop_handler();
+    dc::interrupt::verdict_reached();
+    dc::interrupt::remove_partial_files();
     if (rank == 0) spdlog::error("{}", e.what());
     dc::Comm::finalize();
     return dc::kExitError;
   } catch (const std::exception& e) {
     // A failure during the run, possibly on this rank alone: the others may be
     // waiting in a collective, so end the whole job rather than hang it.
+    dc::interrupt::remove_partial_files();
     spdlog::error("{}", e.what());
     std::cerr.flush();
     dc::Comm::abort(dc::kExitError);

@@ -9,11 +9,13 @@
 #include <random>
 
 #include "harness/core/error.h"
+#include "harness/core/interrupt.h"
 
 namespace dc {
 
 void write_whole_file(const std::string& path, const std::string& text, const std::string& what) {
   const std::string tmp = path + ".tmp";
+  const interrupt::Removal if_stopped(tmp);
   {
     std::ofstream out(tmp, std::ios::binary);
     if (!out) fail("cannot write {} '{}'", what, tmp);
@@ -36,8 +38,9 @@ bool directory_shared(const Comm& world, const std::string& dir) {
     token = fmt::format("{}-{}-{:x}{:x}", ::getpid(),
                         std::chrono::steady_clock::now().time_since_epoch().count(), rd(), rd());
     path = (std::filesystem::path(dir.empty() ? "." : dir) / (".diffcheck-probe-" + token)).string();
-    std::ofstream(path) << token;
   }
+  const interrupt::Removal if_stopped(path);
+  if (world.rank() == 0) std::ofstream(path) << token;
   token = world.broadcast_string(token, 0);
   path = (std::filesystem::path(dir.empty() ? "." : dir) / (".diffcheck-probe-" + token)).string();
   std::string seen;

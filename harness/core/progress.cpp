@@ -1,5 +1,8 @@
 #include "harness/core/progress.h"
 
+#include "harness/core/interrupt.h"
+#include "harness/core/signal_safe.h"
+
 #include <fmt/format.h>
 #include <signal.h>
 #include <unistd.h>
@@ -34,24 +37,8 @@ void copy(char* dst, std::size_t cap, const std::string& s) {
   dst[n] = '\0';
 }
 
-// Async-signal-safe output helpers.
-void put(const char* s) {
-  ssize_t ignored = write(2, s, std::strlen(s));
-  (void)ignored;
-}
-void put_number(long long v) {
-  char buf[24];
-  int i = 23;
-  buf[i] = '\0';
-  bool neg = v < 0;
-  unsigned long long u = neg ? 0ull - static_cast<unsigned long long>(v) : static_cast<unsigned long long>(v);
-  do {
-    buf[--i] = static_cast<char>('0' + u % 10);
-    u /= 10;
-  } while (u && i > 1);
-  if (neg) buf[--i] = '-';
-  put(buf + i);
-}
+using signal_safe::put;
+using signal_safe::put_number;
 
 const char* signal_name(int sig) {
   switch (sig) {
@@ -89,20 +76,6 @@ void say_where() {
 }
 
 int g_rank = 0;
-char g_hosts[4096] = "";
-
-void on_stop_signal(int) {
-  put(g_prefix);
-  put("STOPPED by the launcher (SIGTERM) while rank ");
-  put_number(g_rank);
-  put(" was running: a rank or a whole host was lost (the launcher names it), or the job was cancelled");
-  if (g_hosts[0]) {
-    put("; ranks by host: ");
-    put(g_hosts);
-  }
-  say_where();
-  _exit(1);
-}
 
 void on_fatal_signal(int sig) {
   put(g_prefix);
@@ -114,6 +87,7 @@ void on_fatal_signal(int sig) {
   put(signal_name(sig));
   put(")");
   say_where();
+  interrupt::remove_partial_files();
   _exit(1);  // the launcher sees a failed rank and ends the job
 }
 
@@ -131,6 +105,7 @@ void on_terminate() {
   put(g_prefix);
   put(fmt::format("CRASH on rank {}: {}", g_rank, what).c_str());
   say_where();
+  interrupt::remove_partial_files();
   _exit(1);
 }
 
@@ -172,16 +147,6 @@ void install_crash_handlers(int rank) {
   std::set_terminate(on_terminate);
 }
 
-void set_rank_hosts(const std::string& text) { copy(g_hosts, sizeof g_hosts, text); }
-
-void install_stop_handler() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND;
-  sigaction(SIGTERM, &sa, nullptr);
-}
-
-void disarm_stop_handler() { signal(SIGTERM, SIG_DFL); }
+void write_where() { say_where(); }
 
 }  // namespace dc::progress

@@ -25,17 +25,8 @@ Snapshot snapshot();
 //   diffcheck [rank 3] CRASH on rank 3: signal 11 (SIGSEGV); last collective #12 all_to_all on 'sp'; last tap 'attn/q'
 void install_crash_handlers(int rank);
 
-// Where the ranks run ("h1: 0-7; h2: 8-15"), for the line below; kept in a
-// fixed buffer (long lists are cut).
-void set_rank_hosts(const std::string& text);
-// On the reporting rank: when the launcher ends the job (SIGTERM: a rank or a
-// whole host was lost, or the user pressed Ctrl-C at mpirun), one line on
-// stderr saying where this rank was and which ranks ran where, so that the
-// host the launcher names as lost maps onto ranks; then exit 1.
-//   diffcheck [rank 0] STOPPED by the launcher (SIGTERM) ...; ranks by host: h1: 0-7; h2: 8-15
-void install_stop_handler();
-// Once the run has its verdict (reported, or a finding every rank raised):
-// the launcher ending the others is then no news.
-void disarm_stop_handler();
+// "; last collective #12 all_to_all on 'sp'; last tap 'attn/q'" and a line
+// end, on stderr (async-signal-safe): the end of the CRASH and STOPPED lines.
+void write_where();
 
 }  // namespace dc::progress

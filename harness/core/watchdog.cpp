@@ -14,6 +14,7 @@
 #include <sstream>
 #include <vector>
 
+#include "harness/core/interrupt.h"
 #include "harness/core/mesh.h"
 #include "harness/core/progress.h"
 
@@ -134,7 +135,10 @@ void Watchdog::loop() {
         *std::min_element(candidates.begin(), candidates.end()) == rank_ && claim_hang_report(dir_);
     if (!reporter) {
       // The reporter speaks and the job ends; should it not, end this rank.
-      if (stalled >= timeout_ + 15) _exit(1);
+      if (stalled >= timeout_ + 15) {
+        interrupt::remove_partial_files(false);
+        _exit(1);
+      }
       continue;
     }
     std::string msg = fmt::format("diffcheck [rank {}] HANG: no progress for {:.0f} s (--timeout {:.0f})\n", rank_,
@@ -168,6 +172,7 @@ void Watchdog::loop() {
     msg += "HANG: the run is ended (exit 1)\n";
     ssize_t ignored = write(2, msg.data(), msg.size());
     (void)ignored;
+    interrupt::remove_partial_files(false);  // the others remove the claim when the launcher ends them
     _exit(1);  // the launcher ends the other ranks
   }
 }

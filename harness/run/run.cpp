@@ -20,6 +20,7 @@
 #include "harness/core/error.h"
 #include "harness/core/files.h"
 #include "harness/core/flags.h"
+#include "harness/core/interrupt.h"
 #include "harness/core/progress.h"
 #include "harness/core/watchdog.h"
 #include "harness/run/scenario.h"
@@ -153,7 +154,8 @@ RunOptions agree_on_options(const Comm& world, RunOptions opts) {
 struct Chaos {
   enum class Kind { none, crash, hang, desync } kind = Kind::none;
   int rank = -1;
-  std::string after;  // empty: the first tap
+  std::string after;   // empty: the first tap
+  std::string during;  // "write" or "check": at the start of that phase instead of after a tap
 };
 
 Chaos parse_chaos(const std::string& s, int world) {
@@ -162,16 +164,22 @@ Chaos parse_chaos(const std::string& s, int world) {
   auto at = s.find('@');
   auto usage = [&] {
     input_error(
-        "--chaos '{}': expected crash@RANK, hang@RANK or desync@RANK, optionally :after=TAP (RANK "
-        "< {})",
+        "--chaos '{}': expected crash@RANK, hang@RANK or desync@RANK, optionally :after=TAP or "
+        ":during=write|check (RANK < {})",
         s, world);
   };
   if (at == std::string::npos) usage();
   const std::string kind = s.substr(0, at);
   std::string rest = s.substr(at + 1);
   if (auto colon = rest.find(':'); colon != std::string::npos) {
-    if (rest.compare(colon + 1, 6, "after=") != 0 || rest.size() == colon + 7) usage();
-    c.after = rest.substr(colon + 7);
+    if (rest.compare(colon + 1, 6, "after=") == 0 && rest.size() > colon + 7) {
+      c.after = rest.substr(colon + 7);
+    } else if (rest.compare(colon + 1, 7, "during=") == 0) {
+      c.during = rest.substr(colon + 8);
+      if (c.during != "write" && c.during != "check") usage();
+    } else {
+      usage();
+    }
     rest = rest.substr(0, colon);
   }
   c.kind = kind == "crash"    ? Chaos::Kind::crash
@@ -221,7 +229,18 @@ void announce_hosts(const Comm& world) {
     text += fmt::format("{}{}: {}", text.empty() ? "" : "; ", h, list);
   }
   if (by_host.size() > 1) spdlog::info("ranks by host: {}", text);
-  progress::set_rank_hosts(text);
+  interrupt::set_rank_hosts(text);
+}
+
+// What an interrupted run leaves must go with it (interrupt.h): the run
+// file's temporary, OpenMPI's named semaphore for it (its shared-file-pointer
+// component makes /dev/shm/sem.OMPIO_<file name> at open and removes it at
+// close only), and the watch directory.
+void remove_when_stopped(const std::string& out, int rank) {
+  const std::string tmp = out + ".tmp";
+  interrupt::remove_when_stopped(tmp);
+  interrupt::remove_when_stopped("/dev/shm/sem.OMPIO_" + std::filesystem::path(tmp).filename().string());
+  interrupt::remove_directory_when_stopped(out + ".watch", rank);
 }
 
 // Every rank makes the run file's directory and the watchdog's beside it: on
@@ -283,6 +302,7 @@ int run_scenario(const RunOptions& given) {
   if (opts.timeout_seconds < 0) input_error("--timeout must be >= 0 (0: no watchdog)");
   const std::string out = opts.out;
   announce_hosts(world);
+  remove_when_stopped(out, rank);
   const bool dir_shared = directory_shared(world, make_output_directories(out));
   const WriteMode write_mode = choose_write_mode(world, out, opts.store, dir_shared);
   auto watchdog =
@@ -294,17 +314,25 @@ int run_scenario(const RunOptions& given) {
   auto t0 = std::chrono::steady_clock::now();
   TapRecorder taps(mesh, rank, dtype);
   bool chaos_done = false;
-  if (chaos.rank == rank)
+  auto act = [&](const std::string& where) {
+    chaos_done = true;
+    spdlog::warn("--chaos: {} {}", opts.chaos, where);
+    if (chaos.kind == Chaos::Kind::crash) std::raise(SIGSEGV);
+    if (chaos.kind == Chaos::Kind::hang)
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    if (chaos.kind == Chaos::Kind::desync) world.barrier();  // a collective nobody else calls
+  };
+  auto chaos_during = [&](const char* phase) {
+    if (chaos.rank == rank && chaos.during == phase)
+      act(phase == std::string("write") ? "once the run file is created" : "as the check starts");
+  };
+  if (chaos.rank == rank && chaos.during.empty())
     taps.on_tap([&](const std::string& name) {
       if (chaos_done || (!chaos.after.empty() && name != chaos.after)) return;
-      chaos_done = true;
-      spdlog::warn("--chaos: {} after tap '{}'", opts.chaos, name);
-      if (chaos.kind == Chaos::Kind::crash) std::raise(SIGSEGV);
-      if (chaos.kind == Chaos::Kind::hang)
-        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-      if (chaos.kind == Chaos::Kind::desync) world.barrier();  // a collective nobody else calls
+      act(fmt::format("after tap '{}'", name));
     });
   RunContext ctx{mesh, world, taps, flags, opts.fault, dtype, opts.seed, opts.size};
+  interrupt::set_phase("running the scenario");
   try {
     scenario.run(ctx);
   } catch (const InputError&) {
@@ -317,7 +345,7 @@ int run_scenario(const RunOptions& given) {
                               scenario.name(), e.what(), where_now()),
                   false);
   }
-  if (chaos.rank == rank && !chaos_done)
+  if (chaos.rank == rank && chaos.during.empty() && !chaos_done)
     spdlog::warn("--chaos {}: rank {} never recorded tap '{}'; nothing was injected", opts.chaos,
                  rank, chaos.after);
   const double ran = seconds_since(t0);
@@ -328,10 +356,11 @@ int run_scenario(const RunOptions& given) {
   const double sharded_s = world.max_double(ran - taps.reference_seconds());
   const double reference_s = world.max_double(taps.reference_seconds());
 
+  interrupt::set_phase("writing the run file");
   auto t1 = std::chrono::steady_clock::now();
   RunInfo info{scenario.name(), flags.str() + (opts.fault.empty() ? "" : " inject=" + opts.fault),
                dtype_name(dtype), opts.seed, fmt::format("diffcheck {}", DIFFCHECK_VERSION)};
-  write_run_file(world, out, info, taps, write_mode);
+  write_run_file(world, out, info, taps, write_mode, [&] { chaos_during("write"); });
   const double write_s = seconds_since(t1);
   spdlog::info("wrote {} in {:.3f}s", out, write_s);
 
@@ -348,6 +377,8 @@ int run_scenario(const RunOptions& given) {
                                   flags.str().empty() ? "" : " " + flags.str(),
                                   opts.fault.empty() ? "" : " inject=" + opts.fault);
   int status = kExitPass;
+  interrupt::set_phase("checking the taps");
+  chaos_during("check");
   auto t2 = std::chrono::steady_clock::now();
   try {
     status = check_and_report(recorded_activations(world, taps, info, out), report, t2);
@@ -355,7 +386,8 @@ int run_scenario(const RunOptions& given) {
   } catch (const std::exception& e) {
     fail("rank {}: comparison of '{}' failed: {}", rank, out, e.what());
   }
-  progress::disarm_stop_handler();
+  interrupt::verdict_reached();
+  interrupt::set_phase("finishing");
   watchdog.reset();
   world.barrier();
   // Every rank's file is gone; on hosts that do not share the directory each

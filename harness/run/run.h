@@ -27,7 +27,9 @@ struct RunOptions {
   // records a tap) for this long ends as a HANG finding; 0 disables.
   double timeout_seconds = 300;
   // Testing aid: a process fault on one rank, "crash@R", "hang@R" or
-  // "desync@R" (calls an extra collective), optionally ":after=TAP".
+  // "desync@R" (calls an extra collective), optionally ":after=TAP", or
+  // ":during=write|check" (once the run file's temporary exists / as the
+  // check starts).
   std::string chaos;
 };
 

@@ -237,10 +237,14 @@ int sweep_mesh(const SweepMeshOptions& opts) {
                   opts.ranks, fmt::join(axes, ","), all.empty() ? "" : all.front());
   if (!opts.reports_dir.empty()) std::filesystem::create_directories(opts.reports_dir);
 
+  // Ctrl-C or SIGTERM: the running trial is ended gracefully (its ranks
+  // remove their partial files), the scratch directory goes, the sweep stops.
+  if (!opts.dry_run) install_interrupt_handlers();
   const std::filesystem::path dir = opts.dry_run ? std::filesystem::path() : std::filesystem::path(scratch_directory(opts.work_dir, "diffcheck_sweep_mesh"));
   std::vector<Row> rows;
   int index = 0;
   for (const Mesh& mesh : plan) {
+    if (interrupted()) break;
     const std::string stem = mesh_file_stem(mesh.str());
     const std::string out = (dir / fmt::format("mesh{}.h5", index)).string();
     const std::string kept = opts.reports_dir.empty() ? "" : (std::filesystem::path(opts.reports_dir) / stem).string();
@@ -271,6 +275,11 @@ int sweep_mesh(const SweepMeshOptions& opts) {
     rows.push_back(std::move(row));
   }
   if (!dir.empty()) std::filesystem::remove_all(dir);
+  if (interrupted()) {
+    std::cout << fmt::format("sweep-mesh: INTERRUPTED after {} of {} meshes; the running trial was ended\n",
+                             rows.size() - (rows.empty() ? 0 : 1), plan.size());
+    return 2;
+  }
 
   std::cout << fmt::format("sweep-mesh: {} on {} ranks{}{}\n", opts.scenario, opts.ranks,
                            opts.fault.empty() ? "" : ", inject " + opts.fault,

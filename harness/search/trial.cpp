@@ -253,7 +253,9 @@ TrialOutcome run_trial(const TrialSpec& spec) {
     if (!timed_out && !stopped && (elapsed() > spec.timeout_seconds || interrupted())) {
       (interrupted() ? stopped : timed_out) = true;
       std::set<pid_t> before = tree(pid);
-      end_tree(pid, std::chrono::seconds(2));
+      // mpirun takes about 1.5 s to end its ranks (they remove their partial
+      // files first); killed outright, it would leave its session directory.
+      end_tree(pid, std::chrono::seconds(5));
       reap(before, pid);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
