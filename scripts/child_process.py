@@ -34,3 +34,21 @@ def run_ended_gracefully(args, timeout=None, grace=10, **kwargs):
                 proc.communicate()
             raise
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def live_processes():
+    """(pid, command line) of every process that is not a zombie."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            out.append((int(pid), cmd))
+    return out

@@ -34,7 +34,8 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from child_process import live_processes  # noqa: E402
 
 
 def mpi_env():
@@ -82,21 +83,8 @@ def descendants(pid):
 
 
 def processes_naming(token):
-    """Live (not zombie) processes whose command line contains token."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if token in cmd and state != "Z":
-            found.append((int(entry), cmd.strip()))
-    return found
+    """Live (not zombie) processes other than this one whose command line contains token."""
+    return [(p, cmd.strip()) for p, cmd in live_processes() if token in cmd and p != os.getpid()]
 
 
 def describe_tree(pid):

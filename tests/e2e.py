@@ -17,31 +17,13 @@ TIMEOUT = 600
 
 
 sys.path.insert(0, os.path.abspath(SCRIPTS))
-from child_process import run_ended_gracefully, stop_on_sigterm_like_ctrl_c  # noqa: E402
+from child_process import live_processes, run_ended_gracefully, stop_on_sigterm_like_ctrl_c  # noqa: E402,F401
 
 # ctest ends a test that runs over its time with SIGTERM: as a Ctrl-C, it
 # unwinds, the running command is ended gracefully and the temporary
 # directories go with the interpreter (TemporaryDirectory's finalizer)
 # instead of staying under /tmp.
 stop_on_sigterm_like_ctrl_c()
-
-
-def live_processes():
-    """(pid, command line) of every process that is not a zombie."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":
-            out.append((int(pid), cmd))
-    return out
 
 
 CHROMIUM = shutil.which("chromium")

@@ -21,7 +21,8 @@ struct Snapshot {
 Snapshot snapshot();
 
 // One line on stderr (async-signal-safe) and exit status 1 when this rank
-// crashes: a fatal signal, or std::terminate (an uncaught exception, abort).
+// crashes: a fatal signal, or std::terminate (an uncaught exception, abort);
+// the run's partial files go first (interrupt::remove_partial_files).
 //   diffcheck [rank 3] CRASH on rank 3: signal 11 (SIGSEGV); last collective #12 all_to_all on 'sp'; last tap 'attn/q'
 void install_crash_handlers(int rank);
 
