@@ -109,11 +109,21 @@ bool any_alive(const std::set<pid_t>& pids) {
   });
 }
 
-// Ends the process tree of `pid`: SIGTERM to its group and every descendant,
-// up to `grace` to go, then SIGKILL to whatever is left (descendants found
-// on the way included, orphans among them).
+// Ends the process tree of `pid`: SIGTERM to the top alone first (mpirun
+// then ends its ranks itself, which remove their partial files, and removes
+// its session directory: signalled together with its ranks, it was seen to
+// leave that directory behind), up to half the grace for it to go; then
+// SIGTERM to its group and every descendant, up to `grace` to go, then
+// SIGKILL to whatever is left (descendants found on the way included,
+// orphans among them).
 void end_tree(pid_t pid, std::chrono::milliseconds grace) {
   std::set<pid_t> seen = tree(pid);
+  kill(pid, SIGTERM);
+  const auto top_until = std::chrono::steady_clock::now() + grace / 2;
+  while (std::chrono::steady_clock::now() < top_until && any_alive({pid})) {
+    seen.merge(tree(pid));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   kill(-pid, SIGTERM);
   signal_all(seen, SIGTERM);
   const auto until = std::chrono::steady_clock::now() + grace;
@@ -254,8 +264,9 @@ TrialOutcome run_trial(const TrialSpec& spec) {
       (interrupted() ? stopped : timed_out) = true;
       std::set<pid_t> before = tree(pid);
       // mpirun takes about 1.5 s to end its ranks (they remove their partial
-      // files first); killed outright, it would leave its session directory.
-      end_tree(pid, std::chrono::seconds(5));
+      // files first), more on a loaded machine; killed outright, it would
+      // leave its session directory.
+      end_tree(pid, std::chrono::seconds(10));
       reap(before, pid);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
