@@ -155,7 +155,7 @@ struct Chaos {
   enum class Kind { none, crash, hang, desync } kind = Kind::none;
   int rank = -1;
   std::string after;   // empty: the first tap
-  std::string during;  // "write" or "check": at the start of that phase instead of after a tap
+  std::string during;  // instead of after a tap: "write" (once the run file's .tmp exists) or "check" (as it starts)
 };
 
 Chaos parse_chaos(const std::string& s, int world) {
