@@ -70,7 +70,7 @@ TEST(Interrupt, AStoppedRankRemovesWhatTheRunWasWritingAndSaysWhereItWas) {
     interrupt::install(0, true, false);
     interrupt::set_phase("writing the run file");
     interrupt::remove_when_stopped(tmp);
-    interrupt::remove_directory_when_stopped(watch, 0);
+    interrupt::remove_directory_when_stopped(watch);
     touch(tmp);
     fs::create_directories(watch);
     for (const char* f : {"rank0", "rank1.tmp", "rank7", "hang.reported"}) touch(watch + "/" + f);  // rank 7 was killed
@@ -81,6 +81,27 @@ TEST(Interrupt, AStoppedRankRemovesWhatTheRunWasWritingAndSaysWhereItWas) {
             std::string::npos) << s.err;
   EXPECT_FALSE(fs::exists(tmp));
   EXPECT_FALSE(fs::exists(watch));
+  fs::remove_all(dir);
+}
+
+// The hang reporter clears the records but keeps the claim: the ranks still
+// running must not claim and report the same hang again.
+TEST(Interrupt, TheHangReportersCleanUpKeepsTheClaim) {
+  const std::string dir = fresh("claim");
+  const std::string watch = dir + "/run.h5.watch";
+  fs::create_directories(watch);
+  for (const char* f : {"rank0", "rank1", "rank1.tmp", "hang.reported"}) touch(watch + "/" + f);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    interrupt::remove_directory_when_stopped(watch);
+    interrupt::remove_partial_files(false);
+    _exit(0);
+  }
+  waitpid(pid, nullptr, 0);
+  EXPECT_TRUE(fs::exists(watch + "/hang.reported"));
+  EXPECT_FALSE(fs::exists(watch + "/rank0"));
+  EXPECT_FALSE(fs::exists(watch + "/rank1"));
+  EXPECT_FALSE(fs::exists(watch + "/rank1.tmp"));
   fs::remove_all(dir);
 }
 

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "harness/core/interrupt.h"
 #include "harness/core/progress.h"
 #include "harness/core/watchdog.h"
 
@@ -57,17 +58,22 @@ TEST(HangReport, ANewRunClearsTheClaimAndRecordsOfAnEndedOne) {
 // stops at once; rank 0 keeps making progress for 1.2 s, then stops too. Rank
 // 1's time runs out while rank 0 still looks alive, so rank 1 is the lowest
 // stuck rank it sees; when rank 0's runs out, rank 1 looks stuck but rank 0 is
-// lower. Without the claim both print a report.
+// lower. Without the claim both print a report. Each registers the watch
+// directory for removal as a run does: the reporter's clean-up must keep the
+// claim (it once swept it away with the records, and a second rank reported
+// the same hang: CI, 16 ranks).
 TEST(HangReport, RanksThatStallAtDifferentMomentsPrintOneReport) {
-  const std::string dir = fresh_directory("stagger");
+  const std::string dir = fresh_directory("stagger"), logs = fresh_directory("stagger_logs");
   prepare_watch_directory(dir);
+  std::filesystem::create_directories(logs);
   std::vector<pid_t> ranks;
   for (int r = 0; r < 2; ++r) {
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
-      const int err = ::open((dir + "/stderr" + std::to_string(r)).c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+      const int err = ::open((logs + "/stderr" + std::to_string(r)).c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
       dup2(err, 2);
+      interrupt::remove_directory_when_stopped(dir);
       progress::recorded_tap("start");
       Watchdog watchdog(dir, r, 2, 1.0);
       const auto t0 = std::chrono::steady_clock::now();
@@ -87,11 +93,12 @@ TEST(HangReport, RanksThatStallAtDifferentMomentsPrintOneReport) {
   }
   int reports = 0;
   for (int r = 0; r < 2; ++r) {
-    std::ifstream in(dir + "/stderr" + std::to_string(r));
+    std::ifstream in(logs + "/stderr" + std::to_string(r));
     for (std::string line; std::getline(in, line);) reports += line.find("HANG: no progress") != std::string::npos;
   }
   EXPECT_EQ(reports, 1);
   std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(logs);
 }
 
 TEST(HangReport, AClaimThatCannotBeWrittenStillReports) {

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <climits>
+#include <cstring>
 #include <ctime>
 
 #include "harness/core/progress.h"
@@ -34,18 +35,15 @@ struct State {
   char hosts[4096] = "";
   Slot slots[kSlots];
   char watch_dir[PATH_MAX] = "";
-  char own_record[PATH_MAX] = "";
-  char own_record_tmp[PATH_MAX] = "";
-  char claim[PATH_MAX] = "";
   bool linger = false;
 };
 State g;
 
-void copy(char* dst, std::size_t cap, const std::string& s) { signal_safe::copy(dst, cap, s.data(), s.size()); }
+using signal_safe::copy;
 
-// Every entry of dir (no subdirectories are made there), with getdents64:
-// opendir/readdir may allocate.
-void empty_directory(const char* dir) {
+// Every entry of dir but `keep` (none if null; no subdirectories are made
+// there), with getdents64: opendir/readdir may allocate.
+void empty_directory(const char* dir, const char* keep) {
   const int fd = ::open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;
   alignas(8) char buf[4096];
@@ -57,8 +55,8 @@ void empty_directory(const char* dir) {
       unsigned short reclen;
       std::memcpy(&reclen, buf + at + 16, sizeof reclen);
       const char* name = buf + at + 19;
-      if (!(name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0'))))
-        ::unlinkat(fd, name, 0);
+      const bool dots = name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0'));
+      if (!dots && !(keep && std::strcmp(name, keep) == 0)) ::unlinkat(fd, name, 0);
       at += reclen;
     }
   }
@@ -69,10 +67,7 @@ void remove_all(bool claim_too) {
   for (auto& s : g.slots)
     if (s.used.load() && s.path[0]) ::unlink(s.path);
   if (!g.watch_dir[0]) return;
-  ::unlink(g.own_record);
-  ::unlink(g.own_record_tmp);
-  if (claim_too) ::unlink(g.claim);
-  empty_directory(g.watch_dir);
+  empty_directory(g.watch_dir, claim_too ? nullptr : kHangClaimName);
   ::rmdir(g.watch_dir);  // the last rank to get here finds it empty
 }
 
@@ -146,10 +141,7 @@ void forget(int slot) {
   if (slot >= 0 && slot < kSlots) g.slots[slot].used.store(false);
 }
 
-void remove_directory_when_stopped(const std::string& dir, int rank) {
-  copy(g.own_record, sizeof g.own_record, fmt::format("{}/rank{}", dir, rank));
-  copy(g.own_record_tmp, sizeof g.own_record_tmp, fmt::format("{}/rank{}.tmp", dir, rank));
-  copy(g.claim, sizeof g.claim, dir + "/hang.reported");
+void remove_directory_when_stopped(const std::string& dir) {
   copy(g.watch_dir, sizeof g.watch_dir, dir);
 }
 

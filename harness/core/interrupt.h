@@ -45,7 +45,11 @@ void forget(int slot);
 // The watch directory: every entry (the records of ranks that were killed
 // outright among them; whichever rank gets there first clears it), then DIR.
 // A rank's watchdog never makes DIR again, so once gone it stays gone.
-void remove_directory_when_stopped(const std::string& dir, int rank);
+void remove_directory_when_stopped(const std::string& dir);
+
+// The file in the watch directory whose creation claims the hang report
+// (watchdog.cpp); the hang reporter's clean-up keeps it.
+constexpr char kHangClaimName[] = "hang.reported";
 
 // The run has its verdict: no STOPPED line from now on.
 void verdict_reached();

@@ -31,12 +31,7 @@ double now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-void copy(char* dst, std::size_t cap, const std::string& s) {
-  std::size_t n = std::min(cap - 1, s.size());
-  std::memcpy(dst, s.data(), n);
-  dst[n] = '\0';
-}
-
+using signal_safe::copy;
 using signal_safe::put;
 using signal_safe::put_number;
 

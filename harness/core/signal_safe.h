@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <string>
 
 namespace dc::signal_safe {
 
@@ -31,5 +32,7 @@ inline void copy(char* dst, std::size_t cap, const char* s, std::size_t n) {
   std::memcpy(dst, s, n);
   dst[n] = '\0';
 }
+// Filled outside the handler, from a string (which may allocate: not in one).
+inline void copy(char* dst, std::size_t cap, const std::string& s) { copy(dst, cap, s.data(), s.size()); }
 
 }  // namespace dc::signal_safe

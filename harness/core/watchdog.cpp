@@ -71,7 +71,7 @@ void prepare_watch_directory(const std::string& dir) {
 }
 
 bool claim_hang_report(const std::string& dir) {
-  const std::string path = dir + "/hang.reported";
+  const std::string path = dir + "/" + interrupt::kHangClaimName;
   const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
   if (fd >= 0) {
     ::close(fd);

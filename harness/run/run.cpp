@@ -236,11 +236,11 @@ void announce_hosts(const Comm& world) {
 // file's temporary, OpenMPI's named semaphore for it (its shared-file-pointer
 // component makes /dev/shm/sem.OMPIO_<file name> at open and removes it at
 // close only), and the watch directory.
-void remove_when_stopped(const std::string& out, int rank) {
+void remove_when_stopped(const std::string& out) {
   const std::string tmp = out + ".tmp";
   interrupt::remove_when_stopped(tmp);
   interrupt::remove_when_stopped("/dev/shm/sem.OMPIO_" + std::filesystem::path(tmp).filename().string());
-  interrupt::remove_directory_when_stopped(out + ".watch", rank);
+  interrupt::remove_directory_when_stopped(out + ".watch");
 }
 
 // Every rank makes the run file's directory and the watchdog's beside it: on
@@ -302,7 +302,7 @@ int run_scenario(const RunOptions& given) {
   if (opts.timeout_seconds < 0) input_error("--timeout must be >= 0 (0: no watchdog)");
   const std::string out = opts.out;
   announce_hosts(world);
-  remove_when_stopped(out, rank);
+  remove_when_stopped(out);
   const bool dir_shared = directory_shared(world, make_output_directories(out));
   const WriteMode write_mode = choose_write_mode(world, out, opts.store, dir_shared);
   auto watchdog =
