@@ -28,10 +28,12 @@ step() {  # name command...
 
 step "tests (build/)" bash -c "cd '${BUILD_DIR:-build}' && ctest --output-on-failure -j $jobs -LE nightly"
 
-# -O1: the sanitizers need no more, and the tree builds in half the time.
+# -O0 -g1: the sanitizers need no optimisation and their stack traces only
+# line tables; the tree builds in 200 s instead of 317 s at -O1 -g (2 cores),
+# and its tests take 30 s instead of 24.
 sanitized() {
   cmake -S . -B build-sanitize -DDIFFCHECK_SANITIZE=ON -DDIFFCHECK_BENCH=OFF \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" >/dev/null &&
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1" >/dev/null &&
     cmake --build build-sanitize -j "$jobs" --target unit_tests mpi_tests >/dev/null &&
     (cd build-sanitize && ctest --output-on-failure -j "$jobs")
 }
