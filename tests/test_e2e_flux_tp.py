@@ -1,6 +1,9 @@
 """flux_tp at tp = 1, 2, 4, 16: clean runs pass in float32 and bfloat16; each
 fault fails at its expected first tap; the contiguous-slice fault leaves the
-replicas in agreement so only the reference catches it."""
+replicas in agreement so only the reference catches it. By default bfloat16
+runs on the meshes named in BF16_QUICK only; every mesh in both dtypes with
+DIFFCHECK_E2E_FULL=1 (the nightly variant)."""
+import os
 import unittest
 
 from e2e import E2ETest
@@ -12,6 +15,14 @@ FAULT_FIRST_TAP = {
 # (ranks, mesh)
 MESHES = [(1, "dp=1,tp=1"), (2, "dp=1,tp=2"), (4, "dp=1,tp=4"), (16, "dp=1,tp=16"),
           (16, "dp=4,tp=4")]
+FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
+# tp = 2: the one place where a fault's extra bias, times the gate, is within
+# bfloat16's tolerance of the residual stream (the test below says so).
+BF16_QUICK = {"dp=1,tp=2", "dp=4,tp=4"}
+
+
+def dtypes(mesh):
+    return ("float32", "bfloat16") if FULL or mesh in BF16_QUICK else ("float32",)
 
 
 def tap(report, name):
@@ -21,7 +32,7 @@ def tap(report, name):
 class FluxTp(E2ETest):
     def test_clean_passes_everywhere(self):
         for n, mesh in MESHES:
-            for dtype in ("float32", "bfloat16"):
+            for dtype in dtypes(mesh):
                 with self.subTest(mesh=mesh, dtype=dtype):
                     res = self.mpirun(n, "--scenario", "flux_tp", "--mesh", mesh, "--dtype", dtype)
                     self.assertExit(res, 0)
@@ -34,7 +45,7 @@ class FluxTp(E2ETest):
 
     def test_faults_caught_at_expected_tap(self):
         for n, mesh in MESHES[1:]:
-            for dtype in ("float32", "bfloat16"):
+            for dtype in dtypes(mesh):
                 for fault, first in FAULT_FIRST_TAP.items():
                     with self.subTest(mesh=mesh, dtype=dtype, fault=fault):
                         res = self.mpirun(n, "--scenario", "flux_tp", "--mesh", mesh,

@@ -13,8 +13,9 @@ from e2e import CHROMIUM, E2ETest
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
 
 
-# Every mesh of 16 ranks with dp = 2 (the sweep skips those the size does not allow).
-DP2 = [f"dp=2,fsdp={f},sp={s},tp={8 // (f * s)}" for f in (1, 2, 4, 8) for s in (1, 2, 4, 8) if 8 % (f * s) == 0]
+# The dp = 2 meshes of the default run (all ten, of which the size allows
+# nine, nightly): every axis split; fsdp, sp and tp each the largest it can be.
+DP2_QUICK = ["dp=2,fsdp=2,sp=2,tp=2", "dp=2,fsdp=4,sp=2,tp=1", "dp=2,fsdp=1,sp=8,tp=1", "dp=2,fsdp=1,sp=1,tp=8"]
 
 
 def dp_of(mesh):
@@ -35,21 +36,21 @@ class UnreducedReshard(E2ETest):
             res, table = self.sweep()
             self.assertEqual(len(table["rows"]) + len(table["skipped"]), 35)  # C(7,3) ordered factorizations
             self.assertGreaterEqual(len(table["rows"]), 30)
-        else:  # the meshes the fault breaks (the others pass in the fault's sweep); every one nightly
-            res, table = self.sweep(*[a for m in DP2 for a in ("--mesh", m)])
-            self.assertEqual(len(table["rows"]) + len(table["skipped"]), 10)
-            self.assertEqual(len(table["rows"]), 9)
+        else:  # some meshes the fault breaks (the others pass in the fault's sweep); every one nightly
+            res, table = self.sweep(*[a for m in DP2_QUICK for a in ("--mesh", m)])
+            self.assertEqual(len(table["rows"]), len(DP2_QUICK))
         self.assertExit(res, 0)
         for row in table["rows"]:
             self.assertEqual(row["verdict"], "PASS", row)
 
     def test_fault_fails_exactly_where_dp_is_2(self):
-        # Every mesh nightly; by default every dp = 2 mesh and six others.
-        meshes = [] if FULL else DP2 + ["dp=1,fsdp=1,sp=1,tp=16", "dp=1,fsdp=2,sp=2,tp=4", "dp=4,fsdp=1,sp=1,tp=4",
-                                        "dp=4,fsdp=2,sp=2,tp=1", "dp=8,fsdp=1,sp=1,tp=2", "dp=16,fsdp=1,sp=1,tp=1"]
+        # Every mesh nightly; by default some dp = 2 meshes and four others
+        # (dp = 1, 4, 8 and the one the size does not allow).
+        meshes = [] if FULL else DP2_QUICK + ["dp=1,fsdp=2,sp=2,tp=4", "dp=4,fsdp=1,sp=1,tp=4",
+                                              "dp=8,fsdp=1,sp=1,tp=2", "dp=16,fsdp=1,sp=1,tp=1"]
         res, table = self.sweep("--inject", "skip_unreduced_allreduce", *[a for m in meshes for a in ("--mesh", m)])
         self.assertExit(res, 1)
-        self.assertEqual(len(table["rows"]) + len(table["skipped"]), 35 if FULL else 16)
+        self.assertEqual(len(table["rows"]) + len(table["skipped"]), 35 if FULL else len(DP2_QUICK) + 4)
         self.assertTrue(any(dp_of(r["mesh"]) != 2 for r in table["rows"]))
         for row in table["rows"]:
             with self.subTest(mesh=row["mesh"]):
@@ -78,7 +79,7 @@ class UnreducedReshard(E2ETest):
             self.assertTrue(all(c[1]["data-tap"] == "result" and "replica" in c[1]["class"].split() for c in firsts))
             meshes = {c[1]["data-mesh"] for c in dom.find("rect", **{"class": "cell"})}
             self.assertEqual(meshes, {r["mesh"] for r in table["rows"]})
-        self.assertIn("9 fail", res.out)
+        self.assertIn(f"{9 if FULL else len(DP2_QUICK)} fail", res.out)
 
     def test_single_run_reports_dp_replicas_differ(self):
         res = self.mpirun(16, "--scenario", "unreduced_reshard", "--inject", "skip_unreduced_allreduce")
