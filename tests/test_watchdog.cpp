@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 #include <vector>
 
@@ -97,6 +98,83 @@ TEST(HangReport, RanksThatStallAtDifferentMomentsPrintOneReport) {
     for (std::string line; std::getline(in, line);) reports += line.find("HANG: no progress") != std::string::npos;
   }
   EXPECT_EQ(reports, 1);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(logs);
+}
+
+// Another rank has reported the hang; the launcher now stops this one, whose
+// handler waits half a second before it exits (interrupt.h: so that the
+// launcher does not kill the others before their handlers ran). Its watchdog
+// thread runs on meanwhile: it must not take that moment, with the claim
+// removed by the handler, to report the same hang again (seen in CI: two
+// reports of one hang at 16 ranks).
+TEST(HangReport, ARankBeingStoppedDoesNotReportAgain) {
+  const std::string dir = fresh_directory("stopping"), logs = fresh_directory("stopping_logs");
+  prepare_watch_directory(dir);
+  std::filesystem::create_directories(logs);
+  ASSERT_TRUE(claim_hang_report(dir));  // rank 1 reported
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int err = ::open((logs + "/stderr").c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    dup2(err, 2);
+    interrupt::install(0, false, true);
+    interrupt::remove_directory_when_stopped(dir);
+    progress::recorded_tap("start");
+    Watchdog watchdog(dir, 0, 2, 1.0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1700));  // past the limit: silent, the claim is taken
+    raise(SIGTERM);  // on this thread: the watchdog's runs on through the handler's half second
+    _exit(99);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 143) << status;
+  std::ifstream in(logs + "/stderr");
+  const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(err.find("HANG"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(dir)) << "the stop leaves nothing";
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(logs);
+}
+
+// Two ranks past their time limit after a third reported; the launcher's
+// SIGTERM reaches one 0.45 s before the other (a loaded machine). While the
+// first waits in its handler, the claim must still be there for the second's
+// watchdog.
+TEST(HangReport, TheClaimOutlastsTheWaitOfAStoppedRank) {
+  const std::string dir = fresh_directory("stopping2"), logs = fresh_directory("stopping2_logs");
+  prepare_watch_directory(dir);
+  std::filesystem::create_directories(logs);
+  ASSERT_TRUE(claim_hang_report(dir));  // rank 2 reported
+  std::vector<pid_t> ranks;
+  for (int r = 0; r < 2; ++r) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      const int err = ::open((logs + "/stderr" + std::to_string(r)).c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+      dup2(err, 2);
+      interrupt::install(r, false, true);
+      interrupt::remove_directory_when_stopped(dir);
+      progress::recorded_tap("start");
+      Watchdog watchdog(dir, r, 3, 1.0);
+      std::this_thread::sleep_for(std::chrono::seconds(30));  // the launcher ends it
+      _exit(99);
+    }
+    ranks.push_back(pid);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1700));  // both past the limit, silent
+  kill(ranks[1], SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(450));
+  kill(ranks[0], SIGTERM);
+  for (int r = 0; r < 2; ++r) {
+    int status = 0;
+    waitpid(ranks[r], &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 143) << "rank " << r << ": " << status;
+    std::ifstream in(logs + "/stderr" + std::to_string(r));
+    const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(err.find("HANG"), std::string::npos) << "rank " << r << ": " << err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir)) << "the stop leaves nothing";
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(logs);
 }

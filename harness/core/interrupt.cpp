@@ -30,6 +30,7 @@ struct State {
   int rank = 0;
   bool reporter = false;
   std::atomic<bool> verdict{false};
+  std::atomic<bool> stopping{false};
   std::atomic<const char*> phase{"starting (MPI start-up)"};
   char prefix[64] = "diffcheck: ";
   char hosts[4096] = "";
@@ -76,6 +77,7 @@ const char* signal_words(int sig) {
 }
 
 void on_stop(int sig) {
+  g.stopping.store(true);  // this rank's watchdog says nothing from now on
   if (g.reporter && !g.verdict.load()) {
     put(g.prefix);
     put(signal_words(sig));
@@ -92,17 +94,20 @@ void on_stop(int sig) {
     }
     progress::write_where();
   }
-  remove_all(true);
   // OpenMPI's mpirun (4.1) sends every rank SIGTERM, but SIGKILLs the rest as
   // soon as one has exited: a rank that went at once would take the others'
   // handlers (rank 0's line, their removals) with it. Measured on 16 ranks on
   // 2 cores: 9-15 of 16 handlers ran when each exited at once, 16 of 16 when
-  // each waited 0.3 s.
+  // each waited 0.3 s. While ranks wait, the hang claim stays: a rank not yet
+  // signalled whose watchdog looks now must not find it gone and report a hang
+  // another rank has reported (seen in CI at 16 ranks).
   if (g.linger) {
+    remove_all(false);
     struct timespec wait {0, 500'000'000};
     while (nanosleep(&wait, &wait) != 0) {
     }
   }
+  remove_all(true);
   _exit(exit_status(sig));
 }
 
@@ -146,6 +151,8 @@ void remove_directory_when_stopped(const std::string& dir) {
 }
 
 void verdict_reached() { g.verdict.store(true); }
+
+bool stopping() { return g.stopping.load(); }
 
 void remove_partial_files(bool claim_too) { remove_all(claim_too); }
 

@@ -54,6 +54,10 @@ constexpr char kHangClaimName[] = "hang.reported";
 // The run has its verdict: no STOPPED line from now on.
 void verdict_reached();
 
+// This rank is being stopped (its handler runs): the watchdog, whose thread
+// runs on while the handler waits, reports nothing.
+bool stopping();
+
 // Removes now what a stop would remove (async-signal-safe): for the crash
 // handler, the hang reporter, and a rank ending the job with MPI_Abort. The
 // hang reporter keeps the claim (`claim_too` false): while the other ranks

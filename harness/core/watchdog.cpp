@@ -104,6 +104,7 @@ void Watchdog::loop() {
       std::unique_lock<std::mutex> lock(mutex_);
       if (wake_.wait_for(lock, std::chrono::milliseconds(500), [this] { return stop_; })) return;
     }
+    if (interrupt::stopping()) return;  // the stop handler removes the records and ends the rank
     const auto me = progress::snapshot();
     const std::string rec = encode(me);
     if (rec != last) {  // replaced whole, so a reader never sees half a record
@@ -131,8 +132,8 @@ void Watchdog::loop() {
     std::vector<int> candidates = stuck;
     candidates.insert(candidates.end(), silent.begin(), silent.end());
     candidates.push_back(rank_);
-    const bool reporter =
-        *std::min_element(candidates.begin(), candidates.end()) == rank_ && claim_hang_report(dir_);
+    const bool reporter = *std::min_element(candidates.begin(), candidates.end()) == rank_ &&
+                          !interrupt::stopping() && claim_hang_report(dir_);
     if (!reporter) {
       // The reporter speaks and the job ends; should it not, end this rank.
       if (stalled >= timeout_ + 15) {
