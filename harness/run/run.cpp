@@ -5,12 +5,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
-#include <thread>
 
 #include <unistd.h>
 
@@ -23,6 +21,7 @@
 #include "harness/core/interrupt.h"
 #include "harness/core/progress.h"
 #include "harness/core/watchdog.h"
+#include "harness/run/chaos.h"
 #include "harness/run/scenario.h"
 
 namespace dc {
@@ -151,49 +150,6 @@ RunOptions agree_on_options(const Comm& world, RunOptions opts) {
   return out;
 }
 
-struct Chaos {
-  enum class Kind { none, crash, hang, desync } kind = Kind::none;
-  int rank = -1;
-  std::string after;   // empty: the first tap
-  std::string during;  // instead of after a tap: "write" (once the run file's .tmp exists) or "check" (as it starts)
-};
-
-Chaos parse_chaos(const std::string& s, int world) {
-  Chaos c;
-  if (s.empty()) return c;
-  auto at = s.find('@');
-  auto usage = [&] {
-    input_error(
-        "--chaos '{}': expected crash@RANK, hang@RANK or desync@RANK, optionally :after=TAP or "
-        ":during=write|check (RANK < {})",
-        s, world);
-  };
-  if (at == std::string::npos) usage();
-  const std::string kind = s.substr(0, at);
-  std::string rest = s.substr(at + 1);
-  if (auto colon = rest.find(':'); colon != std::string::npos) {
-    if (rest.compare(colon + 1, 6, "after=") == 0 && rest.size() > colon + 7) {
-      c.after = rest.substr(colon + 7);
-    } else if (rest.compare(colon + 1, 7, "during=") == 0) {
-      c.during = rest.substr(colon + 8);
-      if (c.during != "write" && c.during != "check") usage();
-    } else {
-      usage();
-    }
-    rest = rest.substr(0, colon);
-  }
-  c.kind = kind == "crash"    ? Chaos::Kind::crash
-           : kind == "hang"   ? Chaos::Kind::hang
-           : kind == "desync" ? Chaos::Kind::desync
-                              : Chaos::Kind::none;
-  if (c.kind == Chaos::Kind::none || rest.empty() ||
-      rest.find_first_not_of("0123456789") != std::string::npos)
-    usage();
-  c.rank = std::stoi(rest);
-  if (c.rank >= world) usage();
-  return c;
-}
-
 std::string where_now() {
   auto s = progress::snapshot();
   return fmt::format(
@@ -298,7 +254,7 @@ int run_scenario(const RunOptions& given) {
   scenario.check_mesh(mesh, opts.size);
   FlagValues flags = FlagValues::resolve(scenario.flags(), opts.flags, scenario.name());
   check_fault(scenario, opts.fault);
-  const Chaos chaos = parse_chaos(opts.chaos, world.size());
+  Chaos chaos(opts.chaos, world.size());
   if (opts.timeout_seconds < 0) input_error("--timeout must be >= 0 (0: no watchdog)");
   const std::string out = opts.out;
   announce_hosts(world);
@@ -313,24 +269,7 @@ int run_scenario(const RunOptions& given) {
 
   auto t0 = std::chrono::steady_clock::now();
   TapRecorder taps(mesh, rank, dtype);
-  bool chaos_done = false;
-  auto act = [&](const std::string& where) {
-    chaos_done = true;
-    spdlog::warn("--chaos: {} {}", opts.chaos, where);
-    if (chaos.kind == Chaos::Kind::crash) std::raise(SIGSEGV);
-    if (chaos.kind == Chaos::Kind::hang)
-      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-    if (chaos.kind == Chaos::Kind::desync) world.barrier();  // a collective nobody else calls
-  };
-  auto chaos_during = [&](const char* phase) {
-    if (chaos.rank == rank && chaos.during == phase)
-      act(phase == std::string("write") ? "once the run file is created" : "as the check starts");
-  };
-  if (chaos.rank == rank && chaos.during.empty())
-    taps.on_tap([&](const std::string& name) {
-      if (chaos_done || (!chaos.after.empty() && name != chaos.after)) return;
-      act(fmt::format("after tap '{}'", name));
-    });
+  chaos.arm(taps, world, rank);
   RunContext ctx{mesh, world, taps, flags, opts.fault, dtype, opts.seed, opts.size};
   interrupt::set_phase("running the scenario");
   try {
@@ -345,9 +284,7 @@ int run_scenario(const RunOptions& given) {
                               scenario.name(), e.what(), where_now()),
                   false);
   }
-  if (chaos.rank == rank && chaos.during.empty() && !chaos_done)
-    spdlog::warn("--chaos {}: rank {} never recorded tap '{}'; nothing was injected", opts.chaos,
-                 rank, chaos.after);
+  chaos.warn_if_unused(rank);
   const double ran = seconds_since(t0);
   spdlog::info("scenario ran in {:.3f}s ({:.3f}s of it references), {} taps", ran,
                taps.reference_seconds(), taps.records().size());
@@ -360,7 +297,7 @@ int run_scenario(const RunOptions& given) {
   auto t1 = std::chrono::steady_clock::now();
   RunInfo info{scenario.name(), flags.str() + (opts.fault.empty() ? "" : " inject=" + opts.fault),
                dtype_name(dtype), opts.seed, fmt::format("diffcheck {}", DIFFCHECK_VERSION)};
-  write_run_file(world, out, info, taps, write_mode, [&] { chaos_during("write"); });
+  write_run_file(world, out, info, taps, write_mode, [&] { chaos.during("write", world, rank); });
   const double write_s = seconds_since(t1);
   spdlog::info("wrote {} in {:.3f}s", out, write_s);
 
@@ -378,7 +315,7 @@ int run_scenario(const RunOptions& given) {
                                   opts.fault.empty() ? "" : " inject=" + opts.fault);
   int status = kExitPass;
   interrupt::set_phase("checking the taps");
-  chaos_during("check");
+  chaos.during("check", world, rank);
   auto t2 = std::chrono::steady_clock::now();
   try {
     status = check_and_report(recorded_activations(world, taps, info, out), report, t2);
