@@ -29,6 +29,37 @@ std::string fresh_directory(const std::string& name) {
   return dir.string();
 }
 
+// A "rank": a child process whose stderr goes to LOGS/stderrR, running `body`.
+template <class F>
+pid_t fork_rank(const std::string& logs, int r, F body) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int err = ::open((logs + "/stderr" + std::to_string(r)).c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    dup2(err, 2);
+    body();
+    _exit(0);
+  }
+  return pid;
+}
+
+std::string stderr_of(const std::string& logs, int r) {
+  std::ifstream in(logs + "/stderr" + std::to_string(r));
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A watch directory and, beside it, the ranks' logs; both removed at the end.
+struct Scratch {
+  explicit Scratch(const std::string& name) : dir(fresh_directory(name)), logs(fresh_directory(name + "_logs")) {
+    prepare_watch_directory(dir);
+    std::filesystem::create_directories(logs);
+  }
+  ~Scratch() {
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(logs);
+  }
+  std::string dir, logs;
+};
+
 TEST(HangReport, OnlyOneOfManyRacingRanksClaimsIt) {
   const std::string dir = fresh_directory("race");
   prepare_watch_directory(dir);
@@ -64,28 +95,21 @@ TEST(HangReport, ANewRunClearsTheClaimAndRecordsOfAnEndedOne) {
 // claim (it once swept it away with the records, and a second rank reported
 // the same hang: CI, 16 ranks).
 TEST(HangReport, RanksThatStallAtDifferentMomentsPrintOneReport) {
-  const std::string dir = fresh_directory("stagger"), logs = fresh_directory("stagger_logs");
-  prepare_watch_directory(dir);
-  std::filesystem::create_directories(logs);
+  const Scratch at("stagger");
   std::vector<pid_t> ranks;
   for (int r = 0; r < 2; ++r) {
-    const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      const int err = ::open((logs + "/stderr" + std::to_string(r)).c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
-      dup2(err, 2);
-      interrupt::remove_directory_when_stopped(dir);
+    ranks.push_back(fork_rank(at.logs, r, [&] {
+      interrupt::remove_directory_when_stopped(at.dir);
       progress::recorded_tap("start");
-      Watchdog watchdog(dir, r, 2, 1.0);
+      Watchdog watchdog(at.dir, r, 2, 1.0);
       const auto t0 = std::chrono::steady_clock::now();
       while (r == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1200)) {
         progress::recorded_tap("busy");
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
       std::this_thread::sleep_for(std::chrono::seconds(6));  // the watchdog ends it
-      _exit(0);
-    }
-    ranks.push_back(pid);
+    }));
+    ASSERT_GE(ranks.back(), 0);
   }
   std::this_thread::sleep_for(std::chrono::seconds(5));  // both time limits long past
   for (pid_t pid : ranks) {
@@ -94,12 +118,11 @@ TEST(HangReport, RanksThatStallAtDifferentMomentsPrintOneReport) {
   }
   int reports = 0;
   for (int r = 0; r < 2; ++r) {
-    std::ifstream in(logs + "/stderr" + std::to_string(r));
-    for (std::string line; std::getline(in, line);) reports += line.find("HANG: no progress") != std::string::npos;
+    const std::string err = stderr_of(at.logs, r);
+    for (auto i = err.find("HANG: no progress"); i != std::string::npos; i = err.find("HANG: no progress", i + 1))
+      ++reports;
   }
   EXPECT_EQ(reports, 1);
-  std::filesystem::remove_all(dir);
-  std::filesystem::remove_all(logs);
 }
 
 // Another rank has reported the hang; the launcher now stops this one, whose
@@ -109,32 +132,24 @@ TEST(HangReport, RanksThatStallAtDifferentMomentsPrintOneReport) {
 // removed by the handler, to report the same hang again (seen in CI: two
 // reports of one hang at 16 ranks).
 TEST(HangReport, ARankBeingStoppedDoesNotReportAgain) {
-  const std::string dir = fresh_directory("stopping"), logs = fresh_directory("stopping_logs");
-  prepare_watch_directory(dir);
-  std::filesystem::create_directories(logs);
-  ASSERT_TRUE(claim_hang_report(dir));  // rank 1 reported
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    const int err = ::open((logs + "/stderr").c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
-    dup2(err, 2);
+  const Scratch at("stopping");
+  ASSERT_TRUE(claim_hang_report(at.dir));  // rank 1 reported
+  const pid_t pid = fork_rank(at.logs, 0, [&] {
     interrupt::install(0, false, true);
-    interrupt::remove_directory_when_stopped(dir);
+    interrupt::remove_directory_when_stopped(at.dir);
     progress::recorded_tap("start");
-    Watchdog watchdog(dir, 0, 2, 1.0);
+    Watchdog watchdog(at.dir, 0, 2, 1.0);
     std::this_thread::sleep_for(std::chrono::milliseconds(1700));  // past the limit: silent, the claim is taken
     raise(SIGTERM);  // on this thread: the watchdog's runs on through the handler's half second
     _exit(99);
-  }
+  });
+  ASSERT_GE(pid, 0);
   int status = 0;
   waitpid(pid, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 143) << status;
-  std::ifstream in(logs + "/stderr");
-  const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string err = stderr_of(at.logs, 0);
   EXPECT_EQ(err.find("HANG"), std::string::npos) << err;
-  EXPECT_FALSE(std::filesystem::exists(dir)) << "the stop leaves nothing";
-  std::filesystem::remove_all(dir);
-  std::filesystem::remove_all(logs);
+  EXPECT_FALSE(std::filesystem::exists(at.dir)) << "the stop leaves nothing";
 }
 
 // Two ranks past their time limit after a third reported; the launcher's
@@ -142,25 +157,19 @@ TEST(HangReport, ARankBeingStoppedDoesNotReportAgain) {
 // first waits in its handler, the claim must still be there for the second's
 // watchdog.
 TEST(HangReport, TheClaimOutlastsTheWaitOfAStoppedRank) {
-  const std::string dir = fresh_directory("stopping2"), logs = fresh_directory("stopping2_logs");
-  prepare_watch_directory(dir);
-  std::filesystem::create_directories(logs);
-  ASSERT_TRUE(claim_hang_report(dir));  // rank 2 reported
+  const Scratch at("stopping2");
+  ASSERT_TRUE(claim_hang_report(at.dir));  // rank 2 reported
   std::vector<pid_t> ranks;
   for (int r = 0; r < 2; ++r) {
-    const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      const int err = ::open((logs + "/stderr" + std::to_string(r)).c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
-      dup2(err, 2);
+    ranks.push_back(fork_rank(at.logs, r, [&] {
       interrupt::install(r, false, true);
-      interrupt::remove_directory_when_stopped(dir);
+      interrupt::remove_directory_when_stopped(at.dir);
       progress::recorded_tap("start");
-      Watchdog watchdog(dir, r, 3, 1.0);
+      Watchdog watchdog(at.dir, r, 3, 1.0);
       std::this_thread::sleep_for(std::chrono::seconds(30));  // the launcher ends it
       _exit(99);
-    }
-    ranks.push_back(pid);
+    }));
+    ASSERT_GE(ranks.back(), 0);
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(1700));  // both past the limit, silent
   kill(ranks[1], SIGTERM);
@@ -168,15 +177,12 @@ TEST(HangReport, TheClaimOutlastsTheWaitOfAStoppedRank) {
   kill(ranks[0], SIGTERM);
   for (int r = 0; r < 2; ++r) {
     int status = 0;
-    waitpid(ranks[r], &status, 0);
+    waitpid(ranks[static_cast<std::size_t>(r)], &status, 0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 143) << "rank " << r << ": " << status;
-    std::ifstream in(logs + "/stderr" + std::to_string(r));
-    const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string err = stderr_of(at.logs, r);
     EXPECT_EQ(err.find("HANG"), std::string::npos) << "rank " << r << ": " << err;
   }
-  EXPECT_FALSE(std::filesystem::exists(dir)) << "the stop leaves nothing";
-  std::filesystem::remove_all(dir);
-  std::filesystem::remove_all(logs);
+  EXPECT_FALSE(std::filesystem::exists(at.dir)) << "the stop leaves nothing";
 }
 
 TEST(HangReport, AClaimThatCannotBeWrittenStillReports) {
