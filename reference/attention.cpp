@@ -5,6 +5,7 @@
 
 #include "harness/core/error.h"
 #include "reference/nn.h"
+#include "reference/ops.h"
 
 namespace dc::ref {
 namespace {
@@ -16,15 +17,6 @@ BasicTensor<T> head(const BasicTensor<T>& x, std::size_t h) {
   BasicTensor<T> y({n, d});
   for (std::size_t i = 0; i < n; ++i)
     std::copy(x.ptr() + (i * heads + h) * d, x.ptr() + (i * heads + h + 1) * d, y.ptr() + i * d);
-  return y;
-}
-
-template <class T>
-BasicTensor<T> transpose(const BasicTensor<T>& x) {
-  const std::size_t r = x.shape[0], c = x.shape[1];
-  BasicTensor<T> y({c, r});
-  for (std::size_t i = 0; i < r; ++i)
-    for (std::size_t j = 0; j < c; ++j) y.data[j * r + i] = x.data[i * c + j];
   return y;
 }
 
@@ -41,7 +33,7 @@ BasicTensor<T> attention(const BasicTensor<T>& q, const BasicTensor<T>& k, const
   BasicTensor<T> out(q.shape);
   const BasicTensor<T> none;
   for (std::size_t h = 0; h < heads; ++h) {
-    auto qh = head(q, h), kh = head(k, h), vt = transpose(head(v, h));
+    auto qh = head(q, h), kh = head(k, h), vt = transpose2(head(v, h));
     auto s = linear(qh, kh, none);  // [nq, nk] = q k^T
     for (std::size_t i = 0; i < nq; ++i) {
       T* row = s.ptr() + i * nk;

@@ -1,5 +1,6 @@
 #include "reference/flux_block.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "harness/core/error.h"
@@ -37,10 +38,12 @@ ColumnRanges packed_columns(const FluxSizes& z, std::size_t w) {
 
 template <class T>
 FluxWeights<T> make_flux_weights(std::uint64_t seed, const FluxSizes& z, std::size_t w,
-                                 std::size_t i, bool contiguous, DType dtype, const GenerateBlock& gen_block) {
+                                 std::size_t i, bool contiguous, DType dtype, const GenerateBlock& gen_block,
+                                 const std::string& prefix) {
   const std::size_t d = z.dim, m = z.mlp;
   auto generate = [&](const char* name, const Shape& s, float scale, const Ranges& block = {}) {
-    return gen_block ? gen_block(name, s, scale, block) : ref::generate(seed, name, s, scale, block);
+    const std::string full_name = prefix + name;
+    return gen_block ? gen_block(full_name, s, scale, block) : ref::generate(seed, full_name, s, scale, block);
   };
   auto cvt = [&](Tensor t) { return as_run_values<T>(std::move(t), dtype); };
   auto scale = [](std::size_t fan_in) { return 1.0f / std::sqrt(static_cast<float>(fan_in)); };
@@ -75,28 +78,35 @@ FluxWeights<T> make_flux_weights(std::uint64_t seed, const FluxSizes& z, std::si
 }
 
 RopeTable flux_rope(const FluxSizes& z) {
-  std::vector<std::vector<double>> pos(z.txt, std::vector<double>{0, 0, 0});
-  for (std::size_t r = 0; r < z.img_h; ++r)
-    for (std::size_t c = 0; c < z.img_w; ++c) pos.push_back({0, double(r), double(c)});
+  std::vector<std::size_t> all(z.tokens());
+  for (std::size_t t = 0; t < all.size(); ++t) all[t] = t;
+  return flux_rope_rows(z, all);
+}
+
+RopeTable flux_rope_rows(const FluxSizes& z, const std::vector<std::size_t>& tokens) {
+  std::vector<std::vector<double>> pos;
+  for (std::size_t t : tokens) {
+    if (t >= z.tokens()) fail("flux_rope_rows: token {} of a {}-token sequence", t, z.tokens());
+    if (t < z.txt) {
+      pos.push_back({0, 0, 0});
+    } else {
+      const std::size_t img = t - z.txt;
+      pos.push_back({0, double(img / z.img_w), double(img % z.img_w)});
+    }
+  }
   return rope_table(pos, z.rope_axes);
 }
 
 template <class T>
-FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor<T>& temb,
-                                      const FluxWeights<T>& w, const FluxSizes& z,
-                                      const RopeTable& all_rope, bool add_bias,
-                                      const std::function<void(BasicTensor<T>&)>& round,
-                                      std::size_t first_token, const GatherTokens<T>& gather) {
+FluxActivations<T> flux_pre_attention(const BasicTensor<T>& h, const BasicTensor<T>& temb, const FluxWeights<T>& w,
+                                      const FluxSizes& z, const RopeTable& rope,
+                                      const std::function<void(BasicTensor<T>&)>& round) {
   auto r = [&](BasicTensor<T> x) {
     round(x);
     return x;
   };
   const std::size_t n = h.shape[0], d = z.dim;
-  if (first_token + n > all_rope.cos.shape[0] || (n != all_rope.cos.shape[0] && !gather))
-    fail("flux_block_forward: tokens [{}, {}) of a {}-token sample{}", first_token, first_token + n,
-         all_rope.cos.shape[0], gather ? "" : " without a way to gather the others' k and v");
-  const RopeTable rope{take_rows(all_rope.cos, first_token, first_token + n),
-                       take_rows(all_rope.sin, first_token, first_token + n)};
+  if (rope.cos.shape[0] != n) fail("flux_pre_attention: {} RoPE rows for {} tokens", rope.cos.shape[0], n);
   FluxActivations<T> a;
   a.ada = r(linear(r(silu(temb)), w.ada_w, w.ada_b));
   auto ln = r(layer_norm(h, kEps));
@@ -113,11 +123,36 @@ FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor
   a.q = r(apply_rope(r(rms_norm(project(w.q_w, w.q_b), w.gq, kEps)), rope));
   a.k = r(apply_rope(r(rms_norm(project(w.k_w, w.k_b), w.gk, kEps)), rope));
   a.v = project(w.v_w, w.v_b);
-  const double scale = 1.0 / std::sqrt(double(z.head_dim));
-  a.attn = reshape(r(gather ? attention(a.q, gather(a.k), gather(a.v), scale) : attention(a.q, a.k, a.v, scale)),
-                   {n, heads * z.head_dim});
+  return a;
+}
+
+template <class T>
+void flux_post_attention(FluxActivations<T>& a, BasicTensor<T> attn, const FluxWeights<T>& w, bool add_bias,
+                         const std::function<void(BasicTensor<T>&)>& round) {
+  const std::size_t n = attn.shape[0], width = attn.size() / std::max<std::size_t>(n, 1);
+  a.attn = reshape(std::move(attn), {n, width});
   a.cat = concat_last(a.attn, a.mlp);
-  a.partial = r(linear(a.cat, w.out_w, add_bias ? w.out_b : BasicTensor<T>()));
+  a.partial = linear(a.cat, w.out_w, add_bias ? w.out_b : BasicTensor<T>());
+  round(a.partial);
+}
+
+template <class T>
+FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor<T>& temb,
+                                      const FluxWeights<T>& w, const FluxSizes& z,
+                                      const RopeTable& all_rope, bool add_bias,
+                                      const std::function<void(BasicTensor<T>&)>& round,
+                                      std::size_t first_token, const GatherTokens<T>& gather) {
+  const std::size_t n = h.shape[0];
+  if (first_token + n > all_rope.cos.shape[0] || (n != all_rope.cos.shape[0] && !gather))
+    fail("flux_block_forward: tokens [{}, {}) of a {}-token sample{}", first_token, first_token + n,
+         all_rope.cos.shape[0], gather ? "" : " without a way to gather the others' k and v");
+  const RopeTable rope{take_rows(all_rope.cos, first_token, first_token + n),
+                       take_rows(all_rope.sin, first_token, first_token + n)};
+  FluxActivations<T> a = flux_pre_attention(h, temb, w, z, rope, round);
+  const double scale = 1.0 / std::sqrt(double(z.head_dim));
+  BasicTensor<T> attn = gather ? attention(a.q, gather(a.k), gather(a.v), scale) : attention(a.q, a.k, a.v, scale);
+  round(attn);
+  flux_post_attention(a, std::move(attn), w, add_bias, round);
   return a;
 }
 
@@ -133,7 +168,14 @@ BasicTensor<T> gated_residual(const BasicTensor<T>& y, const BasicTensor<T>& ada
 
 #define DC_INSTANTIATE(T)                                                                       \
   template FluxWeights<T> make_flux_weights<T>(std::uint64_t, const FluxSizes&, std::size_t,    \
-                                               std::size_t, bool, DType, const GenerateBlock&); \
+                                               std::size_t, bool, DType, const GenerateBlock&,  \
+                                               const std::string&);                             \
+  template FluxActivations<T> flux_pre_attention(const BasicTensor<T>&, const BasicTensor<T>&,  \
+                                                 const FluxWeights<T>&, const FluxSizes&,        \
+                                                 const RopeTable&,                               \
+                                                 const std::function<void(BasicTensor<T>&)>&);  \
+  template void flux_post_attention(FluxActivations<T>&, BasicTensor<T>, const FluxWeights<T>&, \
+                                    bool, const std::function<void(BasicTensor<T>&)>&);         \
   template FluxActivations<T> flux_block_forward(const BasicTensor<T>&, const BasicTensor<T>&,  \
                                                  const FluxWeights<T>&, const FluxSizes&,        \
                                                  const RopeTable&, bool,                         \

@@ -44,13 +44,18 @@ using GenerateBlock = std::function<Tensor(const std::string& name, const Shape&
                                            const Ranges& block)>;
 
 // Generated weights of tp rank i of w (w = 1: the full block), rounded to
-// `dtype` when T is float.
+// `dtype` when T is float. `prefix` goes before every weight's name, so the
+// blocks of a model ("block0.", "block1.", ...) differ.
 template <class T>
 FluxWeights<T> make_flux_weights(std::uint64_t seed, const FluxSizes& z, std::size_t w,
-                                 std::size_t i, bool contiguous, DType dtype, const GenerateBlock& gen = {});
+                                 std::size_t i, bool contiguous, DType dtype, const GenerateBlock& gen = {},
+                                 const std::string& prefix = "");
 
 // FLUX position ids: text tokens (0,0,0), image tokens (0, row, col).
 RopeTable flux_rope(const FluxSizes& z);
+// The same for some tokens of the [text | image] sequence, by index: a
+// sequence-parallel rank's rows (the replicated text, then its image block).
+RopeTable flux_rope_rows(const FluxSizes& z, const std::vector<std::size_t>& tokens);
 
 template <class T>
 struct FluxActivations {
@@ -67,6 +72,18 @@ struct FluxActivations {
 // token order (an all-gather over the ranks that split the tokens).
 template <class T>
 using GatherTokens = std::function<BasicTensor<T>(const BasicTensor<T>&)>;
+
+// The token-local part before attention (fills ada, nx, mlp, q, k, v) of the
+// rows of h, whose RoPE rows are `rope`.
+template <class T>
+FluxActivations<T> flux_pre_attention(const BasicTensor<T>& h, const BasicTensor<T>& temb, const FluxWeights<T>& w,
+                                      const FluxSizes& z, const RopeTable& rope,
+                                      const std::function<void(BasicTensor<T>&)>& round);
+// After attention: `attn` [rows, heads, D] or [rows, heads*D] becomes a.attn,
+// then cat = [attn | mlp] and partial = cat · out_wᵀ (+ bias if asked).
+template <class T>
+void flux_post_attention(FluxActivations<T>& a, BasicTensor<T> attn, const FluxWeights<T>& w, bool add_bias,
+                         const std::function<void(BasicTensor<T>&)>& round);
 
 // One sample: h [N, d], temb [1, d]. `round` is applied after every op that
 // yields a tensor of the run's dtype (no-op for the reference).

@@ -49,6 +49,61 @@ BasicTensor<T> take_rows(const BasicTensor<T>& x, std::size_t a, std::size_t b) 
 }
 
 template <class T>
+BasicTensor<T> concat_rows(const BasicTensor<T>& a, const BasicTensor<T>& b) {
+  if (a.rank() == 0 || b.rank() == 0 || Shape(a.shape.begin() + 1, a.shape.end()) != Shape(b.shape.begin() + 1, b.shape.end()))
+    fail("concat_rows: {} and {} differ after the first dimension", shape_str(a.shape), shape_str(b.shape));
+  Shape s = a.shape;
+  s[0] += b.shape[0];
+  BasicTensor<T> y(s);
+  std::copy(b.data.begin(), b.data.end(), std::copy(a.data.begin(), a.data.end(), y.data.begin()));
+  return y;
+}
+
+template <class T>
+BasicTensor<T> transpose2(const BasicTensor<T>& x) {
+  if (x.rank() != 2) fail("transpose2: {} is not a matrix", shape_str(x.shape));
+  const std::size_t r = x.shape[0], c = x.shape[1];
+  BasicTensor<T> y({c, r});
+  for (std::size_t i = 0; i < r; ++i)
+    for (std::size_t j = 0; j < c; ++j) y.data[j * r + i] = x.data[i * c + j];
+  return y;
+}
+
+template <class T>
+BasicTensor<T> heads_major(const BasicTensor<T>& x, std::size_t a, std::size_t b) {
+  if (x.rank() != 3 || a > b || b > x.shape[1]) fail("heads_major: heads [{},{}) of {}", a, b, shape_str(x.shape));
+  const std::size_t n = x.shape[0], h = x.shape[1], d = x.shape[2];
+  BasicTensor<T> y({b - a, n, d});
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = a; j < b; ++j)
+      std::copy(x.ptr() + (i * h + j) * d, x.ptr() + (i * h + j + 1) * d, y.ptr() + ((j - a) * n + i) * d);
+  return y;
+}
+
+template <class T>
+BasicTensor<T> token_major(const BasicTensor<T>& x) {
+  if (x.rank() != 3) fail("token_major: {} is not [heads, tokens, D]", shape_str(x.shape));
+  const std::size_t h = x.shape[0], n = x.shape[1], d = x.shape[2];
+  BasicTensor<T> y({n, h, d});
+  for (std::size_t j = 0; j < h; ++j)
+    for (std::size_t i = 0; i < n; ++i)
+      std::copy(x.ptr() + (j * n + i) * d, x.ptr() + (j * n + i + 1) * d, y.ptr() + (i * h + j) * d);
+  return y;
+}
+
+template <class T>
+BasicTensor<T> token_rows(const BasicTensor<T>& x, std::size_t a, std::size_t b) {
+  if (x.rank() < 2 || a > b || b > x.shape[1]) fail("token_rows: rows [{},{}) of {}", a, b, shape_str(x.shape));
+  const std::size_t h = x.shape[0], n = x.shape[1], per = x.size() / (h * n);
+  Shape s = x.shape;
+  s[1] = b - a;
+  BasicTensor<T> y(s);
+  for (std::size_t i = 0; i < h; ++i)
+    std::copy(x.ptr() + (i * n + a) * per, x.ptr() + (i * n + b) * per, y.ptr() + i * (b - a) * per);
+  return y;
+}
+
+template <class T>
 BasicTensor<T> batch_item(const BasicTensor<T>& x, std::size_t i) {
   return take_rows(x, i, i + 1);
 }
@@ -77,6 +132,11 @@ BasicTensor<T> reshape(BasicTensor<T> x, Shape s) {
   template BasicTensor<T> take_last(const BasicTensor<T>&, const ColumnRanges&);       \
   template BasicTensor<T> concat_last(const BasicTensor<T>&, const BasicTensor<T>&);   \
   template BasicTensor<T> batch_item(const BasicTensor<T>&, std::size_t);              \
+  template BasicTensor<T> concat_rows(const BasicTensor<T>&, const BasicTensor<T>&);   \
+  template BasicTensor<T> transpose2(const BasicTensor<T>&);                           \
+  template BasicTensor<T> heads_major(const BasicTensor<T>&, std::size_t, std::size_t); \
+  template BasicTensor<T> token_major(const BasicTensor<T>&);                          \
+  template BasicTensor<T> token_rows(const BasicTensor<T>&, std::size_t, std::size_t);  \
   template BasicTensor<T> stack(const std::vector<BasicTensor<T>>&);                   \
   template BasicTensor<T> take_rows(const BasicTensor<T>&, std::size_t, std::size_t);  \
   template BasicTensor<T> reshape(BasicTensor<T>, Shape);

@@ -22,6 +22,21 @@ BasicTensor<T> batch_item(const BasicTensor<T>& x, std::size_t i);
 // Stack equally shaped tensors along a new first dimension.
 template <class T>
 BasicTensor<T> stack(const std::vector<BasicTensor<T>>& xs);
+// [a ; b] along the first dimension; trailing dimensions must match.
+template <class T>
+BasicTensor<T> concat_rows(const BasicTensor<T>& a, const BasicTensor<T>& b);
+// [r, c] -> [c, r].
+template <class T>
+BasicTensor<T> transpose2(const BasicTensor<T>& x);
+// Head layouts of attention: token-major [n, h, D] <-> head-major [h, n, D].
+// heads_major keeps heads [a, b) only.
+template <class T>
+BasicTensor<T> heads_major(const BasicTensor<T>& x, std::size_t a, std::size_t b);
+template <class T>
+BasicTensor<T> token_major(const BasicTensor<T>& x);
+// Rows [a, b) of dimension 1 of a head-major [h, n, ...] tensor.
+template <class T>
+BasicTensor<T> token_rows(const BasicTensor<T>& x, std::size_t a, std::size_t b);
 // Rows [a,b) of the first dimension.
 template <class T>
 BasicTensor<T> take_rows(const BasicTensor<T>& x, std::size_t a, std::size_t b);

@@ -31,17 +31,6 @@ namespace {
 
 using ref::WanSizes;
 
-// [n, H, D] token-major -> [H, n, D] head-major, heads [a, b) only.
-template <class T>
-BasicTensor<T> heads_major(const BasicTensor<T>& x, std::size_t a, std::size_t b) {
-  const std::size_t n = x.shape[0], h = x.shape[1], d = x.shape[2];
-  BasicTensor<T> y({b - a, n, d});
-  for (std::size_t i = 0; i < n; ++i)
-    for (std::size_t j = a; j < b; ++j)
-      std::copy(x.ptr() + (i * h + j) * d, x.ptr() + (i * h + j + 1) * d, y.ptr() + ((j - a) * n + i) * d);
-  return y;
-}
-
 class DitUlysses final : public Scenario {
  public:
   std::string name() const override { return "dit_ulysses"; }
@@ -199,10 +188,10 @@ class DitUlysses final : public Scenario {
       put("attn/v", pre.v);
       for (std::size_t i = 0; i < chunks.size(); ++i) {
         const std::string p = fmt::format("ulysses/chunk{}/", i);
-        put(p + "q_after_a2a", heads_major(pre.q, chunks[i].begin, chunks[i].end));
-        put(p + "k_after_a2a", heads_major(pre.k, chunks[i].begin, chunks[i].end));
-        put(p + "v_after_a2a", heads_major(pre.v, chunks[i].begin, chunks[i].end));
-        put(p + "attn", heads_major(attn, chunks[i].begin, chunks[i].end));
+        put(p + "q_after_a2a", ref::heads_major(pre.q, chunks[i].begin, chunks[i].end));
+        put(p + "k_after_a2a", ref::heads_major(pre.k, chunks[i].begin, chunks[i].end));
+        put(p + "v_after_a2a", ref::heads_major(pre.v, chunks[i].begin, chunks[i].end));
+        put(p + "attn", ref::heads_major(attn, chunks[i].begin, chunks[i].end));
       }
       put("attn/out", ref::reshape(attn, {s_all, d}));
       put("x1", post.x1);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "harness/core/error.h"
+#include "reference/ops.h"
 
 namespace dc {
 
@@ -72,18 +73,6 @@ void lse_merge(BasicTensor<T>& out, BasicTensor<T>& lse, const BasicTensor<T>& o
 template void lse_merge(Tensor&, Tensor&, const Tensor&, const Tensor&, bool);
 template void lse_merge(RefTensor&, RefTensor&, const RefTensor&, const RefTensor&, bool);
 
-namespace {
-
-Tensor transpose2(const Tensor& x) {
-  const std::size_t r = x.shape[0], c = x.shape[1];
-  Tensor y({c, r});
-  for (std::size_t i = 0; i < r; ++i)
-    for (std::size_t j = 0; j < c; ++j) y.data[j * r + i] = x.data[i * c + j];
-  return y;
-}
-
-}  // namespace
-
 std::pair<Tensor, Tensor> ring_attention(const Comm& ring, const Tensor& q, const Tensor& k, const Tensor& v,
                                          const RingOptions& opt, const RingObserver& observe) {
   const std::size_t n = static_cast<std::size_t>(ring.size()), me = static_cast<std::size_t>(ring.rank());
@@ -132,7 +121,7 @@ std::pair<Tensor, Tensor> ring_attention(const Comm& ring, const Tensor& q, cons
       }
     }
     // The hand-over: the merge reads [Sq, h]; the faulty kernel gives [h, Sq].
-    const Tensor handed = opt.fault_lse_layout ? lb : transpose2(lb);
+    const Tensor handed = opt.fault_lse_layout ? lb : ref::transpose2(lb);
     // The code under test crashes here; every rank alike (the shapes are the
     // same on all), so it is one finding and a clean end, not an abort.
     if (handed.shape != Shape{sq, h})
@@ -152,9 +141,9 @@ std::pair<Tensor, Tensor> ring_attention(const Comm& ring, const Tensor& q, cons
       else ring.ring_shift(std::span<const float>(buf[cur]), std::span<float>(buf[1 - cur]));
       cur = 1 - cur;
     }
-    if (observe) observe(t, out, transpose2(lse));
+    if (observe) observe(t, out, ref::transpose2(lse));
   }
-  return {out, transpose2(lse)};
+  return {out, ref::transpose2(lse)};
 }
 
 }  // namespace dc

@@ -40,28 +40,6 @@ WanSizes usp_sizes(const std::string& size) {
   return z;
 }
 
-template <class T>
-BasicTensor<T> heads_major(const BasicTensor<T>& x, std::size_t a, std::size_t b) {
-  const std::size_t n = x.shape[0], h = x.shape[1], d = x.shape[2];
-  BasicTensor<T> y({b - a, n, d});
-  for (std::size_t i = 0; i < n; ++i)
-    for (std::size_t j = a; j < b; ++j)
-      std::copy(x.ptr() + (i * h + j) * d, x.ptr() + (i * h + j + 1) * d, y.ptr() + ((j - a) * n + i) * d);
-  return y;
-}
-
-// Rows [a, b) of dimension 1 of a head-major [h, n, ...] tensor.
-template <class T>
-BasicTensor<T> token_rows(const BasicTensor<T>& x, std::size_t a, std::size_t b) {
-  const std::size_t h = x.shape[0], n = x.shape[1], per = x.size() / (h * n);
-  Shape s = x.shape;
-  s[1] = b - a;
-  BasicTensor<T> y(s);
-  for (std::size_t i = 0; i < h; ++i)
-    std::copy(x.ptr() + (i * n + a) * per, x.ptr() + (i * n + b) * per, y.ptr() + i * (b - a) * per);
-  return y;
-}
-
 class UspAttention final : public Scenario {
  public:
   std::string name() const override { return "usp_attention"; }
@@ -243,9 +221,9 @@ class UspAttention final : public Scenario {
       RefTensor attn_all({s_all, z.heads, hd});
       for (std::size_t c = 0; c < chunks.size(); ++c) {
         const std::string p = fmt::format("ring/chunk{}/", c);
-        const auto q = heads_major(pre.q, chunks[c].begin, chunks[c].end);
-        const auto k = heads_major(pre.k, chunks[c].begin, chunks[c].end);
-        const auto v = heads_major(pre.v, chunks[c].begin, chunks[c].end);
+        const auto q = ref::heads_major(pre.q, chunks[c].begin, chunks[c].end);
+        const auto k = ref::heads_major(pre.k, chunks[c].begin, chunks[c].end);
+        const auto v = ref::heads_major(pre.v, chunks[c].begin, chunks[c].end);
         put(p + "q_after_a2a", q);
         put(p + "k_after_a2a", k);
         put(p + "v_after_a2a", v);
@@ -257,13 +235,13 @@ class UspAttention final : public Scenario {
             RefTensor ks({hc, (t + 1) * sr, hd}), vs({hc, (t + 1) * sr, hd});
             for (std::size_t j = 0; j <= t; ++j) {
               const std::size_t blk = (r + ring - j) % ring;
-              const auto kb = token_rows(k, blk * sr, (blk + 1) * sr), vb = token_rows(v, blk * sr, (blk + 1) * sr);
+              const auto kb = ref::token_rows(k, blk * sr, (blk + 1) * sr), vb = ref::token_rows(v, blk * sr, (blk + 1) * sr);
               for (std::size_t a = 0; a < hc; ++a) {
                 std::copy(kb.ptr() + a * sr * hd, kb.ptr() + (a + 1) * sr * hd, ks.ptr() + (a * (t + 1) + j) * sr * hd);
                 std::copy(vb.ptr() + a * sr * hd, vb.ptr() + (a + 1) * sr * hd, vs.ptr() + (a * (t + 1) + j) * sr * hd);
               }
             }
-            auto [o, l] = block_attention(token_rows(q, r * sr, (r + 1) * sr), ks, vs);
+            auto [o, l] = block_attention(ref::token_rows(q, r * sr, (r + 1) * sr), ks, vs);
             for (std::size_t a = 0; a < hc; ++a) {
               std::copy(o.ptr() + a * sr * hd, o.ptr() + (a + 1) * sr * hd, out.ptr() + (a * s_all + r * sr) * hd);
               std::copy(l.ptr() + a * sr, l.ptr() + (a + 1) * sr, lse.ptr() + a * s_all + r * sr);

@@ -126,14 +126,7 @@ TEST(FlashAttention, MatchesExactForBlocksThatDoNotDivideTheLengths) {
   const std::size_t heads = 2, nq = 37, nk = 45, d = 8;
   auto q = rnd("fq", {heads, nq, d}), k = rnd("fk", {heads, nk, d}), v = rnd("fv", {heads, nk, d});
   // exact attention takes [N, heads, D]
-  auto token_major = [](const RefTensor& x) {
-    const std::size_t h = x.shape[0], n = x.shape[1], dd = x.shape[2];
-    RefTensor y({n, h, dd});
-    for (std::size_t a = 0; a < h; ++a)
-      for (std::size_t i = 0; i < n; ++i)
-        for (std::size_t c = 0; c < dd; ++c) y.data[(i * h + a) * dd + c] = x.data[(a * n + i) * dd + c];
-    return y;
-  };
+  using ref::token_major;
   auto exact = ref::attention(token_major(q), token_major(k), token_major(v), 1.0);
   for (auto [bq, bk] : std::vector<std::pair<std::size_t, std::size_t>>{{64, 64}, {16, 16}, {5, 7}, {1, 45}, {37, 1}}) {
     auto f = ref::flash_attention(q, k, v, bq, bk);

@@ -9,19 +9,12 @@
 #include "harness/capture/store.h"
 #include "reference/generate.h"
 #include "reference/nn.h"
+#include "reference/ops.h"
 #include "scenarios/ring_attention.h"
 
 using namespace dc;
 
 namespace {
-
-template <class T>
-BasicTensor<T> transpose2(const BasicTensor<T>& x) {
-  BasicTensor<T> y({x.shape[1], x.shape[0]});
-  for (std::size_t i = 0; i < x.shape[0]; ++i)
-    for (std::size_t j = 0; j < x.shape[1]; ++j) y.data[j * x.shape[0] + i] = x.data[i * x.shape[1] + j];
-  return y;
-}
 
 // Keys [from, to) of a head-major [h, n, D] tensor.
 RefTensor keys(const RefTensor& x, std::size_t from, std::size_t to) {
@@ -40,12 +33,12 @@ std::pair<RefTensor, RefTensor> merged(const RefTensor& q, const RefTensor& k, c
     auto [o, l] = block_attention(q, keys(k, cuts[b], cuts[b + 1]), keys(v, cuts[b], cuts[b + 1]));
     if (b == 0) {
       out = o;
-      lse = transpose2(l);
+      lse = ref::transpose2(l);
     } else {
-      lse_merge(out, lse, o, transpose2(l), sigmoid);
+      lse_merge(out, lse, o, ref::transpose2(l), sigmoid);
     }
   }
-  return {out, transpose2(lse)};
+  return {out, ref::transpose2(lse)};
 }
 
 RefTensor random(const char* name, Shape s, float scale) { return ref::to_ref(ref::generate(5, name, s, scale)); }
@@ -67,14 +60,14 @@ TEST(RingMerge, MatchesPyTorch) {
       auto [o, l] = block_attention(t["q"], t[fmt::format("k{}", b)], t[fmt::format("v{}", b)]);
       expect_near(o, t[fmt::format("out{}", b)], 1e-12, "block output");
       expect_near(l, t[fmt::format("lse{}", b)], 1e-12, "block LSE");
-      if (b == 0) out = o, lse = transpose2(l);
-      else lse_merge(out, lse, o, transpose2(l), sigmoid);
+      if (b == 0) out = o, lse = ref::transpose2(l);
+      else lse_merge(out, lse, o, ref::transpose2(l), sigmoid);
     }
     const std::string form = sigmoid ? "sigmoid" : "maxexp";
     expect_near(out, t["merged_" + form], 1e-12, "merged " + form);
-    expect_near(transpose2(lse), t["lse_" + form], 1e-12, "LSE " + form);
+    expect_near(ref::transpose2(lse), t["lse_" + form], 1e-12, "LSE " + form);
     expect_near(out, t["exact"], 1e-12, "merged vs exact " + form);
-    expect_near(transpose2(lse), t["lse_exact"], 1e-12, "LSE vs exact " + form);
+    expect_near(ref::transpose2(lse), t["lse_exact"], 1e-12, "LSE vs exact " + form);
   }
 }
 
@@ -109,12 +102,12 @@ TEST(RingMerge, TwoHalvesMergeToTheWhole) {
   auto [o1, l1] = block_attention(q, keys(k, 5, 10), keys(v, 5, 10));
   for (auto* l : {&l0, &l1})
     for (auto& x : l->data) x -= 0.75;
-  RefTensor m = o0, ml = transpose2(l0);
-  lse_merge(m, ml, o1, transpose2(l1), true);
+  RefTensor m = o0, ml = ref::transpose2(l0);
+  lse_merge(m, ml, o1, ref::transpose2(l1), true);
   expect_near(m, whole, 1e-14, "a shared offset cancels");
   for (auto& x : l1.data) x -= 0.5;  // a different offset per block does not
-  m = o0, ml = transpose2(l0);
-  lse_merge(m, ml, o1, transpose2(l1), true);
+  m = o0, ml = ref::transpose2(l0);
+  lse_merge(m, ml, o1, ref::transpose2(l1), true);
   double worst = 0;
   for (std::size_t i = 0; i < m.size(); ++i) worst = std::max(worst, std::abs(m.data[i] - whole.data[i]));
   EXPECT_GT(worst, 1e-2);
