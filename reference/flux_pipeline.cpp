@@ -15,6 +15,7 @@ PipelineSizes PipelineSizes::preset(const std::string& name) {
   PipelineSizes z;
   if (name == "tiny") {
     z.block = {64, 4, 16, 256, 8, 4, 8, {4, 6, 6}};
+    z.steps = 6;
     return z;
   }
   if (name != "default") fail("flux_pipeline has no size '{}'", name);

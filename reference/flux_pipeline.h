@@ -25,8 +25,9 @@ struct PipelineSizes {
   std::size_t blocks = 2;     // single-stream blocks
   int freq_dim = 64;          // width of the timestep sinusoid
   double guidance = 4.0;      // classifier-free guidance scale g
-  // "tiny" (tests: d=64, 8 text + 4x8 image tokens) or "default" (d=128,
-  // 16 text + 8x16 image tokens).
+  int steps = 28;             // denoising steps
+  // "tiny" (tests: d=64, 8 text + 4x8 image tokens, 6 steps) or "default"
+  // (d=128, 16 text + 8x16 image tokens, 28 steps as FLUX.1-dev).
   static PipelineSizes preset(const std::string& name);
 };
 

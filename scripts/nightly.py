@@ -112,12 +112,19 @@ def meshes(exe, scenario, n, quick, tmp):
     if quick:
         return [scenario["default_mesh"][str(n)]] if str(n) in scenario["default_mesh"] else []
     path = os.path.join(tmp, f"{scenario['name']}.plan.json")
+    size = ["--size", matrix_size(scenario)] if matrix_size(scenario) else []
     res = subprocess.run([exe, "sweep-mesh", "--scenario", scenario["name"], "-n", str(n), "--dry-run",
-                          "--json", path], capture_output=True, text=True)
+                          "--json", path, *size], capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"sweep-mesh --dry-run of {scenario['name']}: {res.stderr.strip()}")
     with open(path) as f:
         return [r["mesh"] for r in json.load(f)["rows"]]
+
+
+def matrix_size(scenario):
+    """The size preset the matrix runs: a pipeline's "tiny" (the matrix is about
+    meshes, flags and faults; its own tests run the default size), else the default."""
+    return "tiny" if "tiny" in scenario.get("sizes", []) else None
 
 
 def plan(exe, scenarios, args, night):
@@ -131,7 +138,7 @@ def plan(exe, scenarios, args, night):
                 vdir = os.path.join("cells", s["name"], dtype, slug(label))
                 for m in ms:
                     cells.append({"scenario": s["name"], "dtype": dtype, "kind": kind, "variant": label,
-                                  "flags": flags, "fault": fault, "mesh": m,
+                                  "flags": flags, "fault": fault, "mesh": m, "size": matrix_size(s),
                                   "dir": vdir, "stem": slug(m)})
     shutil.rmtree(tmp, ignore_errors=True)
     return cells
@@ -180,6 +187,8 @@ def run_cell(exe, cell, night, args, regressions):
            "--dtype", cell["dtype"], "--timeout", str(args.timeout), "--reports", d, "--json", sweep_json]
     for f in cell["flags"]:
         cmd += ["--flag", f]
+    if cell.get("size"):
+        cmd += ["--size", cell["size"]]
     fault = cell["fault"]
     if cell["kind"] == "clean" and cell["scenario"] in regressions:
         fault = regressions[cell["scenario"]]
