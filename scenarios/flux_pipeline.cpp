@@ -60,6 +60,7 @@ class FluxPipeline final : public Scenario {
            "branches over 'cfg', image tokens over 'ring' x 'sp' (USP, text replicated); every step checked";
   }
   std::vector<std::string> sizes() const override { return {"default", "tiny"}; }
+  bool is_pipeline() const override { return true; }
   std::vector<std::string> mesh_axes() const override { return {"dp", "cfg", "ring", "sp"}; }
   std::vector<FlagSpec> flags() const override {
     return {{"cfg_combine", FlagType::string, "allgather",
@@ -122,7 +123,7 @@ class Run {
  public:
   Run(RunContext& ctx)
       : ctx_(ctx),
-        z_(PipelineSizes::preset(ctx.size)),
+        z_(sizes(ctx)),
         place_(place(ctx, z_)),
         cfg_comm_(ctx.world.split(ctx.mesh, {"cfg"})),
         sp_comm_(ctx.world.split(ctx.mesh, {"sp"})),
@@ -143,6 +144,7 @@ class Run {
     if (combine != "allgather" && combine != "sendrecv")
       input_error("cfg_combine must be allgather or sendrecv (got '{}')", combine);
     sendrecv_ = combine == "sendrecv";
+    free_ = ctx.pipeline.reference_mode == "free";
     opt_.ring.overlap = ctx.flags.get_bool("ring_overlap");
     opt_.ring.allgather = transfer == "allgather";
     opt_.ring.sigmoid_merge = merge == "sigmoid";
@@ -158,9 +160,10 @@ class Run {
     const std::vector<std::size_t> mine = p.branches();
     for (int t = 0; t < z_.steps; ++t) {
       const std::string step = fmt::format("step{:02d}/", t);
+      growth_ = free_ ? std::sqrt(double(t) + 1.0) : 1.0;
       tap_latents(step + "latents", x);
       // Forced mode: from step 1 on, the step starts from the reference's latents.
-      if (t > 0) {
+      if (t > 0 && !free_) {
         x = ref::cast<float>(x_ref);
         round_(x);
       }
@@ -197,17 +200,24 @@ class Run {
           derive_tolerance({dtype_name(ctx_.dtype), depth(), {}, {}, {}, {}, rms(v_branch)}).atol;
       ctx_.taps.tap(step + "v", ref::with_batch_dim(v),
                     {.layout = Layout::parse("dp,ring*sp", ""), .reduction_depth = depth(),
-                     .atol = (std::abs(1.0 - z_.guidance) + std::abs(z_.guidance)) * branch_atol});
+                     .atol = growth_ * (std::abs(1.0 - z_.guidance) + std::abs(z_.guidance)) * branch_atol,
+                     .tolerance_factor = growth_});
       x = ref::euler_step<float>(x, v, sigma, sigma_next, round_);
       tap_latents(step + "latents_out", x, depth());
 
       x_ref = reference_step(step, t, x_ref, ref_sigmas_[t], ref_sigmas_[t + 1]);
     }
+    growth_ = free_ ? std::sqrt(double(z_.steps) + 1.0) : 1.0;
     tap_latents("final/latents", x, depth());
     reference_final(x_ref);
   }
 
  private:
+  static PipelineSizes sizes(const RunContext& ctx) {
+    PipelineSizes z = PipelineSizes::preset(ctx.size);
+    if (ctx.pipeline.steps > 0) z.steps = ctx.pipeline.steps;
+    return z;
+  }
   static Place place(const RunContext& ctx, const PipelineSizes& z) {
     const auto c = ctx.mesh.coords(ctx.world.rank());
     Place p{std::size_t(ctx.mesh.axis_size("dp")), std::size_t(ctx.mesh.axis_size("cfg")),
@@ -324,11 +334,14 @@ class Run {
   // Taps. Image rows [dp, I, ...] split over ring x sp; per-branch tensors
   // [dp, 2, ...] split over cfg too; text rows replicated over ring x sp.
   void tap_latents(const std::string& name, const Tensor& x, long depth = 0) {
-    ctx_.taps.tap(name, ref::with_batch_dim(x), {.layout = Layout::parse("dp,ring*sp", ""), .reduction_depth = depth});
+    ctx_.taps.tap(name, ref::with_batch_dim(x),
+                  {.layout = Layout::parse("dp,ring*sp", ""), .reduction_depth = depth, .tolerance_factor = growth_});
   }
   void tap_branches(const std::string& name, const std::vector<Tensor>& per_branch, long depth, bool image_rows) {
     const Tensor all = ref::with_batch_dim(ref::stack(per_branch));
-    ctx_.taps.tap(name, all, {.layout = Layout::parse(image_rows ? "dp,cfg,ring*sp" : "dp,cfg", ""), .reduction_depth = depth});
+    ctx_.taps.tap(name, all,
+                  {.layout = Layout::parse(image_rows ? "dp,cfg,ring*sp" : "dp,cfg", ""), .reduction_depth = depth,
+                   .tolerance_factor = growth_});
   }
 
   // The reference of step t in float64 for this rank's sample, branches and
@@ -350,6 +363,11 @@ class Run {
   ref::Round<float> round_;
   JointAttentionOptions opt_;
   bool sendrecv_ = false;
+  bool free_ = false;  // --reference-mode free: the run follows its own trajectory
+  // The tolerance factor of this step's taps: in free mode the rounding
+  // errors of the steps before add up like a random walk, sqrt(t + 1)
+  // (docs/flux_pipeline.md has the measurements); 1 in forced mode.
+  double growth_ = 1.0;
   std::vector<double> ref_sigmas_;
 };
 

@@ -73,6 +73,32 @@ class FluxPipeline(E2ETest):
             with self.subTest(fault=fault, mesh=silent):
                 self.assertExit(self.run_tiny(ranks(silent), silent, "--inject", fault), 0)
 
+    def test_free_mode_passes_clean_and_catches_a_fault_with_tolerances_growing_by_step(self):
+        for dtype in ("float32", "bfloat16"):
+            with self.subTest(dtype=dtype):
+                res = self.run_tiny(8, "dp=1,cfg=2,ring=2,sp=2", "--reference-mode", "free", "--steps", "9",
+                                    "--dtype", dtype)
+                self.assertExit(res, 0)
+                taps = {t["name"]: t for t in res.report["taps"]}
+                self.assertIn("step08/latents", taps)
+                self.assertNotIn("step09/latents", taps)
+                # sqrt(t + 1): step 8's rtol is 3x step 0's.
+                r0, r8 = taps["step00/latents_out"]["reference"]["rtol"], taps["step08/latents_out"]["reference"]["rtol"]
+                self.assertAlmostEqual(r8 / r0, 3.0, places=6)
+                # The file carries the factors: compare gives the same verdicts.
+                cmp = self.run_cmd([EXE, "compare", self.path("run.h5"), "--json", self.path("cmp.json")], "cmp.json")
+                self.assertExit(cmp, 0)
+                self.assertEqual([t["reference"]["rtol"] for t in cmp.report["taps"]],
+                                 [t["reference"]["rtol"] for t in res.report["taps"]])
+        res = self.run_tiny(4, "dp=1,cfg=1,ring=2,sp=2", "--reference-mode", "free", "--inject", "text_kv_rotated")
+        self.assertExit(res, 1)
+        self.assertFirstDivergence(res, "step00/block0/attn")
+
+    def test_pipeline_options_are_refused_by_a_block_scenario(self):
+        res = self.mpirun(1, "--scenario", "flux_tp", "--steps", "3")
+        self.assertExit(res, 2)
+        self.assertIn("--steps and --reference-mode are for pipeline scenarios", res.err)
+
     def test_sweep_mesh_shows_text_kv_rotated_exactly_where_ring_is_above_1(self):
         js = self.path("sweep.json")
         res = self.diffcheck("sweep-mesh", "--scenario", "flux_pipeline", "--size", "tiny", "-n", "8",

@@ -157,7 +157,9 @@ class HostileFiles(E2ETest):
 
     def test_nan_or_negative_tolerance_and_negative_depth(self):
         for attr, value, needle in (("atol", float("nan"), "'atol'"), ("rtol", -1.0, "'rtol'"),
-                                    ("atol", float("inf"), "'atol'"), ("reduction_depth", -3, "'reduction_depth'")):
+                                    ("atol", float("inf"), "'atol'"), ("reduction_depth", -3, "'reduction_depth'"),
+                                    ("tolerance_factor", 0.5, "'tolerance_factor'"),
+                                    ("tolerance_factor", float("nan"), "'tolerance_factor'")):
             with self.subTest(attr=attr, value=value):
                 path, f = self.rank_file()
                 d = f.create_dataset("taps/t", data=np.ones(4, "f4"))

@@ -27,6 +27,18 @@ TEST(Tolerance, TapAttributesBeatCommandLineBeatDefault) {
   EXPECT_EQ(tap.rtol, 0.2);
 }
 
+TEST(Tolerance, FactorScalesTheDerivedToleranceOnly) {
+  // A free-running pipeline's step t: sqrt(t + 1) times the derived tolerance.
+  auto base = dc::derive_tolerance({"bfloat16", 64, {}, {}, {}, {}, 2.0});
+  auto grown = dc::derive_tolerance({"bfloat16", 64, {}, {}, {}, {}, 2.0, 3.0});
+  EXPECT_DOUBLE_EQ(grown.rtol, 3.0 * base.rtol);
+  EXPECT_DOUBLE_EQ(grown.atol, 3.0 * base.atol);
+  // Tolerances given outright are what they say.
+  auto given = dc::derive_tolerance({"bfloat16", 64, 1e-3, 1e-2, {}, {}, 2.0, 3.0});
+  EXPECT_DOUBLE_EQ(given.atol, 1e-3);
+  EXPECT_DOUBLE_EQ(given.rtol, 1e-2);
+}
+
 TEST(Flags, DefaultsAssignmentsAndErrors) {
   std::vector<dc::FlagSpec> specs = {{"async", dc::FlagType::boolean, "false", ""},
                                      {"chunks", dc::FlagType::integer, "1", ""}};

@@ -201,6 +201,9 @@ void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapDat
   for (const auto& [name, v] : {std::pair{"atol", t.atol}, std::pair{"rtol", t.rtol}})
     if (v && !(std::isfinite(*v) && *v >= 0))
       input_error("{}: attribute '{}' is {}; a tolerance must be finite and >= 0", where, name, *v);
+  t.tolerance_factor = h5::read_float_attr(ds, "tolerance_factor", where);
+  if (t.tolerance_factor && !(std::isfinite(*t.tolerance_factor) && *t.tolerance_factor >= 1))
+    input_error("{}: attribute 'tolerance_factor' is {}; it must be finite and >= 1", where, *t.tolerance_factor);
   if (auto d = h5::read_int_attr(ds, "reduction_depth", where)) {
     if (*d < 0) input_error("{}: attribute 'reduction_depth' is {}; it must be >= 0", where, *d);
     t.reduction_depth = *d;

@@ -24,6 +24,10 @@ struct TapOptions {
   long reduction_depth = 0;        // terms summed into each element; 0 = not stated
   std::optional<double> atol;      // per-tap tolerance overrides
   std::optional<double> rtol;
+  // A factor on the derived tolerance (not on atol/rtol given outright), for
+  // taps whose inputs carry the error of earlier steps: a free-running
+  // pipeline's step t. 1 = none.
+  double tolerance_factor = 1.0;
 };
 
 // A box of a reference: `data` (its shape is the box's extent) placed at

@@ -427,7 +427,8 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
 
   Tolerance tol;
   if (has_ref) {
-    ToleranceInputs in{t.dtype, t.reduction_depth, t.atol, t.rtol, opts.atol, opts.rtol, 0.0};
+    ToleranceInputs in{t.dtype, t.reduction_depth, t.atol, t.rtol, opts.atol, opts.rtol, 0.0,
+                       t.tolerance_factor.value_or(1.0)};
     if (!t.atol && !opts.atol) in.reference_rms = reference_rms(set, p, chunk, unit, opts.memory_budget, threads, bufs);
     tol = derive_tolerance(in);
   }

@@ -20,8 +20,9 @@ double accumulator_roundoff(const std::string& dtype) {
 
 Tolerance derive_tolerance(const ToleranceInputs& in) {
   double depth = std::max(1.0, static_cast<double>(in.reduction_depth.value_or(1)));
-  double rtol =
-      kToleranceScale * (unit_roundoff(in.dtype) + accumulator_roundoff(in.dtype) * std::sqrt(depth));
+  const double derived =
+      in.factor * kToleranceScale * (unit_roundoff(in.dtype) + accumulator_roundoff(in.dtype) * std::sqrt(depth));
+  double rtol = derived;
   if (in.cli_rtol) rtol = *in.cli_rtol;
   if (in.tap_rtol) rtol = *in.tap_rtol;
   double atol = rtol * in.reference_rms;

@@ -15,7 +15,8 @@
 // through the ops before it; docs/tolerances.md says how it was chosen.
 //
 // Precedence: the tap's own `atol`/`rtol` attributes, then --atol/--rtol, then
-// the derived default.
+// the derived default, times the tap's `tolerance_factor` (for taps whose
+// inputs carry the error of earlier steps).
 #pragma once
 #include <optional>
 #include <string>
@@ -40,6 +41,7 @@ struct ToleranceInputs {
   std::optional<double> tap_atol, tap_rtol;  // tap attributes
   std::optional<double> cli_atol, cli_rtol;  // command line
   double reference_rms = 0;
+  double factor = 1.0;  // the tap's tolerance_factor: multiplies the derived atol and rtol
 };
 
 Tolerance derive_tolerance(const ToleranceInputs& in);

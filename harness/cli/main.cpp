@@ -115,6 +115,16 @@ int list_scenarios_json() {
   return dc::kExitPass;
 }
 
+// --steps and --reference-mode, for pipeline scenarios (flux_pipeline).
+void add_pipeline_options(CLI::App& app, dc::PipelineOptions& p) {
+  app.add_option("--steps", p.steps, "Pipeline scenarios: denoising steps (default: the size's, 28 for flux_pipeline)");
+  app.add_option("--reference-mode", p.reference_mode,
+                 "Pipeline scenarios: forced (each step starts from the reference's latents, so each is judged on "
+                 "its own; the default) or free (the run follows its own trajectory; tolerances grow with the step)")
+      ->check(CLI::IsMember({"forced", "free"}))
+      ->capture_default_str();
+}
+
 // Options that say what one flag trial runs: a scenario or the user's command.
 void add_target_options(CLI::App& app, dc::FlagTarget& t, std::string& flags_csv) {
   app.add_option("--flags", flags_csv, "Comma-separated flags (name or name=value for scenarios; whatever the command understands otherwise)");
@@ -123,6 +133,7 @@ void add_target_options(CLI::App& app, dc::FlagTarget& t, std::string& flags_csv
   app.add_option("--inject", t.fault, "Fault injected in every scenario trial");
   app.add_option("--dtype", t.dtype, "Scenario dtype")->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
   app.add_option("--size", t.size, "Scenario size preset")->capture_default_str();
+  add_pipeline_options(app, t.pipeline);
   app.add_option("--env", t.env_var, "External command: pass the flags, joined by spaces, in this environment variable (e.g. XLA_FLAGS, LIBTPU_INIT_ARGS)");
   app.add_option("--check", t.check_file, "External command: activation file it writes; compared after each trial (mismatch = wrong)");
   app.add_option("--timeout", t.timeout_seconds, "Time limit per trial, seconds (a hang is recorded as 'timed out')")->capture_default_str();
@@ -196,6 +207,7 @@ int main(int argc, char** argv) {
   app.add_option("--flag", run.flags, "Scenario flag name=value (repeatable; after DIFFCHECK_FLAGS, which holds the same separated by spaces)");
   app.add_option("--inject", run.fault, "Inject a fault by name (see 'diffcheck list')");
   app.add_option("--size", run.size, "Problem size preset of the scenario")->capture_default_str();
+  add_pipeline_options(app, run.pipeline);
   app.add_option("--out", run.out, "Run file to write (default results/<scenario>.h5)");
   app.add_option("--store", run.store,
                  "How the run file is written: mpiio (every rank writes its rows, parallel HDF5; needs the output "
@@ -230,6 +242,7 @@ int main(int argc, char** argv) {
   sweep->add_option("--flag", sw.flags, "Scenario flag name=value (repeatable)");
   sweep->add_option("--dtype", sw.dtype, "Compute dtype")->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
   sweep->add_option("--size", sw.size, "Problem size preset")->capture_default_str();
+  add_pipeline_options(*sweep, sw.pipeline);
   sweep->add_option("--timeout", sw.timeout_seconds, "Time limit per mesh, seconds")->capture_default_str();
   sweep->add_option("--json", sw.json_path, "Also write the table as JSON");
   sweep->add_option("--junit", sw.junit_path, "Also write a JUnit XML report (one test case per mesh)");

@@ -98,6 +98,10 @@ RunOptions agree_on_options(const Comm& world, RunOptions opts) {
        [](RunOptions& o, const std::string& v) { o.fault = v; }},
       {"size", [](const RunOptions& o) { return o.size; },
        [](RunOptions& o, const std::string& v) { o.size = v; }},
+      {"steps", [](const RunOptions& o) { return std::to_string(o.pipeline.steps); },
+       [](RunOptions& o, const std::string& v) { o.pipeline.steps = std::stoi(v); }},
+      {"reference_mode", [](const RunOptions& o) { return o.pipeline.reference_mode; },
+       [](RunOptions& o, const std::string& v) { o.pipeline.reference_mode = v; }},
       {"out", [](const RunOptions& o) { return o.out; },
        [](RunOptions& o, const std::string& v) { o.out = v; }},
       {"store", [](const RunOptions& o) { return o.store; },
@@ -243,6 +247,10 @@ int run_scenario(const RunOptions& given) {
   const Scenario& scenario = lookup(opts.scenario);
   DType dtype = parse_dtype(opts.dtype);
   check_size(scenario, opts.size);
+  opts.pipeline.validate();
+  if (!opts.pipeline.is_default() && !scenario.is_pipeline())
+    input_error("--steps and --reference-mode are for pipeline scenarios (a denoising loop, e.g. flux_pipeline); "
+                "{} runs one block", scenario.name());
   Mesh mesh = Mesh::parse(opts.mesh.empty() ? scenario.default_mesh(world.size()) : opts.mesh);
   if (!opts.mesh.empty()) {
     const Mesh given = mesh;
@@ -270,7 +278,7 @@ int run_scenario(const RunOptions& given) {
   auto t0 = std::chrono::steady_clock::now();
   TapRecorder taps(mesh, rank, dtype);
   chaos.arm(taps, world, rank);
-  RunContext ctx{mesh, world, taps, flags, opts.fault, dtype, opts.seed, opts.size};
+  RunContext ctx{mesh, world, taps, flags, opts.fault, dtype, opts.seed, opts.size, opts.pipeline};
   interrupt::set_phase("running the scenario");
   try {
     scenario.run(ctx);

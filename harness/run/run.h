@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "harness/check/compare_command.h"
+#include "harness/core/pipeline_options.h"
 
 namespace dc {
 
@@ -18,6 +19,7 @@ struct RunOptions {
   // (rank 0's command line and DIFFCHECK_FLAGS hold for every rank)
   std::string fault;
   std::string size = "default";
+  PipelineOptions pipeline;  // --steps, --reference-mode (pipeline scenarios only)
   std::string out;  // empty: results/<scenario>.h5
   // How the run file is written: "mpiio", "gather" or "auto" (mpiio when
   // every rank sees the output directory).

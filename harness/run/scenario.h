@@ -17,6 +17,7 @@
 #include "harness/core/dtype.h"
 #include "harness/core/flags.h"
 #include "harness/core/mesh.h"
+#include "harness/core/pipeline_options.h"
 #include "harness/capture/tap.h"
 
 namespace dc {
@@ -30,6 +31,7 @@ struct RunContext {
   DType dtype = DType::float32;
   std::uint64_t seed = 0;
   std::string size = "default";
+  PipelineOptions pipeline;
 
   bool injected(const std::string& name) const { return fault == name; }
 };
@@ -42,6 +44,8 @@ class Scenario {
   virtual std::vector<FlagSpec> flags() const { return {}; }
   virtual std::vector<FaultSpec> faults() const { return {}; }
   virtual std::vector<std::string> sizes() const { return {"default"}; }
+  // A denoising loop: takes --steps and --reference-mode.
+  virtual bool is_pipeline() const { return false; }
   // The names of the mesh axes, in order (sweep-mesh assigns sizes to them).
   virtual std::vector<std::string> mesh_axes() const;
   // The mesh used when --mesh is not given; throws InputError when the scenario

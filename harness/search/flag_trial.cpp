@@ -49,8 +49,9 @@ std::string FlagTarget::identity() const {
   if (external())
     return fmt::format("cmd={} env={} check={} timeout={}", fmt::join(command, "\x1f"), env_var,
                        check_file, timeout_seconds);
-  return fmt::format("scenario={} n={} fault={} dtype={} size={} timeout={}{}", scenario, ranks, fault,
-                     dtype, size, timeout_seconds, launcher.empty() ? "" : " launcher=" + launcher);
+  return fmt::format("scenario={} n={} fault={} dtype={} size={} timeout={}{}{}", scenario, ranks, fault,
+                     dtype, size, timeout_seconds, launcher.empty() ? "" : " launcher=" + launcher,
+                     pipeline.identity());
 }
 
 namespace {
@@ -92,6 +93,7 @@ FlagTrialResult run_scenario_trial(const FlagTarget& t, const FlagSet& flags, co
   spec.argv.insert(spec.argv.end(), {self_executable(), "--scenario", t.scenario, "--dtype", t.dtype,
                                      "--size", t.size, "--out", out, "--json", json});
   if (!t.fault.empty()) spec.argv.insert(spec.argv.end(), {"--inject", t.fault});
+  for (const auto& a : t.pipeline.args()) spec.argv.push_back(a);
   for (const auto& f : flags) spec.argv.insert(spec.argv.end(), {"--flag", f});
   TrialOutcome o = run_trial(spec);
   FlagTrialResult r = from_outcome(o);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/core/pipeline_options.h"
 #include "harness/search/ddmin.h"
 
 namespace dc {
@@ -19,6 +20,7 @@ struct FlagTarget {
   std::string scenario;
   int ranks = 0;  // 0: the launcher's default (1)
   std::string fault, dtype = "float32", size = "default", mpirun = "mpirun";
+  PipelineOptions pipeline;
   // Launcher template ("mpirun --host h1:8,h2:8 -n {n}", "srun -n {n}");
   // empty: "<mpirun> -n {n}". See search/launcher.h.
   std::string launcher;

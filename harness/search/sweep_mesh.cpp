@@ -259,6 +259,7 @@ int sweep_mesh(const SweepMeshOptions& opts) {
                                    "--dtype", opts.dtype, "--size", opts.size, "--out", out, "--json", json});
       if (!kept.empty()) t.argv.insert(t.argv.end(), {"--html", kept + ".html"});
       if (!opts.fault.empty()) t.argv.insert(t.argv.end(), {"--inject", opts.fault});
+      for (const auto& a : opts.pipeline.args()) t.argv.push_back(a);
       for (const auto& f : opts.flags) t.argv.insert(t.argv.end(), {"--flag", f});
       if (isatty(2)) std::cerr << fmt::format("sweep-mesh: {} ...\r", mesh.str()) << std::flush;
       std::filesystem::remove(json);  // a report left by an earlier sweep is not this run's

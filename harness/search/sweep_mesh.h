@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "harness/core/mesh.h"
+#include "harness/core/pipeline_options.h"
 
 namespace dc {
 
@@ -19,6 +20,7 @@ struct SweepMeshOptions {
   std::string scenario;
   int ranks = 0;
   std::string fault, dtype = "float32", size = "default";
+  PipelineOptions pipeline;
   std::vector<std::string> flags;
   double timeout_seconds = 600;
   std::string json_path;
