@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "harness/check/report.h"
+#include "harness/check/steps.h"
 
 namespace dc {
 namespace {
@@ -29,6 +30,19 @@ std::string replica_cell(const ReplicaCheck& rc) {
 
 std::string truncate(const std::string& s, std::size_t w) {
   return s.size() <= w ? s : s.substr(0, w - 1) + "~";
+}
+
+// One line per step of a pipeline: its worst err/tol and where.
+void print_steps(const CompareResult& res, std::ostream& out) {
+  const auto steps = summarize_steps(res);
+  if (steps.size() < 2) return;
+  const std::string first = res.first_divergence ? res.taps[*res.first_divergence].name : "";
+  out << fmt::format("\nPer step: worst err/tol against the reference (> 1 fails) and its tap\n");
+  for (const auto& s : steps) {
+    std::string verdict = s.first_failing ? "FAIL at " + *s.first_failing : "PASS";
+    if (s.first_failing && first == s.step + "/" + *s.first_failing) verdict += "  <- first divergence";
+    out << fmt::format("  {:<8} {:>9}  {:<24}  {}\n", s.step, sci(s.worst_ratio), truncate(s.worst_tap, 24), verdict);
+  }
 }
 
 class ConsoleReporter final : public Reporter {
@@ -63,6 +77,7 @@ class ConsoleReporter final : public Reporter {
           replica_cell(t.replica), rc.present ? sci(rc.max_abs) : "-",
           rc.present ? sci(rc.max_rel) : "-", rc.present ? sci(rc.rel_l2) : "-", verdict);
     }
+    print_steps(res, out);
     std::size_t failed = std::count_if(res.taps.begin(), res.taps.end(),
                                        [](const TapVerdict& t) { return !t.pass(); });
     out << "\n";

@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/check/report.h"
+#include "harness/check/steps.h"
 
 namespace dc {
 namespace {
@@ -81,6 +82,13 @@ class JsonReporter final : public Reporter {
                                {"summary", describe_first_divergence(set, res)}};
     } else {
       j["first_divergence"] = nullptr;
+    }
+    if (const auto steps = summarize_steps(res); !steps.empty()) {
+      j["steps"] = json::array();
+      for (const auto& s : steps)
+        j["steps"].push_back({{"step", s.step}, {"taps", s.taps}, {"worst_err_over_tol", num(s.worst_ratio)},
+                              {"worst_tap", s.worst_tap},
+                              {"first_failing_tap", s.first_failing ? json(*s.first_failing) : json(nullptr)}});
     }
     if (!res.timings.empty()) {
       j["timings"] = json::object();
