@@ -77,18 +77,18 @@ class FluxPipeline final : public Scenario {
   std::vector<FaultSpec> faults() const override {
     return {{"per_rank_noise",
              "each rank draws its initial noise from a generator seeded with its rank: the latents differ from "
-             "the reference (but on rank 0) and across the CFG pair",
+             "the reference (but on rank 0) and across the CFG pair (HunyuanVideo-I2V#35, vllm-omni#2252)",
              "step00/latents", {}, "more than one rank", [](const Mesh& m) { return m.world_size() > 1; }},
             {"cfg_branch_dropped",
              "with the branches on different ranks, each takes its own branch's velocity as the guided one "
-             "(the exchange skipped): the CFG pair diverges",
+             "(the exchange skipped): the CFG pair diverges (vllm-omni#1578, sglang#18795)",
              "step00/v", {}, "cfg = 2", [](const Mesh& m) { return m.axis_size("cfg") == 2; }},
             {"text_kv_rotated",
              "the replicated text keys/values are packed into the image block that travels the ring: text is "
-             "attended ring times",
+             "attended ring times (sglang#33327)",
              "step00/block0/attn", {}, "ring > 1", [](const Mesh& m) { return m.axis_size("ring") > 1; }},
             {"timestep_temp_broadcast",
-             "the sigma schedule is broadcast into a temporary: ranks other than 0 keep zeros",
+             "the sigma schedule is broadcast into a temporary: ranks other than 0 keep zeros (seeds/002 TP-2)",
              "schedule/sigmas", {}, "more than one rank", [](const Mesh& m) { return m.world_size() > 1; }}};
   }
   std::string default_mesh(int world) const override {
