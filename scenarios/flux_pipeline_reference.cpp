@@ -1,0 +1,97 @@
+#include <fmt/format.h>
+
+#include "reference/attention.h"
+#include "reference/generate.h"
+#include "reference/nn.h"
+#include "reference/ops.h"
+#include "scenarios/flux_pipeline_run.h"
+
+namespace dc::flux_pipeline {
+
+// The initial noise as the run's dtype holds it.
+RefTensor PipelineRun::reference_noise() const {
+  const Place& p = place_;
+  Tensor t = ref::generate(ctx_.seed, "noise", {p.dp, p.img, z_.channels}, 1.0f, {{p.b, p.b + 1}, {p.first, p.first + p.rows}, {0, z_.channels}});
+  round_to(ctx_.dtype, t.data);  // the input as the run's dtype holds it
+  return ref::to_ref(ref::reshape(t, {p.rows, z_.channels}));
+}
+
+RefTensor PipelineRun::reference_step(const std::string& step, const RefTensor& x, double sigma, double sigma_next) {
+  const ReferenceClock clock(ctx_.taps);
+  if (!w_ref_) w_ref_ = ref::make_pipeline_weights<double>(ctx_.seed, z_, ctx_.dtype);
+  const Place& p = place_;
+  const ref::Round<double> exact = [](RefTensor&) {};
+  const std::function<RefTensor(const RefTensor&)> gather = [&](const RefTensor& mine) {
+    Shape s = mine.shape;
+    s[0] *= std::size_t(seq_comm_.size());
+    return RefTensor(s, seq_comm_.all_gather(std::span<const double>(mine.data)));
+  };
+  std::vector<RefTensor> v_branch, temb, attn, out, out_txt;
+  for (std::size_t br : p.branches()) {
+    const RefTensor pooled = ref::to_ref(prompt_pooled(br)), txt = ref::to_ref(prompt_text(br));
+    // The model receives 1000 sigma as a float32 tensor (see timestep_broadcast).
+    const RefTensor tb = ref::pipeline_temb<double>(static_cast<float>(1000.0f * float(sigma)), pooled, *w_ref_, z_, exact);
+    temb.push_back(tb);
+    const ref::AttendFn<double> attend = [&](std::size_t, const RefTensor& q, const RefTensor& k, const RefTensor& v) {
+      return joint_reference_attention(z_.block.txt, q, k, v, gather);
+    };
+    const ref::BlockObserver<double> observe = [&](std::size_t, const ref::FluxActivations<double>& a, const RefTensor& h) {
+      attn.push_back(ref::take_rows(a.attn, z_.block.txt, a.attn.shape[0]));
+      out.push_back(ref::take_rows(h, z_.block.txt, h.shape[0]));
+      out_txt.push_back(ref::take_rows(h, 0, z_.block.txt));
+    };
+    v_branch.push_back(ref::flux_velocity<double>(x, txt, tb, *w_ref_, z_, rope_, attend, exact, observe));
+  }
+  put_latents(step + "latents", x);
+  put_branches(step + "temb", temb, false);
+  for (std::size_t k = 0; k < z_.blocks; ++k) {
+    put_branches(step + fmt::format("block{}/attn", k), pick(attn, k), true);
+    put_branches(step + fmt::format("block{}/out", k), pick(out, k), true);
+    put_branches(step + fmt::format("block{}/out_txt", k), pick(out_txt, k), false);
+  }
+  put_branches(step + "v_branch", v_branch, true);
+  RefTensor v;
+  if (p.cfg == 1) {
+    v = ref::cfg_combine<double>(v_branch[0], v_branch[1], z_.guidance, exact);
+  } else {
+    const auto both = cfg_comm_.all_gather(std::span<const double>(v_branch[0].data));
+    const std::size_t n = v_branch[0].size();
+    const RefTensor cond(v_branch[0].shape, std::vector<double>(both.begin(), both.begin() + n));
+    const RefTensor uncond(v_branch[0].shape, std::vector<double>(both.begin() + n, both.end()));
+    v = ref::cfg_combine<double>(cond, uncond, z_.guidance, exact);
+  }
+  put_latents(step + "v", v);
+  RefTensor next = ref::euler_step<double>(x, v, sigma, sigma_next, exact);
+  put_latents(step + "latents_out", next);
+  return next;
+}
+
+void PipelineRun::reference_final(const RefTensor& x) {
+  put_latents("final/latents", x);
+}
+
+// The reference boxes: image rows by the rank that holds them (once per CFG
+// pair), text rows by rank (0, 0) of ring x sp, each branch by its rank.
+void PipelineRun::put_latents(const std::string& name, const RefTensor& x) {
+  const Place& p = place_;
+  if (p.c != 0) return;
+  ctx_.taps.reference_block(name, {p.dp, p.img, x.shape[1]}, {p.b, p.first, 0}, ref::with_batch_dim(x));
+}
+
+void PipelineRun::put_branches(const std::string& name, const std::vector<RefTensor>& per_branch, bool image_rows) {
+  const Place& p = place_;
+  if (!image_rows && (p.r != 0 || p.s != 0)) return;
+  const auto branches = p.branches();
+  for (std::size_t j = 0; j < branches.size(); ++j) {
+    const RefTensor& x = per_branch[j];
+    Shape global{p.dp, 2, image_rows ? p.img : x.shape[0]};
+    global.insert(global.end(), x.shape.begin() + 1, x.shape.end());
+    std::vector<std::size_t> start(global.size(), 0);
+    start[0] = p.b;
+    start[1] = branches[j];
+    if (image_rows) start[2] = p.first;
+    ctx_.taps.reference_block(name, global, std::move(start), ref::with_batch_dim(ref::with_batch_dim(x)));
+  }
+}
+
+}  // namespace dc::flux_pipeline
