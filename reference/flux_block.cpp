@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "harness/core/error.h"
 
@@ -98,6 +99,23 @@ RopeTable flux_rope_rows(const FluxSizes& z, const std::vector<std::size_t>& tok
 }
 
 template <class T>
+std::pair<BasicTensor<T>, BasicTensor<T>> flux_modulated_input(const BasicTensor<T>& h, const BasicTensor<T>& temb,
+                                                               const FluxWeights<T>& w, const FluxSizes& z,
+                                                               const std::function<void(BasicTensor<T>&)>& round) {
+  auto r = [&](BasicTensor<T> x) {
+    round(x);
+    return x;
+  };
+  const std::size_t n = h.shape[0], d = z.dim;
+  BasicTensor<T> ada = r(linear(r(silu(temb)), w.ada_w, w.ada_b));
+  auto ln = r(layer_norm(h, kEps));
+  BasicTensor<T> nx(ln.shape);
+  for (std::size_t t = 0; t < n; ++t)
+    for (std::size_t j = 0; j < d; ++j) nx.data[t * d + j] = ln.data[t * d + j] * (T(1) + ada.data[d + j]) + ada.data[j];
+  return {std::move(ada), r(std::move(nx))};
+}
+
+template <class T>
 FluxActivations<T> flux_pre_attention(const BasicTensor<T>& h, const BasicTensor<T>& temb, const FluxWeights<T>& w,
                                       const FluxSizes& z, const RopeTable& rope,
                                       const std::function<void(BasicTensor<T>&)>& round) {
@@ -105,16 +123,10 @@ FluxActivations<T> flux_pre_attention(const BasicTensor<T>& h, const BasicTensor
     round(x);
     return x;
   };
-  const std::size_t n = h.shape[0], d = z.dim;
+  const std::size_t n = h.shape[0];
   if (rope.cos.shape[0] != n) fail("flux_pre_attention: {} RoPE rows for {} tokens", rope.cos.shape[0], n);
   FluxActivations<T> a;
-  a.ada = r(linear(r(silu(temb)), w.ada_w, w.ada_b));
-  auto ln = r(layer_norm(h, kEps));
-  a.nx = BasicTensor<T>(ln.shape);
-  for (std::size_t t = 0; t < n; ++t)
-    for (std::size_t j = 0; j < d; ++j)
-      a.nx.data[t * d + j] = ln.data[t * d + j] * (T(1) + a.ada.data[d + j]) + a.ada.data[j];
-  a.nx = r(a.nx);
+  std::tie(a.ada, a.nx) = flux_modulated_input(h, temb, w, z, round);
   a.mlp = r(gelu_tanh(r(linear(a.nx, w.mlp_w, w.mlp_b))));
   const std::size_t heads = w.q_w.shape[0] / z.head_dim;
   auto project = [&](const BasicTensor<T>& wt, const BasicTensor<T>& b) {
@@ -170,6 +182,9 @@ BasicTensor<T> gated_residual(const BasicTensor<T>& y, const BasicTensor<T>& ada
   template FluxWeights<T> make_flux_weights<T>(std::uint64_t, const FluxSizes&, std::size_t,    \
                                                std::size_t, bool, DType, const GenerateBlock&,  \
                                                const std::string&);                             \
+  template std::pair<BasicTensor<T>, BasicTensor<T>> flux_modulated_input(                      \
+      const BasicTensor<T>&, const BasicTensor<T>&, const FluxWeights<T>&, const FluxSizes&,    \
+      const std::function<void(BasicTensor<T>&)>&);                                             \
   template FluxActivations<T> flux_pre_attention(const BasicTensor<T>&, const BasicTensor<T>&,  \
                                                  const FluxWeights<T>&, const FluxSizes&,        \
                                                  const RopeTable&,                               \

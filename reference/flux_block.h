@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/core/dtype.h"
@@ -72,6 +73,14 @@ struct FluxActivations {
 // token order (an all-gather over the ranks that split the tokens).
 template <class T>
 using GatherTokens = std::function<BasicTensor<T>(const BasicTensor<T>&)>;
+
+// adaLN of the block: ada = Linear(SiLU(temb)) [1, 3d] (shift, scale, gate)
+// and the modulated input LayerNorm(h) (1 + scale) + shift [rows, d] — what
+// TeaCache-style step caching compares between steps.
+template <class T>
+std::pair<BasicTensor<T>, BasicTensor<T>> flux_modulated_input(const BasicTensor<T>& h, const BasicTensor<T>& temb,
+                                                               const FluxWeights<T>& w, const FluxSizes& z,
+                                                               const std::function<void(BasicTensor<T>&)>& round);
 
 // The token-local part before attention (fills ada, nx, mlp, q, k, v) of the
 // rows of h, whose RoPE rows are `rope`.

@@ -59,30 +59,53 @@ BasicTensor<T> pipeline_temb(double timestep, const BasicTensor<T>& pooled, cons
 }
 
 template <class T>
-BasicTensor<T> flux_velocity(const BasicTensor<T>& x, const BasicTensor<T>& txt, const BasicTensor<T>& temb,
-                             const PipelineWeights<T>& w, const PipelineSizes& z, const RopeTable& rope,
-                             const AttendFn<T>& attend, const Round<T>& round, const BlockObserver<T>& observe) {
+BasicTensor<T> embed_tokens(const BasicTensor<T>& x, const BasicTensor<T>& txt, const PipelineWeights<T>& w,
+                            const Round<T>& round) {
   auto r = [&](BasicTensor<T> t) {
     round(t);
     return t;
   };
-  const std::size_t n = x.shape[0], nt = txt.shape[0], d = z.block.dim;
-  if (rope.cos.shape[0] != nt + n) fail("flux_velocity: {} RoPE rows for {} text + {} image tokens", rope.cos.shape[0], nt, n);
-  BasicTensor<T> h = concat_rows(r(linear(txt, w.txt_in_w, w.txt_in_b)), r(linear(x, w.img_in_w, w.img_in_b)));
+  return concat_rows(r(linear(txt, w.txt_in_w, w.txt_in_b)), r(linear(x, w.img_in_w, w.img_in_b)));
+}
+
+template <class T>
+BasicTensor<T> run_blocks(BasicTensor<T> h, const BasicTensor<T>& temb, const PipelineWeights<T>& w,
+                          const PipelineSizes& z, const RopeTable& rope, const AttendFn<T>& attend, const Round<T>& round,
+                          const BlockObserver<T>& observe) {
+  if (rope.cos.shape[0] != h.shape[0]) fail("run_blocks: {} RoPE rows for {} tokens", rope.cos.shape[0], h.shape[0]);
   for (std::size_t k = 0; k < w.blocks.size(); ++k) {
     auto a = flux_pre_attention(h, temb, w.blocks[k], z.block, rope, round);
     auto attn = attend(k, a.q, a.k, a.v);
     flux_post_attention(a, std::move(attn), w.blocks[k], true, round);
-    h = r(gated_residual(a.partial, a.ada, h));
+    h = gated_residual(a.partial, a.ada, h);
+    round(h);
     if (observe) observe(k, a, h);
   }
+  return h;
+}
+
+template <class T>
+BasicTensor<T> final_layer(const BasicTensor<T>& h, std::size_t text, const BasicTensor<T>& temb,
+                           const PipelineWeights<T>& w, const PipelineSizes& z, const Round<T>& round) {
+  auto r = [&](BasicTensor<T> t) {
+    round(t);
+    return t;
+  };
+  const std::size_t n = h.shape[0] - text, d = z.block.dim;
   // AdaLayerNormContinuous: (scale, shift) = Linear(SiLU(temb)); norm(h) (1 + scale) + shift.
   auto emb = r(linear(r(silu(temb)), w.norm_out_w, w.norm_out_b));
-  auto ln = r(layer_norm(take_rows(h, nt, nt + n), 1e-6));
+  auto ln = r(layer_norm(take_rows(h, text, text + n), 1e-6));
   for (std::size_t i = 0; i < n; ++i)
-    for (std::size_t j = 0; j < d; ++j)
-      ln.data[i * d + j] = ln.data[i * d + j] * (T(1) + emb.data[j]) + emb.data[d + j];
+    for (std::size_t j = 0; j < d; ++j) ln.data[i * d + j] = ln.data[i * d + j] * (T(1) + emb.data[j]) + emb.data[d + j];
   return r(linear(r(ln), w.out_w, w.out_b));
+}
+
+template <class T>
+BasicTensor<T> flux_velocity(const BasicTensor<T>& x, const BasicTensor<T>& txt, const BasicTensor<T>& temb,
+                             const PipelineWeights<T>& w, const PipelineSizes& z, const RopeTable& rope,
+                             const AttendFn<T>& attend, const Round<T>& round, const BlockObserver<T>& observe) {
+  auto h = run_blocks(embed_tokens(x, txt, w, round), temb, w, z, rope, attend, round, observe);
+  return final_layer(h, txt.shape[0], temb, w, z, round);
 }
 
 template <class T>
@@ -119,6 +142,13 @@ BasicTensor<T> euler_step(const BasicTensor<T>& x, const BasicTensor<T>& v, doub
   template BasicTensor<T> flux_velocity(const BasicTensor<T>&, const BasicTensor<T>&, const BasicTensor<T>&,    \
                                         const PipelineWeights<T>&, const PipelineSizes&, const RopeTable&,      \
                                         const AttendFn<T>&, const Round<T>&, const BlockObserver<T>&);          \
+  template BasicTensor<T> embed_tokens(const BasicTensor<T>&, const BasicTensor<T>&, const PipelineWeights<T>&,    \
+                                       const Round<T>&);                                                          \
+  template BasicTensor<T> run_blocks(BasicTensor<T>, const BasicTensor<T>&, const PipelineWeights<T>&,            \
+                                     const PipelineSizes&, const RopeTable&, const AttendFn<T>&, const Round<T>&, \
+                                     const BlockObserver<T>&);                                                    \
+  template BasicTensor<T> final_layer(const BasicTensor<T>&, std::size_t, const BasicTensor<T>&,                  \
+                                      const PipelineWeights<T>&, const PipelineSizes&, const Round<T>&);          \
   template BasicTensor<T> cfg_combine(const BasicTensor<T>&, const BasicTensor<T>&, double, const Round<T>&);   \
   template BasicTensor<T> euler_step(const BasicTensor<T>&, const BasicTensor<T>&, double, double,              \
                                      const Round<T>&);

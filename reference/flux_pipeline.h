@@ -67,6 +67,20 @@ using AttendFn = std::function<BasicTensor<T>(std::size_t block, const BasicTens
 template <class T>
 using BlockObserver = std::function<void(std::size_t block, const FluxActivations<T>& a, const BasicTensor<T>& out)>;
 
+// The parts of flux_velocity, for callers that act between them (step caching):
+// [Linear(txt) | Linear(x)] [T + n, d]; the blocks; the final norm and
+// projection of the image rows (those after the first `text` rows) of h.
+template <class T>
+BasicTensor<T> embed_tokens(const BasicTensor<T>& x, const BasicTensor<T>& txt, const PipelineWeights<T>& w,
+                            const Round<T>& round);
+template <class T>
+BasicTensor<T> run_blocks(BasicTensor<T> h, const BasicTensor<T>& temb, const PipelineWeights<T>& w,
+                          const PipelineSizes& z, const RopeTable& rope, const AttendFn<T>& attend, const Round<T>& round,
+                          const BlockObserver<T>& observe = {});
+template <class T>
+BasicTensor<T> final_layer(const BasicTensor<T>& h, std::size_t text, const BasicTensor<T>& temb,
+                           const PipelineWeights<T>& w, const PipelineSizes& z, const Round<T>& round);
+
 // The velocity of the image rows `x` [n, C] given the prompt embedding `txt`
 // [T, d] and `temb`; `rope` holds the RoPE rows of [text | these image rows].
 template <class T>

@@ -56,7 +56,11 @@ class FluxPipeline final : public Scenario {
             {"kv_transfer", FlagType::string, "p2p", "how K/V blocks travel: p2p (ring steps) or allgather", {"p2p"}},
             {"ulysses_chunks", FlagType::integer, "1", "split the all-to-alls into head chunks", {"1"}},
             {"async_a2a", FlagType::boolean, "false", "non-blocking Ulysses all-to-alls, waited before use", {"false"}},
-            {"merge", FlagType::string, "sigmoid", "LSE merge form: sigmoid or maxexp", {"sigmoid"}}};
+            {"merge", FlagType::string, "sigmoid", "LSE merge form: sigmoid or maxexp", {"sigmoid"}},
+            {"cache_threshold", FlagType::string, "0",
+             "TeaCache-style step caching: skip the blocks (reuse their last residual) while the accumulated "
+             "relative L1 change of the first block's modulated input stays below this; 0 = off",
+             {"0", "0.3"}}};
   }
   std::vector<FaultSpec> faults() const override {
     return {{"per_rank_noise",
@@ -73,7 +77,13 @@ class FluxPipeline final : public Scenario {
              "step00/block0/attn", {}, "ring > 1", [](const Mesh& m) { return m.axis_size("ring") > 1; }},
             {"timestep_temp_broadcast",
              "the sigma schedule is broadcast into a temporary: ranks other than 0 keep zeros (seeds/002 TP-2)",
-             "schedule/sigmas", {}, "more than one rank", [](const Mesh& m) { return m.world_size() > 1; }}};
+             "schedule/sigmas", {}, "more than one rank", [](const Mesh& m) { return m.world_size() > 1; }},
+            {"per_rank_cache_decision",
+             "with step caching on, each rank decides from the change of its own image tokens instead of the "
+             "whole sequence-parallel group's: ranks take different paths (some skip the blocks and their "
+             "collectives) and the run hangs or desynchronizes (vllm-omni#6228)",
+             "step01/cache/rel_l1", {"cache_threshold=0.3"}, "ring x sp > 1",
+             [](const Mesh& m) { return m.axis_size("ring") * m.axis_size("sp") > 1; }, {}, {}, true}};
   }
   std::string default_mesh(int world) const override {
     int cfg = 1, ring = 1, sp = 1, rest = world;

@@ -16,7 +16,8 @@ RefTensor PipelineRun::reference_noise() const {
   return ref::to_ref(ref::reshape(t, {p.rows, z_.channels}));
 }
 
-RefTensor PipelineRun::reference_step(const std::string& step, const RefTensor& x, double sigma, double sigma_next) {
+RefTensor PipelineRun::reference_step(const std::string& step, const RefTensor& x, double sigma, double sigma_next,
+                                       bool last) {
   const ReferenceClock clock(ctx_.taps);
   if (!w_ref_) w_ref_ = ref::make_pipeline_weights<double>(ctx_.seed, z_, ctx_.dtype);
   const Place& p = place_;
@@ -26,28 +27,38 @@ RefTensor PipelineRun::reference_step(const std::string& step, const RefTensor& 
     s[0] *= std::size_t(seq_comm_.size());
     return RefTensor(s, seq_comm_.all_gather(std::span<const double>(mine.data)));
   };
-  std::vector<RefTensor> v_branch, temb, attn, out, out_txt;
-  for (std::size_t br : p.branches()) {
+  std::vector<RefTensor> v_branch, temb, rel, computed;
+  std::vector<std::vector<RefTensor>> blocks;
+  const ref::AttendFn<double> attend = [&](std::size_t, const RefTensor& q, const RefTensor& k, const RefTensor& v) {
+    return joint_reference_attention(z_.block.txt, q, k, v, gather);
+  };
+  const auto branches = p.branches();
+  for (std::size_t j = 0; j < branches.size(); ++j) {
+    const std::size_t br = branches[j];
     const RefTensor pooled = ref::to_ref(prompt_pooled(br)), txt = ref::to_ref(prompt_text(br));
     // The model receives 1000 sigma as a float32 tensor (see timestep_broadcast).
     const RefTensor tb = ref::pipeline_temb<double>(static_cast<float>(1000.0f * float(sigma)), pooled, *w_ref_, z_, exact);
     temb.push_back(tb);
-    const ref::AttendFn<double> attend = [&](std::size_t, const RefTensor& q, const RefTensor& k, const RefTensor& v) {
-      return joint_reference_attention(z_.block.txt, q, k, v, gather);
-    };
-    const ref::BlockObserver<double> observe = [&](std::size_t, const ref::FluxActivations<double>& a, const RefTensor& h) {
-      attn.push_back(ref::take_rows(a.attn, z_.block.txt, a.attn.shape[0]));
-      out.push_back(ref::take_rows(h, z_.block.txt, h.shape[0]));
-      out_txt.push_back(ref::take_rows(h, 0, z_.block.txt));
-    };
-    v_branch.push_back(ref::flux_velocity<double>(x, txt, tb, *w_ref_, z_, rope_, attend, exact, observe));
+    // The reference makes its own caching decision (tapped) but follows the
+    // sharded run's, so that the steps after stay comparable.
+    BranchOptions bo{cache_threshold_, last, computed_.at(j),
+                     [&](std::vector<double>& sums) { seq_comm_.all_reduce_sum(std::span<double>(sums)); }};
+    auto r = branch_step<double>(x, txt, tb, *w_ref_, z_, rope_, attend, exact, ref_cache_[br], bo);
+    v_branch.push_back(std::move(r.v));
+    blocks.push_back(std::move(r.block_taps));
+    rel.push_back(RefTensor({1}, {r.rel_l1}));
+    computed.push_back(RefTensor({1}, {r.decided ? 1.0 : 0.0}));
   }
   put_latents(step + "latents", x);
   put_branches(step + "temb", temb, false);
+  if (cache_threshold_ > 0) {
+    put_branches(step + "cache/rel_l1", rel, false);
+    put_branches(step + "cache/computed", computed, false);
+  }
   for (std::size_t k = 0; k < z_.blocks; ++k) {
-    put_branches(step + fmt::format("block{}/attn", k), pick(attn, k), true);
-    put_branches(step + fmt::format("block{}/out", k), pick(out, k), true);
-    put_branches(step + fmt::format("block{}/out_txt", k), pick(out_txt, k), false);
+    put_branches(step + fmt::format("block{}/attn", k), pick(blocks, 3 * k), true);
+    put_branches(step + fmt::format("block{}/out", k), pick(blocks, 3 * k + 1), true);
+    put_branches(step + fmt::format("block{}/out_txt", k), pick(blocks, 3 * k + 2), false);
   }
   put_branches(step + "v_branch", v_branch, true);
   RefTensor v;

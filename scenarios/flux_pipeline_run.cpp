@@ -70,6 +70,14 @@ PipelineRun::PipelineRun(RunContext& ctx)
   opt_.ring.sigmoid_merge = merge == "sigmoid";
   opt_.ring.dtype = ctx.dtype;
   opt_.fault_text_kv_rotated = ctx.injected("text_kv_rotated");
+  const std::string threshold = ctx.flags.get_string("cache_threshold");
+  try {
+    std::size_t used = 0;
+    cache_threshold_ = std::stod(threshold, &used);
+    if (used != threshold.size() || !(cache_threshold_ >= 0) || !std::isfinite(cache_threshold_)) throw std::invalid_argument("");
+  } catch (const std::logic_error&) {
+    input_error("cache_threshold must be a number >= 0 (0: no step caching), got '{}'", threshold);
+  }
 }
 
 
@@ -90,27 +98,40 @@ void PipelineRun::go() {
     }
     const double sigma = sigmas[t], sigma_next = sigmas[t + 1];
     // The sharded step.
-    std::vector<Tensor> v_branch;
-    std::vector<Tensor> temb, attn, out, out_txt;  // per branch, then per block
+    std::vector<Tensor> v_branch, temb, rel, computed;
+    std::vector<std::vector<Tensor>> blocks;  // per branch: attn, out, out_txt of each block
+    computed_.clear();
+    const ref::AttendFn<float> attend = [&](std::size_t, const Tensor& q, const Tensor& k, const Tensor& v) {
+      return joint_usp_attention(sp_comm_, ring_comm_, z_.block.txt, q, k, v, opt_);
+    };
+    BranchOptions bo{cache_threshold_, t + 1 == z_.steps, {}, {}};
+    if (!ctx_.injected("per_rank_cache_decision"))
+      bo.reduce = [&](std::vector<double>& sums) { seq_comm_.all_reduce_sum(std::span<double>(sums)); };
     for (std::size_t br : mine) {
       const Tensor pooled = prompt_pooled(br), txt = prompt_text(br);
       Tensor tb = ref::pipeline_temb<float>(static_cast<float>(1000.0f * float(sigma)), pooled, w_, z_, round_);
       temb.push_back(tb);
-      const ref::AttendFn<float> attend = [&](std::size_t, const Tensor& q, const Tensor& k, const Tensor& v) {
-        return joint_usp_attention(sp_comm_, ring_comm_, z_.block.txt, q, k, v, opt_);
-      };
-      const ref::BlockObserver<float> observe = [&](std::size_t, const ref::FluxActivations<float>& a, const Tensor& h) {
-        attn.push_back(ref::take_rows(a.attn, z_.block.txt, a.attn.shape[0]));
-        out.push_back(ref::take_rows(h, z_.block.txt, h.shape[0]));
-        out_txt.push_back(ref::take_rows(h, 0, z_.block.txt));
-      };
-      v_branch.push_back(ref::flux_velocity<float>(x, txt, tb, w_, z_, rope_, attend, round_, observe));
+      auto r = branch_step<float>(x, txt, tb, w_, z_, rope_, attend, round_, cache_[br], bo);
+      v_branch.push_back(std::move(r.v));
+      blocks.push_back(std::move(r.block_taps));
+      rel.push_back(Tensor({1}, {static_cast<float>(r.rel_l1)}));
+      computed.push_back(Tensor({1}, {r.decided ? 1.0f : 0.0f}));
+      computed_.push_back(r.decided);
     }
     tap_branches(step + "temb", temb, 1, false);
+    if (cache_threshold_ > 0) {
+      // The decisions are exact; the change statistic is a ratio of sums of
+      // magnitudes, its rounding a few units of the dtype.
+      const double u = unit_roundoff(dtype_name(ctx_.dtype));
+      ctx_.taps.tap(step + "cache/rel_l1", ref::with_batch_dim(ref::stack(rel)),
+                    {.layout = Layout::parse("dp,cfg", ""), .atol = growth_ * 4 * kToleranceScale * u, .rtol = 0.0});
+      ctx_.taps.tap(step + "cache/computed", ref::with_batch_dim(ref::stack(computed)),
+                    {.layout = Layout::parse("dp,cfg", ""), .atol = 0.0, .rtol = 0.0});
+    }
     for (std::size_t k = 0; k < z_.blocks; ++k) {
-      tap_branches(step + fmt::format("block{}/attn", k), pick(attn, k), z_.block.tokens(), true);
-      tap_branches(step + fmt::format("block{}/out", k), pick(out, k), depth(), true);
-      tap_branches(step + fmt::format("block{}/out_txt", k), pick(out_txt, k), depth(), false);
+      tap_branches(step + fmt::format("block{}/attn", k), pick(blocks, 3 * k), z_.block.tokens(), true);
+      tap_branches(step + fmt::format("block{}/out", k), pick(blocks, 3 * k + 1), depth(), true);
+      tap_branches(step + fmt::format("block{}/out_txt", k), pick(blocks, 3 * k + 2), depth(), false);
     }
     tap_branches(step + "v_branch", v_branch, depth(), true);
     const Tensor v = guided(v_branch);
@@ -126,7 +147,7 @@ void PipelineRun::go() {
     x = ref::euler_step<float>(x, v, sigma, sigma_next, round_);
     tap_latents(step + "latents_out", x, depth());
 
-    x_ref = reference_step(step, x_ref, ref_sigmas_[t], ref_sigmas_[t + 1]);
+    x_ref = reference_step(step, x_ref, ref_sigmas_[t], ref_sigmas_[t + 1], t + 1 == z_.steps);
   }
   growth_ = free_ ? std::sqrt(double(z_.steps) + 1.0) : 1.0;
   tap_latents("final/latents", x, depth());

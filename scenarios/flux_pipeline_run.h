@@ -8,6 +8,7 @@
 
 #include "harness/run/scenario.h"
 #include "reference/flux_pipeline.h"
+#include "scenarios/flux_pipeline_branch.h"
 #include "scenarios/joint_attention.h"
 
 namespace dc::flux_pipeline {
@@ -43,11 +44,11 @@ class PipelineRun {
   Tensor prompt(const char* cond, const char* uncond, std::size_t branch, Shape s) const;
   double rms(const std::vector<Tensor>& xs) const;
   Tensor guided(std::vector<Tensor>& v);
-  // Block k's entry of each branch: `xs` holds, branch after branch, one entry per block.
+  // Entry k of each branch's list.
   template <class T>
-  std::vector<BasicTensor<T>> pick(const std::vector<BasicTensor<T>>& xs, std::size_t k) const {
+  static std::vector<BasicTensor<T>> pick(const std::vector<std::vector<BasicTensor<T>>>& per_branch, std::size_t k) {
     std::vector<BasicTensor<T>> out;
-    for (std::size_t i = k; i < xs.size(); i += z_.blocks) out.push_back(xs[i]);
+    for (const auto& xs : per_branch) out.push_back(xs.at(k));
     return out;
   }
   // Taps. Image rows [dp, I, ...] split over ring x sp; per-branch tensors
@@ -60,7 +61,7 @@ class PipelineRun {
   // rank of ring x sp alike, attention over all tokens by an all-gather of
   // the image keys and values over ring x sp. Returns the next latents.
   RefTensor reference_noise() const;
-  RefTensor reference_step(const std::string& step, const RefTensor& x, double sigma, double sigma_next);
+  RefTensor reference_step(const std::string& step, const RefTensor& x, double sigma, double sigma_next, bool last);
   void reference_final(const RefTensor& x);
   void put_latents(const std::string& name, const RefTensor& x);
   void put_branches(const std::string& name, const std::vector<RefTensor>& per_branch, bool image_rows);
@@ -81,6 +82,10 @@ class PipelineRun {
   // (docs/flux_pipeline.md has the measurements); 1 in forced mode.
   double growth_ = 1.0;
   std::vector<double> ref_sigmas_;
+  double cache_threshold_ = 0;              // flag cache_threshold (0: no step caching)
+  BranchCache<float> cache_[2];             // per branch (0 conditional, 1 unconditional)
+  BranchCache<double> ref_cache_[2];
+  std::vector<bool> computed_;              // the sharded run's decisions this step, per branch held
 };
 
 }  // namespace dc::flux_pipeline

@@ -199,7 +199,9 @@ def run_cell(exe, cell, night, args, regressions):
     try:
         # Interrupted, the night ends its running sweep gracefully: no trial's
         # run file, watch directory or shared memory stays behind.
-        res = run_ended_gracefully(cmd)
+        # A cell whose ranks hang (a fault that splits their paths) is a finding
+        # the run's watchdog names; a healthy cell makes progress every few seconds.
+        res = run_ended_gracefully(cmd, env=dict(os.environ, DIFFCHECK_TIMEOUT=os.environ.get("DIFFCHECK_TIMEOUT", "60")))
     except OSError as err:  # e.g. the executable being rebuilt under us
         res = subprocess.CompletedProcess(cmd, 127, "", f"cannot start {exe}: {err}")
     cell["seconds"] = round(time.monotonic() - t0, 2)

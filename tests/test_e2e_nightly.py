@@ -63,6 +63,8 @@ class QuickNight(E2ETest):
                     self.assertEqual(cell["verdict"], "CRASHED", cell)
                     self.assertIn("CRASH on ", cell["detail"])
                     continue
+                if f["may_hang"] and cell["verdict"] in ("HANG", "DESYNC"):  # ranks took different paths
+                    continue
                 self.assertEqual(cell["verdict"], "FAIL", cell)
                 self.assertEqual(cell["first_tap"], f["first_tap"], cell)
                 self.assertTrue(os.path.exists(os.path.join(self.root, "2026-01-01", cell["report"])))

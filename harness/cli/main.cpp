@@ -101,7 +101,7 @@ int list_scenarios_json() {
       j["faults"].push_back({{"name", f.name}, {"help", f.help}, {"first_tap", f.first_tap},
                              {"needs_flags", f.needs_flags},
                              {"takes_effect_when", f.takes_effect_when.empty() ? "always" : f.takes_effect_when},
-                             {"crashes_when", f.crashes_when}});
+                             {"crashes_when", f.crashes_when}, {"may_hang", f.may_hang}});
     j["default_mesh"] = nlohmann::json::object();
     for (int n : {1, 2, 4, 8, 16}) {
       try {
@@ -170,6 +170,7 @@ int list_scenarios() {
       std::cout << fmt::format("    {}: {}\n      first divergent tap '{}'", f.name, f.help, f.first_tap);
       if (!f.takes_effect_when.empty()) std::cout << fmt::format(" when {}", f.takes_effect_when);
       if (!f.crashes_when.empty()) std::cout << fmt::format("; a crash when {}", f.crashes_when);
+      if (f.may_hang) std::cout << " (or, ranks having taken different paths, a HANG or DESYNC finding)";
       if (!f.needs_flags.empty()) std::cout << fmt::format("; needs --flag {}", fmt::join(f.needs_flags, " --flag "));
       std::cout << "\n";
     }
@@ -334,7 +335,7 @@ int main(int argc, char** argv) {
         sw.expected = [f = *f, armed, size = sw.size](const dc::Mesh& m) -> std::pair<std::string, std::string> {
           if (!armed || !f.takes_effect(m)) return {"PASS", ""};
           if (f.crashes_on && f.crashes_on(m, size)) return {"CRASHED", ""};
-          return {"FAIL", f.first_tap};
+          return {f.may_hang ? "FAIL|HANG|DESYNC" : "FAIL", f.first_tap};
         };
       }
       return dc::sweep_mesh(sw);

@@ -40,6 +40,11 @@ struct FaultSpec {
   // exit 1), in words and as a test of the mesh and size preset.
   std::string crashes_when = {};
   std::function<bool(const Mesh&, const std::string& size)> crashes_on = {};
+  // Ranks take different paths (e.g. some skip collectives the others enter):
+  // depending on the mesh and the data the run ends as a HANG or DESYNC
+  // finding (exit 1, named by the watchdog or the collective fingerprints)
+  // instead of a divergence at first_tap. Either is what it must show.
+  bool may_hang = false;
 
   bool takes_effect(const Mesh& m) const { return !takes_effect_on || takes_effect_on(m); }
 };
