@@ -1,5 +1,6 @@
 #include "reference/flux_pipeline.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "harness/core/error.h"
@@ -134,6 +135,25 @@ BasicTensor<T> euler_step(const BasicTensor<T>& x, const BasicTensor<T>& v, doub
   return out;
 }
 
+template <class T>
+BasicTensor<T> latents_to_rgb(const BasicTensor<T>& x) {
+  // Rows: latent channels; columns: R, G, B.
+  static constexpr double kToRgb[4][3] = {
+      {0.298, 0.207, 0.208}, {0.187, 0.286, 0.173}, {-0.158, 0.189, 0.264}, {-0.184, -0.271, -0.473}};
+  if (x.rank() != 2 || x.shape[1] != 16) fail("latents_to_rgb: latents {} are not [tokens, 4 x 2 x 2]", shape_str(x.shape));
+  const std::size_t n = x.shape[0];
+  BasicTensor<T> rgb({n, 2, 2, 3});
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t dy = 0; dy < 2; ++dy)
+      for (std::size_t dx = 0; dx < 2; ++dx)
+        for (std::size_t c = 0; c < 3; ++c) {
+          double v = 0;
+          for (std::size_t k = 0; k < 4; ++k) v += kToRgb[k][c] * double(x.data[i * 16 + 4 * k + 2 * dy + dx]);
+          rgb.data[((i * 2 + dy) * 2 + dx) * 3 + c] = static_cast<T>(std::clamp((v + 1.0) / 2.0, 0.0, 1.0));
+        }
+  return rgb;
+}
+
 #define DC_INSTANTIATE(T)                                                                                       \
   template PipelineWeights<T> make_pipeline_weights<T>(std::uint64_t, const PipelineSizes&, DType,              \
                                                        const GenerateBlock&);                                   \
@@ -150,6 +170,7 @@ BasicTensor<T> euler_step(const BasicTensor<T>& x, const BasicTensor<T>& v, doub
   template BasicTensor<T> final_layer(const BasicTensor<T>&, std::size_t, const BasicTensor<T>&,                  \
                                       const PipelineWeights<T>&, const PipelineSizes&, const Round<T>&);          \
   template BasicTensor<T> cfg_combine(const BasicTensor<T>&, const BasicTensor<T>&, double, const Round<T>&);   \
+  template BasicTensor<T> latents_to_rgb(const BasicTensor<T>&);                                                 \
   template BasicTensor<T> euler_step(const BasicTensor<T>&, const BasicTensor<T>&, double, double,              \
                                      const Round<T>&);
 DC_INSTANTIATE(float)

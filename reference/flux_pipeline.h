@@ -99,4 +99,12 @@ template <class T>
 BasicTensor<T> euler_step(const BasicTensor<T>& x, const BasicTensor<T>& v, double sigma, double sigma_next,
                           const Round<T>& round);
 
+// The final image of latents [n, C] of n image tokens, C = 4 latent channels
+// x 2 x 2 pixels packed as FLUX packs them (channel 4c + 2 dy + dx): each
+// pixel's 4 channels mapped to RGB by a fixed linear map (the latent-preview
+// kind), then (rgb + 1) / 2 clamped to [0, 1]. Returns [n, 2, 2, 3]
+// (per-token patches: the layout of the latents' rows).
+template <class T>
+BasicTensor<T> latents_to_rgb(const BasicTensor<T>& x);
+
 }  // namespace dc::ref

@@ -56,6 +56,7 @@ RefTensor PipelineRun::reference_step(const std::string& step, const RefTensor& 
     put_branches(step + "cache/computed", computed, false);
   }
   for (std::size_t k = 0; k < z_.blocks; ++k) {
+    if (!ctx_.pipeline.taps_block(k, z_.blocks)) continue;
     put_branches(step + fmt::format("block{}/attn", k), pick(blocks, 3 * k), true);
     put_branches(step + fmt::format("block{}/out", k), pick(blocks, 3 * k + 1), true);
     put_branches(step + fmt::format("block{}/out_txt", k), pick(blocks, 3 * k + 2), false);
@@ -79,6 +80,7 @@ RefTensor PipelineRun::reference_step(const std::string& step, const RefTensor& 
 
 void PipelineRun::reference_final(const RefTensor& x) {
   put_latents("final/latents", x);
+  put_latents("final/image", ref::latents_to_rgb(x));
 }
 
 // The reference boxes: image rows by the rank that holds them (once per CFG
@@ -86,7 +88,12 @@ void PipelineRun::reference_final(const RefTensor& x) {
 void PipelineRun::put_latents(const std::string& name, const RefTensor& x) {
   const Place& p = place_;
   if (p.c != 0) return;
-  ctx_.taps.reference_block(name, {p.dp, p.img, x.shape[1]}, {p.b, p.first, 0}, ref::with_batch_dim(x));
+  Shape global{p.dp, p.img};
+  global.insert(global.end(), x.shape.begin() + 1, x.shape.end());
+  std::vector<std::size_t> start(global.size(), 0);
+  start[0] = p.b;
+  start[1] = p.first;
+  ctx_.taps.reference_block(name, global, std::move(start), ref::with_batch_dim(x));
 }
 
 void PipelineRun::put_branches(const std::string& name, const std::vector<RefTensor>& per_branch, bool image_rows) {

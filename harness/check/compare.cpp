@@ -1,4 +1,5 @@
 #include "harness/check/compare.h"
+#include "harness/check/images.h"
 
 #include <algorithm>
 #include <chrono>
@@ -631,6 +632,7 @@ CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
     if (!v.pass() && !res.first_divergence) res.first_divergence = res.taps.size();
     res.taps.push_back(std::move(v));
   }
+  res.images = judge_images(set, opts);
   return res;
 }
 

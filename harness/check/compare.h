@@ -108,12 +108,28 @@ struct TapVerdict {
   std::vector<std::string> failed_checks() const;
 };
 
+// An image tap's item judged as image gates judge a pipeline's output
+// (check/images.h): PSNR and SSIM against the reference, and the verdict of
+// xDiT's gate (SSIM >= 0.80 and PSNR >= 15), shown, never deciding the exit.
+inline constexpr double kGateSsim = 0.80, kGatePsnr = 15.0;
+struct ImageVerdict {
+  std::string tap;
+  std::size_t item = 0;                  // batch index
+  std::size_t height = 0, width = 0, channels = 0;
+  double data_range = 1;                 // 1 for images in [0, 1], 255 in [0, 255], else the reference's span
+  double psnr = 0, ssim = 0;
+  bool gate_pass = false;
+  std::vector<double> image, reference;  // [H, W, C] row-major, for pictures
+};
+
 struct CompareResult {
   std::vector<TapVerdict> taps;
   std::optional<std::size_t> first_divergence;  // index into taps
   // Phases of the run that produced the result, in seconds (run reports
   // only; JSON "timings"): e.g. sharded_s, reference_s, write_s, check_s.
   std::vector<std::pair<std::string, double>> timings;
+  // Taps marked as images, judged on the first process (empty elsewhere).
+  std::vector<ImageVerdict> images;
   bool pass() const { return !first_divergence.has_value(); }
 };
 

@@ -74,6 +74,7 @@ const char* kStyle = R"(
 body{font:14px/1.4 system-ui,sans-serif;margin:16px 24px;color:#212121}
 h1{font-size:20px;margin:0 0 4px} h2{font-size:15px}
 .meta{color:#616161;margin-bottom:10px}
+.images figure{display:inline-block;margin:0 14px 8px 0;vertical-align:top} .images img{image-rendering:pixelated;border:1px solid #ccc} .images h3{font-size:14px}
 .verdict{display:inline-block;padding:2px 10px;border-radius:4px;color:#fff;font-weight:600}
 .verdict.pass{background:#2e7d32}.verdict.fail{background:#c62828}
 #first-divergence{background:#fff3e0;border-left:4px solid #ef6c00;padding:8px 12px;white-space:pre-wrap;

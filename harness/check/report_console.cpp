@@ -45,6 +45,16 @@ void print_steps(const CompareResult& res, std::ostream& out) {
   }
 }
 
+// The image taps as an image gate sees them, beside diffcheck's verdict.
+void print_images(const CompareResult& res, std::ostream& out) {
+  for (const auto& im : res.images) {
+    out << fmt::format("\nImage '{}' item {} ({}x{}): PSNR {:.2f} dB, SSIM {:.4f} against the reference; an image gate "
+                       "(SSIM >= {:.2f}, PSNR >= {:.0f}) would {} it{}\n",
+                       im.tap, im.item, im.width, im.height, im.psnr, im.ssim, kGateSsim, kGatePsnr,
+                       im.gate_pass ? "PASS" : "FAIL", im.gate_pass && !res.pass() ? " (diffcheck does not)" : "");
+  }
+}
+
 class ConsoleReporter final : public Reporter {
  public:
   void report(const ActivationSet& set, const CompareResult& res, std::ostream& out) override {
@@ -78,6 +88,7 @@ class ConsoleReporter final : public Reporter {
           rc.present ? sci(rc.max_rel) : "-", rc.present ? sci(rc.rel_l2) : "-", verdict);
     }
     print_steps(res, out);
+    print_images(res, out);
     std::size_t failed = std::count_if(res.taps.begin(), res.taps.end(),
                                        [](const TapVerdict& t) { return !t.pass(); });
     out << "\n";

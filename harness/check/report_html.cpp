@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "harness/check/html.h"
+#include "harness/check/html_pipeline.h"
 #include "harness/check/report.h"
 #include "harness/core/tensor.h"
 
@@ -135,6 +136,13 @@ class HtmlReporter final : public Reporter {
       out << "<pre id=\"first-divergence\">" << esc(describe_first_divergence(set, res)) << "</pre>\n";
     else
       out << "<p id=\"all-pass\">Every check of every tap passes.</p>\n";
+    // A pipeline's pictures first: its image, the steps, the error growth.
+    if (!res.images.empty()) out << "<h2>Final image</h2>\n" << html::image_figures(res);
+    if (const std::string steps = html::step_heatmap(res); !steps.empty()) {
+      out << "<h2>Error over tolerance, per step and tap</h2>\n" << html::legend();
+      out << "<div class=\"row\">" << steps << "</div>\n";
+      out << "<h2>Error growth over steps</h2>\n" << html::error_growth(res);
+    }
     out << "<h2>Error over tolerance, per tap and rank</h2>\n" << html::legend();
     out << "<div class=\"row\">" << heatmap(set, res) << "</div>\n";
     out << "<h2>Taps, in execution order</h2>\n" << tap_table(res);

@@ -90,6 +90,18 @@ class JsonReporter final : public Reporter {
                               {"worst_tap", s.worst_tap},
                               {"first_failing_tap", s.first_failing ? json(*s.first_failing) : json(nullptr)}});
     }
+    if (!res.images.empty()) {
+      j["images"] = json::array();
+      for (const auto& im : res.images)
+        j["images"].push_back({{"tap", im.tap}, {"item", im.item}, {"height", im.height}, {"width", im.width},
+                               {"channels", im.channels}, {"data_range", im.data_range}, {"psnr", num(im.psnr)},
+                               {"ssim", num(im.ssim)},
+                               {"gate", {{"ssim_min", kGateSsim}, {"psnr_min", kGatePsnr}, {"pass", im.gate_pass}}}});
+      // The last image tap's first item: a pipeline's final image.
+      j["final_image"] = j["images"].back();
+      for (auto it = j["images"].rbegin(); it != j["images"].rend(); ++it)
+        if ((*it)["tap"] == j["images"].back()["tap"] && (*it)["item"] == 0) j["final_image"] = *it;
+    }
     if (!res.timings.empty()) {
       j["timings"] = json::object();
       for (const auto& [name, s] : res.timings) j["timings"][name] = s;

@@ -123,6 +123,11 @@ void add_pipeline_options(CLI::App& app, dc::PipelineOptions& p) {
                  "its own; the default) or free (the run follows its own trajectory; tolerances grow with the step)")
       ->check(CLI::IsMember({"forced", "free"}))
       ->capture_default_str();
+  app.add_option("--tap-blocks", p.tap_blocks,
+                 "Pipeline scenarios: which blocks' taps each step records: all, first,last or none (fewer taps "
+                 "for long runs of deep models)")
+      ->check(CLI::IsMember({"all", "first,last", "none"}))
+      ->capture_default_str();
 }
 
 // Options that say what one flag trial runs: a scenario or the user's command.

@@ -3,6 +3,7 @@
 // Carried by a run, a sweep-mesh and a flag trial alike, and passed on to the
 // child runs they start.
 #pragma once
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -11,8 +12,11 @@ namespace dc {
 struct PipelineOptions {
   int steps = 0;                          // 0: the scenario's default for its size
   std::string reference_mode = "forced";  // "forced" (each step from the reference's input) or "free"
+  std::string tap_blocks = "all";         // which blocks' taps each step records: all, first,last or none
 
-  bool is_default() const { return steps == 0 && reference_mode == "forced"; }
+  bool is_default() const { return steps == 0 && reference_mode == "forced" && tap_blocks == "all"; }
+  // Whether block k of n is tapped.
+  bool taps_block(std::size_t k, std::size_t n) const;
   // Throws InputError for a negative step count or an unknown mode.
   void validate() const;
   // The command-line options that reproduce these (none for the defaults).

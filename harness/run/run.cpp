@@ -102,6 +102,8 @@ RunOptions agree_on_options(const Comm& world, RunOptions opts) {
        [](RunOptions& o, const std::string& v) { o.pipeline.steps = std::stoi(v); }},
       {"reference_mode", [](const RunOptions& o) { return o.pipeline.reference_mode; },
        [](RunOptions& o, const std::string& v) { o.pipeline.reference_mode = v; }},
+      {"tap_blocks", [](const RunOptions& o) { return o.pipeline.tap_blocks; },
+       [](RunOptions& o, const std::string& v) { o.pipeline.tap_blocks = v; }},
       {"out", [](const RunOptions& o) { return o.out; },
        [](RunOptions& o, const std::string& v) { o.out = v; }},
       {"store", [](const RunOptions& o) { return o.store; },
@@ -249,7 +251,7 @@ int run_scenario(const RunOptions& given) {
   check_size(scenario, opts.size);
   opts.pipeline.validate();
   if (!opts.pipeline.is_default() && !scenario.is_pipeline())
-    input_error("--steps and --reference-mode are for pipeline scenarios (a denoising loop, e.g. flux_pipeline); "
+    input_error("--steps, --reference-mode and --tap-blocks are for pipeline scenarios (a denoising loop, e.g. flux_pipeline); "
                 "{} runs one block", scenario.name());
   Mesh mesh = Mesh::parse(opts.mesh.empty() ? scenario.default_mesh(world.size()) : opts.mesh);
   if (!opts.mesh.empty()) {
