@@ -70,6 +70,10 @@ PipelineRun::PipelineRun(RunContext& ctx)
   opt_.ring.sigmoid_merge = merge == "sigmoid";
   opt_.ring.dtype = ctx.dtype;
   opt_.fault_text_kv_rotated = ctx.injected("text_kv_rotated");
+  for (std::size_t br : place_.branches()) {
+    text_[br] = prompt("prompt", "empty_prompt", br, {z_.block.txt, z_.block.dim});
+    pooled_[br] = prompt("pooled", "empty_pooled", br, {z_.block.dim});
+  }
   const std::string threshold = ctx.flags.get_string("cache_threshold");
   try {
     std::size_t used = 0;
@@ -107,7 +111,7 @@ void PipelineRun::go() {
     if (!ctx_.injected("per_rank_cache_decision"))
       bo.reduce = [&](std::vector<double>& sums) { seq_comm_.all_reduce_sum(std::span<double>(sums)); };
     for (std::size_t br : mine) {
-      const Tensor pooled = prompt_pooled(br), txt = prompt_text(br);
+      const Tensor &pooled = prompt_pooled(br), &txt = prompt_text(br);
       Tensor tb = ref::pipeline_temb<float>(static_cast<float>(1000.0f * float(sigma)), pooled, w_, z_, round_);
       temb.push_back(tb);
       auto r = branch_step<float>(x, txt, tb, w_, z_, rope_, attend, round_, cache_[br], bo);
@@ -191,8 +195,6 @@ Tensor PipelineRun::noise() const {
 
 // The prompt embedding [T, d] and pooled embedding [d] of a branch: sample
 // b's prompt, or the one empty prompt every sample shares.
-Tensor PipelineRun::prompt_text(std::size_t branch) const { return prompt("prompt", "empty_prompt", branch, {z_.block.txt, z_.block.dim}); }
-Tensor PipelineRun::prompt_pooled(std::size_t branch) const { return prompt("pooled", "empty_pooled", branch, {z_.block.dim}); }
 Tensor PipelineRun::prompt(const char* cond, const char* uncond, std::size_t branch, Shape s) const {
   Tensor t;
   if (branch == 0) {

@@ -2,6 +2,7 @@
 // sharded denoising loop (flux_pipeline_run.cpp) and, step by step beside it,
 // its float64 reference (flux_pipeline_reference.cpp).
 #pragma once
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,8 +40,9 @@ class PipelineRun {
   long depth() const { return long(z_.block.dim + z_.block.mlp); }
   std::vector<float> schedule();
   Tensor noise() const;
-  Tensor prompt_text(std::size_t branch) const;
-  Tensor prompt_pooled(std::size_t branch) const;
+  // A branch's prompt embedding [T, d] and pooled embedding [d], made once.
+  const Tensor& prompt_text(std::size_t branch) const { return text_.at(branch); }
+  const Tensor& prompt_pooled(std::size_t branch) const { return pooled_.at(branch); }
   Tensor prompt(const char* cond, const char* uncond, std::size_t branch, Shape s) const;
   double rms(const std::vector<Tensor>& xs) const;
   Tensor guided(std::vector<Tensor>& v);
@@ -82,6 +84,7 @@ class PipelineRun {
   // (docs/flux_pipeline.md has the measurements); 1 in forced mode.
   double growth_ = 1.0;
   std::vector<double> ref_sigmas_;
+  std::map<std::size_t, Tensor> text_, pooled_;  // per branch this rank runs
   double cache_threshold_ = 0;              // flag cache_threshold (0: no step caching)
   BranchCache<float> cache_[2];             // per branch (0 conditional, 1 unconditional)
   BranchCache<double> ref_cache_[2];

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from flux_rope_torch import apply_rope, flux_rope_tables
+
 torch.manual_seed(0)
 DT = torch.float64
 d, H, D, M = 32, 4, 8, 128
@@ -41,22 +43,11 @@ w = {
 h = rnd(N, d)
 temb = rnd(1, d)
 
-# RoPE: ids txt (0,0,0), img (0,row,col); per axis theta = 10000^(-2k/dim), repeat_interleave(2).
-ids = [(0, 0, 0)] * TXT + [(0, r, c) for r in range(IMG_H) for c in range(IMG_W)]
-ids = torch.tensor(ids, dtype=DT)
-cos_parts, sin_parts = [], []
-for a, dim in enumerate(AXES):
-    freqs = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=DT) / dim))
-    ang = torch.outer(ids[:, a], freqs)
-    cos_parts.append(ang.cos().repeat_interleave(2, dim=1))
-    sin_parts.append(ang.sin().repeat_interleave(2, dim=1))
-cos, sin = torch.cat(cos_parts, 1), torch.cat(sin_parts, 1)
+cos, sin = flux_rope_tables(TXT, IMG_H, IMG_W, AXES)
 
 
 def rope(x):  # x [B, H, N, D]
-    x_real, x_imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
-    x_rot = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
-    return x * cos + x_rot * sin
+    return apply_rope(x, cos, sin)
 
 
 def rms(x, weight):

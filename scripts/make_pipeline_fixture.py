@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from flux_rope_torch import apply_rope, flux_rope_tables
+
 torch.manual_seed(0)
 DT = torch.float64
 d, H, D, M = 32, 4, 8, 64
@@ -66,19 +68,11 @@ hat = torch.linspace(1.0, 1.0 / STEPS, STEPS, dtype=DT)
 sigmas = math.exp(mu) / (math.exp(mu) + (1 / hat - 1))
 sigmas = torch.cat([sigmas, torch.zeros(1, dtype=DT)])
 
-ids = torch.tensor([(0, 0, 0)] * TXT + [(0, r, c) for r in range(IMG_H) for c in range(IMG_W)], dtype=DT)
-cos_parts, sin_parts = [], []
-for a, dim in enumerate(AXES):
-    freqs = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=DT) / dim))
-    ang = torch.outer(ids[:, a], freqs)
-    cos_parts.append(ang.cos().repeat_interleave(2, dim=1))
-    sin_parts.append(ang.sin().repeat_interleave(2, dim=1))
-cos, sin = torch.cat(cos_parts, 1), torch.cat(sin_parts, 1)
+cos, sin = flux_rope_tables(TXT, IMG_H, IMG_W, AXES)
 
 
 def rope(x):  # [H, N, D]
-    re, im = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
-    return x * cos + torch.stack([-im, re], dim=-1).flatten(2) * sin
+    return apply_rope(x, cos, sin)
 
 
 def rms(x, gain):

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <regex>
 
 #include "harness/check/html.h"
 #include "harness/check/png.h"
@@ -20,20 +19,10 @@ struct StepTap {
 };
 
 std::vector<StepTap> step_taps(const CompareResult& res) {
-  static const std::regex kStep(R"(^(step[0-9]+)/(.+)$)");
   std::vector<StepTap> out;
-  for (std::size_t i = 0; i < res.taps.size(); ++i) {
-    std::smatch m;
-    if (std::regex_match(res.taps[i].name, m, kStep)) out.push_back({i, m[1].str(), m[2].str()});
-  }
+  for (std::size_t i = 0; i < res.taps.size(); ++i)
+    if (const auto name = split_step(res.taps[i].name)) out.push_back({i, name->step, name->rest});
   return out;
-}
-
-double worst_ratio(const TapVerdict& t) {
-  double w = -1;
-  for (double r : t.ranks.err_over_tol)
-    if (std::isnan(r) || r > w) w = std::isnan(r) ? INFINITY : r;
-  return w;
 }
 
 }  // namespace
@@ -65,7 +54,7 @@ std::string step_heatmap(const CompareResult& res) {
     CellState c;
     c.nonfinite = v.nonfinite.nan + v.nonfinite.inf;
     if (!v.replica.pass) c.replica = v.replica.max_abs;
-    c.ratio = worst_ratio(v);
+    c.ratio = worst_err_over_tol(v);
     std::string kind;
     const std::string fill = html::fill(c, kind);
     const bool first = res.first_divergence == t.index;

@@ -7,25 +7,36 @@
 
 namespace dc {
 
-std::vector<StepSummary> summarize_steps(const CompareResult& res) {
+std::optional<StepName> split_step(const std::string& tap) {
   static const std::regex kStep(R"(^(step[0-9]+)/(.+)$)");
+  std::smatch m;
+  if (!std::regex_match(tap, m, kStep)) return std::nullopt;
+  return StepName{m[1].str(), m[2].str()};
+}
+
+double worst_err_over_tol(const TapVerdict& t) {
+  double worst = -1;
+  for (double r : t.ranks.err_over_tol)
+    if (std::isnan(r) || r > worst) worst = std::isnan(r) ? INFINITY : r;
+  return worst;
+}
+
+std::vector<StepSummary> summarize_steps(const CompareResult& res) {
   std::vector<StepSummary> steps;
   std::map<std::string, std::size_t> index;
   for (const auto& t : res.taps) {
-    std::smatch m;
-    if (!std::regex_match(t.name, m, kStep)) continue;
-    auto [it, fresh] = index.emplace(m[1].str(), steps.size());
-    if (fresh) steps.push_back({m[1].str()});
+    const auto name = split_step(t.name);
+    if (!name) continue;
+    auto [it, fresh] = index.emplace(name->step, steps.size());
+    if (fresh) steps.push_back({name->step});
     StepSummary& s = steps[it->second];
     ++s.taps;
-    double worst = 0;
-    for (double r : t.ranks.err_over_tol)
-      if (std::isnan(r) || r > worst) worst = std::isnan(r) ? INFINITY : r;
+    const double worst = std::max(0.0, worst_err_over_tol(t));
     if (s.worst_tap.empty() || worst > s.worst_ratio) {
       s.worst_ratio = worst;
-      s.worst_tap = m[2].str();
+      s.worst_tap = name->rest;
     }
-    if (!t.pass() && !s.first_failing) s.first_failing = m[2].str();
+    if (!t.pass() && !s.first_failing) s.first_failing = name->rest;
   }
   return steps;
 }

@@ -18,6 +18,15 @@ struct StepSummary {
   std::optional<std::string> first_failing;  // its first tap that fails any check
 };
 
+// "step07/block1/attn" -> {"step07", "block1/attn"}; nothing for other names.
+struct StepName {
+  std::string step, rest;
+};
+std::optional<StepName> split_step(const std::string& tap);
+
+// A tap's worst err/tol over its ranks (a NaN counts as +inf); -1 without a reference.
+double worst_err_over_tol(const TapVerdict& t);
+
 // The steps, in order of their first tap; empty when no tap name starts with
 // step<digits>/.
 std::vector<StepSummary> summarize_steps(const CompareResult& res);
