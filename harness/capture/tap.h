@@ -29,7 +29,7 @@ struct TapOptions {
   // pipeline's step t. 1 = none.
   double tolerance_factor = 1.0;
   // Marks the tap as images, for PSNR/SSIM against the reference in the
-  // reports: "nhwc" ([B, H, W, C]) or "patches:H,W" ([B, H W, p, p, C], the
+  // reports: "nhwc" ([B, H, W, C]), "nchw" ([B, C, H, W]) or "patches:H,W" ([B, H W, p, p, C], the
   // per-token patches of an H x W token grid). Empty: not an image.
   std::string image;
 };

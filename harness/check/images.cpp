@@ -19,6 +19,12 @@ std::vector<double> item_image(const std::vector<double>& global, const ImageGeo
   const std::size_t per = g.height * g.width * g.channels;
   std::vector<double> img(per);
   const double* src = global.data() + b * per;
+  if (g.channels_first) {
+    const std::size_t hw = g.height * g.width;
+    for (std::size_t c = 0; c < g.channels; ++c)
+      for (std::size_t i = 0; i < hw; ++i) img[i * g.channels + c] = src[c * hw + i];
+    return img;
+  }
   if (!g.patch) return std::vector<double>(src, src + per);
   const std::size_t p = g.patch, ch = g.channels;
   for (std::size_t t = 0; t < g.grid_h * g.grid_w; ++t)
@@ -49,6 +55,10 @@ ImageGeometry image_geometry(const TapData& t) {
   if (t.image == "nhwc") {
     if (s.size() != 4) input_error("tap '{}': attribute image=nhwc needs a [B, H, W, C] tensor, it is {}", t.name, shape_str(s));
     g = {s[0], s[1], s[2], s[3]};
+  } else if (t.image == "nchw") {
+    if (s.size() != 4) input_error("tap '{}': attribute image=nchw needs a [B, C, H, W] tensor, it is {}", t.name, shape_str(s));
+    g = {s[0], s[2], s[3], s[1]};
+    g.channels_first = true;
   } else if (std::regex_match(t.image, m, kPatches)) {
     const std::size_t h = std::stoul(m[1].str()), w = std::stoul(m[2].str());
     if (s.size() != 5 || s[1] != h * w || s[2] != s[3])
@@ -56,7 +66,7 @@ ImageGeometry image_geometry(const TapData& t) {
                   shape_str(s));
     g = {s[0], h * s[2], w * s[2], s[4], h, w, s[2]};
   } else {
-    input_error("tap '{}': attribute image is '{}' (expected nhwc or patches:H,W)", t.name, t.image);
+    input_error("tap '{}': attribute image is '{}' (expected nhwc, nchw or patches:H,W)", t.name, t.image);
   }
   if (g.height < 7 || g.width < 7)
     input_error("tap '{}': images of {} x {} pixels are too small for SSIM's 7 x 7 window", t.name, g.height, g.width);

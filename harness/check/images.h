@@ -1,4 +1,4 @@
-// Taps marked as images (the `image` attribute: "nhwc" or "patches:H,W")
+// Taps marked as images (the `image` attribute: "nhwc", "nchw" or "patches:H,W")
 // are also judged the way image gates judge a sharded pipeline's output:
 // PSNR and SSIM of each image against its reference (check/image_metrics),
 // and the verdict of the gate xDiT's tools/image_quality.py applies (SSIM >=
@@ -17,7 +17,8 @@ namespace dc {
 // InputError (naming the tap) when the attribute does not fit the tap.
 struct ImageGeometry {
   std::size_t batch = 0, height = 0, width = 0, channels = 0;
-  std::size_t grid_h = 0, grid_w = 0, patch = 0;  // "patches:H,W"; 0 for "nhwc"
+  std::size_t grid_h = 0, grid_w = 0, patch = 0;  // "patches:H,W"; 0 otherwise
+  bool channels_first = false;                     // "nchw": [B, C, H, W]
 };
 ImageGeometry image_geometry(const TapData& t);
 

@@ -7,6 +7,7 @@
 #include <climits>
 #include <functional>
 
+#include "harness/core/comm_impl.h"
 #include "harness/core/comm_native.h"
 #include "harness/core/error.h"
 #include "harness/core/mpi_settings.h"
@@ -14,28 +15,7 @@
 
 namespace dc {
 
-struct Comm::Impl {
-  MPI_Comm comm = MPI_COMM_NULL;
-  int rank = 0;
-  int size = 1;
-  int world_rank = 0;
-  std::string name;
-  mutable long long seq = 0;
-  ~Impl() {
-    int fin = 0;
-    MPI_Finalized(&fin);
-    if (!fin && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
-  }
-};
-
-struct Request::Impl {
-  MPI_Request req = MPI_REQUEST_NULL;
-  MPI_Request req2 = MPI_REQUEST_NULL;  // the receive of a ring step
-  std::function<void()> on_complete;  // runs after the MPI request completes
-  std::string what;
-};
-
-namespace {
+namespace comm_detail {
 
 int world_rank_or_zero() {
   int init = 0, fin = 0, r = 0;
@@ -53,13 +33,6 @@ void check(int rc, const char* op, const Comm::Impl& c) {
   fail("rank {}: {} on communicator '{}' failed: {}", c.world_rank, op, c.name,
        std::string(msg, len));
 }
-
-template <class T>
-MPI_Datatype mpi_type();
-template <>
-MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
-template <>
-MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
 
 int to_int_count(std::size_t n, const char* op, const Comm::Impl& c) {
   if (n > static_cast<std::size_t>(INT_MAX))
@@ -95,6 +68,12 @@ void fingerprint(const Comm::Impl& c, const char* op, std::size_t count) {
                     true);
   }
 }
+
+}  // namespace comm_detail
+
+using namespace comm_detail;
+
+namespace {
 
 template <class T>
 void ordered_sum_chunks(const std::vector<T>& recv, std::size_t chunk, int n, T* out) {
@@ -358,50 +337,6 @@ std::vector<std::string> Comm::all_gather_strings(const std::string& s) const {
   return out;
 }
 
-template <class T>
-void Comm::send(std::span<const T> buf, int dest) const {
-  check(MPI_Send(buf.data(), to_int_count(buf.size(), "MPI_Send", *impl_), mpi_type<T>(), dest, 7,
-                 impl_->comm),
-        "MPI_Send", *impl_);
-}
-
-template <class T>
-void Comm::recv(std::span<T> buf, int source) const {
-  check(MPI_Recv(buf.data(), to_int_count(buf.size(), "MPI_Recv", *impl_), mpi_type<T>(), source, 7,
-                 impl_->comm, MPI_STATUS_IGNORE),
-        "MPI_Recv", *impl_);
-}
-
-std::vector<std::vector<double>> Comm::exchange_known(
-    const std::vector<std::vector<double>>& to_each, const std::vector<std::size_t>& from_counts) const {
-  const auto n = static_cast<std::size_t>(impl_->size);
-  if (to_each.size() != n || from_counts.size() != n)
-    fail("rank {}: exchange_known on '{}' given {}/{} entries for {} ranks", impl_->rank, impl_->name,
-         to_each.size(), from_counts.size(), n);
-  std::vector<std::vector<double>> out(n);
-  std::vector<MPI_Request> reqs;
-  constexpr int kTag = 8;
-  for (std::size_t r = 0; r < n; ++r) {
-    if (from_counts[r] == 0) continue;
-    out[r].resize(from_counts[r]);
-    reqs.emplace_back();
-    check(MPI_Irecv(out[r].data(), to_int_count(from_counts[r], "MPI_Irecv", *impl_), MPI_DOUBLE,
-                    static_cast<int>(r), kTag, impl_->comm, &reqs.back()),
-          "MPI_Irecv(exchange)", *impl_);
-  }
-  for (std::size_t r = 0; r < n; ++r) {
-    if (to_each[r].empty()) continue;
-    reqs.emplace_back();
-    check(MPI_Isend(to_each[r].data(), to_int_count(to_each[r].size(), "MPI_Isend", *impl_), MPI_DOUBLE,
-                    static_cast<int>(r), kTag, impl_->comm, &reqs.back()),
-          "MPI_Isend(exchange)", *impl_);
-  }
-  if (!reqs.empty())
-    check(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), "MPI_Waitall(exchange)",
-          *impl_);
-  return out;
-}
-
 // --- Request ---------------------------------------------------------------
 
 Request::Request() = default;
@@ -434,7 +369,9 @@ bool Request::pending() const { return impl_ != nullptr; }
 void Request::wait() {
   if (!impl_) return;
   auto impl = std::move(impl_);
-  for (MPI_Request* req : {&impl->req, &impl->req2}) {
+  std::vector<MPI_Request*> reqs{&impl->req, &impl->req2};
+  for (MPI_Request& r : impl->more) reqs.push_back(&r);
+  for (MPI_Request* req : reqs) {
     if (*req == MPI_REQUEST_NULL) continue;
     int rc = MPI_Wait(req, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) {
@@ -458,9 +395,7 @@ void Request::wait() {
   template void Comm::all_to_all<T>(std::span<const T>, std::span<T>) const;   \
   template Request Comm::iall_to_all<T>(std::span<const T>, std::span<T>) const; \
   template void Comm::ring_shift<T>(std::span<const T>, std::span<T>) const;   \
-  template Request Comm::iring_shift<T>(std::span<const T>, std::span<T>) const; \
-  template void Comm::send<T>(std::span<const T>, int) const;                  \
-  template void Comm::recv<T>(std::span<T>, int) const;
+  template Request Comm::iring_shift<T>(std::span<const T>, std::span<T>) const;
 DC_INSTANTIATE(float)
 DC_INSTANTIATE(double)
 #undef DC_INSTANTIATE

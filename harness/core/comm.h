@@ -92,6 +92,19 @@ class Comm {
   template <class T>
   void recv(std::span<T> buf, int source) const;
 
+  // A neighbour exchange (halos): messages to and from chosen ranks of this
+  // group, all posted at once and waited together by the Request. Not a
+  // collective: only the ranks with messages take part, and a message matches
+  // the receive of the same peer and tag. The buffers must outlive the wait.
+  template <class T>
+  struct Message {
+    int peer = 0;
+    int tag = 0;
+    std::span<T> data;
+  };
+  template <class T>
+  Request iexchange(const std::vector<Message<const T>>& sends, const std::vector<Message<T>>& recvs) const;
+
   // Personalized exchange between the pairs that have something to move,
   // point to point, when every rank knows what it receives: `to_each[r]` goes
   // to rank r (empty: no message), and `from_counts[r]` values come from rank
