@@ -53,8 +53,8 @@ VaeDecoderWeights<T> make_vae_weights(std::uint64_t seed, const VaeSizes& z, DTy
 template <class T>
 void conv3x3_rect(const T* padded, std::size_t h, std::size_t w, const Conv3x3<T>& c, T* out, PixelRect rect) {
   const std::size_t cin = c.cin(), cout = c.cout(), wp = w + 2;
+  if (rect.i0 >= rect.i1 || rect.j0 >= rect.j1) return;
   const std::size_t len = rect.j1 - rect.j0;
-  if (rect.i0 >= rect.i1 || !len) return;
   for (std::size_t co = 0; co < cout; ++co) {
     T* plane = out + co * h * w;
     for (std::size_t i = rect.i0; i < rect.i1; ++i)
