@@ -1,13 +1,16 @@
 """Helpers for the end-to-end tests: run diffcheck (under mpirun or alone) and
 look at its exit status, stdout, stderr and JSON report."""
+import base64
 import json
 import os
 import shutil
 import subprocess
+import struct
 import sys
 import tempfile
 import time
 import unittest
+import zlib
 from html.parser import HTMLParser
 
 EXE = os.environ.get("DIFFCHECK_EXE", "diffcheck")
@@ -29,6 +32,20 @@ stop_on_sigterm_like_ctrl_c()
 CHROMIUM = shutil.which("chromium")
 CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                   "--hide-scrollbars", "--window-size=1400,1000"]
+
+
+def png_values(uri):
+    """The distinct byte values of a data: URI PNG's inflated image data (a
+    blank image has a handful, a picture many)."""
+    self_png = base64.b64decode(uri.split(",", 1)[1])
+    assert self_png[:8] == b"\x89PNG\r\n\x1a\n"
+    at, idat = 8, b""
+    while at < len(self_png):
+        n, kind = struct.unpack(">I4s", self_png[at:at + 8])
+        if kind == b"IDAT":
+            idat += self_png[at + 8:at + 8 + n]
+        at += 12 + n
+    return len(set(zlib.decompress(idat)))
 
 
 class Dom(HTMLParser):

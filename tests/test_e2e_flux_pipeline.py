@@ -6,18 +6,15 @@ passes where it does not (and, nightly, a sweep-mesh at 8 ranks shows
 text_kv_rotated on exactly the meshes with ring > 1); step caching, free mode,
 the final image's PSNR/SSIM and the HTML pictures. Size tiny (6 steps) unless noted; the
 default 16-rank, 28-step run in the nightly variant."""
-import base64
 import json
 import os
 import re
-import struct
 import time
-import zlib
 
 import h5py
 import numpy as np
 
-from e2e import CHROMIUM, E2ETest, EXE
+from e2e import CHROMIUM, E2ETest, EXE, png_values
 
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
 SPLITS = [(1, "dp=1,cfg=1,ring=1,sp=1"), (2, "dp=1,cfg=2,ring=1,sp=1"), (4, "dp=1,cfg=1,ring=2,sp=2"),
@@ -29,20 +26,6 @@ FAULTS = {f["name"]: f for s in FAULTS if s["name"] == "flux_pipeline" for f in 
 
 def axis(mesh, name):
     return int(re.search(rf"{name}=(\d+)", mesh).group(1))
-
-
-def png_values(uri):
-    """The distinct byte values of a data: URI PNG's inflated image data (a
-    blank image has a handful, a picture many)."""
-    self_png = base64.b64decode(uri.split(",", 1)[1])
-    assert self_png[:8] == b"\x89PNG\r\n\x1a\n"
-    at, idat = 8, b""
-    while at < len(self_png):
-        n, kind = struct.unpack(">I4s", self_png[at:at + 8])
-        if kind == b"IDAT":
-            idat += self_png[at + 8:at + 8 + n]
-        at += 12 + n
-    return len(set(zlib.decompress(idat)))
 
 
 def ranks(mesh):

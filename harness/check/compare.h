@@ -117,6 +117,7 @@ struct ImageVerdict {
   std::size_t item = 0;                  // batch index
   std::size_t height = 0, width = 0, channels = 0;
   double data_range = 1;                 // 1 for images in [0, 1], 255 in [0, 255], else the reference's span
+  double data_low = 0;                   // where that range starts: 0, or the reference's minimum
   double psnr = 0, ssim = 0;
   bool gate_pass = false;
   std::vector<double> image, reference;  // [H, W, C] row-major, for pictures

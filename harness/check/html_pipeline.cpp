@@ -129,19 +129,19 @@ std::string image_figures(const CompareResult& res) {
     }
     // |difference| stretched so that the largest is white: its scale is shown.
     const double amp = worst > 0 ? im.data_range / worst : 1.0;
-    auto img = [&](const std::vector<double>& v, double range, const char* cls, const std::string& caption) {
+    auto img = [&](const std::vector<double>& v, double low, double range, const char* cls, const std::string& caption) {
       return fmt::format("<figure class=\"{}\"><img alt=\"{}\" src=\"{}\" width=\"{}\" height=\"{}\"/><figcaption>{}"
                          "</figcaption></figure>",
-                         cls, esc(caption), png_data_uri(v, im.width, im.height, im.channels, range, scale),
+                         cls, esc(caption), png_data_uri(v, im.width, im.height, im.channels, low, range, scale),
                          im.width * scale, im.height * scale, esc(caption));
     };
     s += fmt::format("<div class=\"images\" data-tap=\"{}\" data-item=\"{}\">\n<h3>{} (item {}): PSNR {:.2f} dB, SSIM "
                      "{:.4f} &mdash; an image gate (SSIM &ge; {:.2f}, PSNR &ge; {:.0f}) would {}</h3>\n",
                      esc(im.tap), im.item, esc(im.tap), im.item, im.psnr, im.ssim, kGateSsim, kGatePsnr,
                      html::verdict_badge(im.gate_pass, im.gate_pass ? "PASS it" : "FAIL it"));
-    s += img(im.reference, im.data_range, "reference", "reference") + "\n";
-    s += img(im.image, im.data_range, "result", "this run") + "\n";
-    s += img(diff, worst > 0 ? worst : 1.0, "difference",
+    s += img(im.reference, im.data_low, im.data_range, "reference", "reference") + "\n";
+    s += img(im.image, im.data_low, im.data_range, "result", "this run") + "\n";
+    s += img(diff, 0.0, worst > 0 ? worst : 1.0, "difference",
              fmt::format("|difference| x {} (white = {})", num(amp), num(worst))) + "\n</div>\n";
   }
   return s;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <regex>
 #include <set>
+#include <tuple>
 
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
@@ -36,12 +37,12 @@ std::vector<double> item_image(const std::vector<double>& global, const ImageGeo
   return img;
 }
 
-// The value range images of this reference are meant in.
-double data_range(const std::vector<double>& ref) {
+// The value range images of this reference are meant in: (low, extent).
+std::pair<double, double> data_range(const std::vector<double>& ref) {
   const auto [lo, hi] = std::minmax_element(ref.begin(), ref.end());
-  if (*lo >= 0 && *hi <= 1) return 1.0;
-  if (*lo >= 0 && *hi <= 255) return 255.0;
-  return std::max(*hi - *lo, 1e-300);
+  if (*lo >= 0 && *hi <= 1) return {0.0, 1.0};
+  if (*lo >= 0 && *hi <= 255) return {0.0, 255.0};
+  return {*lo, std::max(*hi - *lo, 1e-300)};
 }
 
 }  // namespace
@@ -97,7 +98,7 @@ std::vector<ImageVerdict> judge_images(const ActivationSet& set, const CompareOp
       ImageVerdict v{t.name, b, g.height, g.width, g.channels};
       v.image = item_image(got, g, b);
       v.reference = item_image(want, g, b);
-      v.data_range = data_range(v.reference);
+      std::tie(v.data_low, v.data_range) = data_range(v.reference);
       const RefTensor a({g.height, g.width, g.channels}, v.reference), x({g.height, g.width, g.channels}, v.image);
       v.psnr = psnr(a, x, v.data_range);
       v.ssim = ssim(a, x, v.data_range);

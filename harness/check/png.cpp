@@ -55,7 +55,7 @@ std::string base64(const std::string& bytes) {
 }
 
 std::string png_data_uri(const std::vector<double>& image, std::size_t width, std::size_t height, std::size_t channels,
-                         double range, std::size_t scale) {
+                         double low, double range, std::size_t scale) {
   if (channels != 1 && channels != 3) fail("png: {} channels (1 or 3 are drawn)", channels);
   const std::size_t w = width * scale, h = height * scale;
   std::vector<std::uint8_t> rgb(w * h * 3);
@@ -63,7 +63,7 @@ std::string png_data_uri(const std::vector<double>& image, std::size_t width, st
     for (std::size_t x = 0; x < w; ++x)
       for (std::size_t c = 0; c < 3; ++c) {
         const double v = image[((y / scale) * width + x / scale) * channels + (channels == 3 ? c : 0)];
-        const double unit = std::isfinite(v) ? std::clamp(v / range, 0.0, 1.0) : 1.0;
+        const double unit = std::isfinite(v) ? std::clamp((v - low) / range, 0.0, 1.0) : 1.0;
         rgb[(y * w + x) * 3 + c] = static_cast<std::uint8_t>(std::lround(unit * 255.0));
       }
   return "data:image/png;base64," + base64(png_bytes(rgb, w, h));

@@ -94,7 +94,7 @@ class JsonReporter final : public Reporter {
       j["images"] = json::array();
       for (const auto& im : res.images)
         j["images"].push_back({{"tap", im.tap}, {"item", im.item}, {"height", im.height}, {"width", im.width},
-                               {"channels", im.channels}, {"data_range", im.data_range}, {"psnr", num(im.psnr)},
+                               {"channels", im.channels}, {"data_range", im.data_range}, {"data_low", im.data_low}, {"psnr", num(im.psnr)},
                                {"ssim", num(im.ssim)},
                                {"gate", {{"ssim_min", kGateSsim}, {"psnr_min", kGatePsnr}, {"pass", im.gate_pass}}}});
       // The last image tap's first item: a pipeline's final image.
