@@ -70,10 +70,12 @@ class VaePatchDecode final : public Scenario {
              "res0/norm1/stats", {}, "ph x pw > 1", [](const Mesh& m) { return tiles(m) > 1; }}};
   }
   std::string default_mesh(int world) const override {
-    // Tiles as square as powers of two allow, rows first; what is left over to dp.
-    int ph = 1, pw = 1, rest = world;
+    // From 8 ranks on, two items at once (dp = 2), so that the default mesh
+    // shows every fault (halo_wrong_peer needs a second patch group); the
+    // tiles as square as powers of two allow, rows first; an odd rest to dp.
+    int dp = world >= 8 && world % 2 == 0 ? 2 : 1, ph = 1, pw = 1, rest = world / dp;
     for (int* axis = &ph; rest % 2 == 0; axis = axis == &ph ? &pw : &ph) *axis *= 2, rest /= 2;
-    return fmt::format("dp={},ph={},pw={}", rest, ph, pw);
+    return fmt::format("dp={},ph={},pw={}", dp * rest, ph, pw);
   }
   void check_mesh(const Mesh& mesh, const std::string& size) const override {
     const auto axes = mesh_axes();
