@@ -60,7 +60,11 @@ class FluxPipeline final : public Scenario {
             {"cache_threshold", FlagType::string, "0",
              "TeaCache-style step caching: skip the blocks (reuse their last residual) while the accumulated "
              "relative L1 change of the first block's modulated input stays below this; 0 = off",
-             {"0", "0.3"}}};
+             {"0", "0.3"}},
+            {"vae_decode", FlagType::boolean, "false",
+             "decode the final latents into an image with vae_patch_decode's patch-parallel decoder (taps decode/...): "
+             "each rank's image tokens are a strip of latent rows (ring x sp must divide them), halos between strips",
+             {"false"}}};
   }
   std::vector<FaultSpec> faults() const override {
     return {{"per_rank_noise",

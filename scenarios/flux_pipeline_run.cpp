@@ -65,6 +65,8 @@ PipelineRun::PipelineRun(RunContext& ctx)
     input_error("cfg_combine must be allgather or sendrecv (got '{}')", combine);
   sendrecv_ = combine == "sendrecv";
   free_ = ctx.pipeline.reference_mode == "free";
+  decode_ = ctx.flags.get_bool("vae_decode");
+  if (decode_) check_decode_mesh(place_, z_);
   opt_.ring.overlap = ctx.flags.get_bool("ring_overlap");
   opt_.ring.allgather = transfer == "allgather";
   opt_.ring.sigmoid_merge = merge == "sigmoid";
@@ -161,6 +163,7 @@ void PipelineRun::go() {
                 {.layout = Layout::parse("dp,ring*sp", ""), .reduction_depth = depth(), .tolerance_factor = growth_,
                  .image = fmt::format("patches:{},{}", z_.block.img_h, z_.block.img_w)});
   reference_final(x_ref);
+  if (decode_) decode_final(x, x_ref);
 }
 
 // The schedule: built on rank 0, broadcast (as FLUX pipelines do with their

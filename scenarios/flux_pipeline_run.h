@@ -30,6 +30,8 @@ struct Place {
 
 // The sizes of a run: the preset, with --steps.
 PipelineSizes sizes(const RunContext& ctx);
+// Refuses (InputError) a mesh on which the final latents cannot be decoded in strips.
+void check_decode_mesh(const Place& p, const PipelineSizes& z);
 
 class PipelineRun {
  public:
@@ -65,6 +67,9 @@ class PipelineRun {
   RefTensor reference_noise() const;
   RefTensor reference_step(const std::string& step, const RefTensor& x, double sigma, double sigma_next, bool last);
   void reference_final(const RefTensor& x);
+  // Flag vae_decode: the final latents through the patch-parallel VAE decoder
+  // (flux_pipeline_decode.cpp).
+  void decode_final(const Tensor& x, const RefTensor& x_ref);
   void put_latents(const std::string& name, const RefTensor& x);
   void put_branches(const std::string& name, const std::vector<RefTensor>& per_branch, bool image_rows);
 
@@ -79,6 +84,7 @@ class PipelineRun {
   JointAttentionOptions opt_;
   bool sendrecv_ = false;
   bool free_ = false;  // --reference-mode free: the run follows its own trajectory
+  bool decode_ = false;  // flag vae_decode
   // The tolerance factor of this step's taps: in free mode the rounding
   // errors of the steps before add up like a random walk, sqrt(t + 1)
   // (docs/flux_pipeline.md has the measurements); 1 in forced mode.

@@ -14,17 +14,15 @@ namespace {
 using ref::PixelRect;
 using ref::VaeSizes;
 
-const Layout kTileLayout = Layout::parse("dp,-,ph,pw", "");
-const Layout kStatsLayout = Layout::parse("dp,-,-", "");
-
 class PatchDecode {
  public:
-  PatchDecode(RunContext& ctx, const VaeSizes& z, const DecodeOptions& o, const Comm& group)
-      : ctx_(ctx), z_(z), o_(o), group_(group), halo_(ctx.mesh, ctx.world, group, o.halo, o.faults),
+  PatchDecode(RunContext& ctx, const VaeSizes& z, const DecodeOptions& o, const DecodePlace& where)
+      : ctx_(ctx), z_(z), o_(o), at_(where), group_(where.patch_group),
+        halo_(where.tiles, ctx.world, where.patch_group, o.halo, o.faults),
         w_(ref::make_vae_weights<float>(ctx.seed, z, ctx.dtype)) {}
 
   void go(Tensor latents) {
-    ctx_.taps.tap("latents", latents, {.layout = kTileLayout});
+    tap("latents", latents, 0);
     const Tensor h0 = conv("conv_in", latents, w_.conv_in);
     Tensor h = norm("res0/norm1", h0, w_.res_norm1);
     h = conv("res0/conv1", h, w_.res_conv1);
@@ -32,7 +30,7 @@ class PatchDecode {
     h = conv("res0/conv2", h, w_.res_conv2);
     for (std::size_t i = 0; i < h.data.size(); ++i) h.data[i] += h0.data[i];
     round_to(ctx_.dtype, h.data);
-    ctx_.taps.tap("res0/out", h, {.layout = kTileLayout, .reduction_depth = depth_});
+    tap("res0/out", h, depth_);
     h = conv("up0/conv", ref::upsample2(h), w_.up0_conv);
     h = conv("up1/conv", ref::upsample2(h), w_.up1_conv);
     h = norm("norm_out", h, w_.norm_out);
@@ -40,6 +38,12 @@ class PatchDecode {
   }
 
  private:
+  void tap(const std::string& name, const Tensor& t, long depth, const std::string& image = "") {
+    ctx_.taps.tap(at_.prefix + name, t,
+                  {.layout = at_.tile_layout, .reduction_depth = depth, .tolerance_factor = at_.tolerance_factor,
+                   .image = image});
+  }
+
   // conv3x3 of the tile with its neighbours' halos. With overlap, the interior
   // (the pixels whose 3x3 window stays inside the tile) is computed while the
   // halos travel, the border pixels after they arrived.
@@ -65,7 +69,7 @@ class PatchDecode {
     }
     round_to(ctx_.dtype, out.data);
     depth_ += long(9 * c.cin());
-    ctx_.taps.tap(name, out, {.layout = kTileLayout, .reduction_depth = depth_, .image = image});
+    tap(name, out, depth_, image);
     return out;
   }
 
@@ -126,39 +130,38 @@ class PatchDecode {
     }
     Tensor tapped = stats;
     round_to(ctx_.dtype, tapped.data);
-    ctx_.taps.tap(name + "/stats", tapped, {.layout = kStatsLayout, .reduction_depth = long(total)});
+    ctx_.taps.tap(at_.prefix + name + "/stats", tapped,
+                  {.layout = at_.stats_layout, .reduction_depth = long(total), .tolerance_factor = at_.tolerance_factor});
     ref::group_norm_silu(x, stats, p);
     round_to(ctx_.dtype, x.data);
-    ctx_.taps.tap(name + "/out", x, {.layout = kTileLayout, .reduction_depth = depth_});
+    tap(name + "/out", x, depth_);
     return x;
   }
 
   RunContext& ctx_;
   const VaeSizes& z_;
   const DecodeOptions& o_;
+  const DecodePlace& at_;
   const Comm& group_;
   HaloExchange halo_;
   ref::VaeDecoderWeights<float> w_;
   long depth_ = 0;
 };
 
-// The float64 reference of every item, each computed by one rank (items
-// spread over the ranks) and tapped under the sharded run's names.
-void references(RunContext& ctx, const VaeSizes& z) {
-  const ReferenceClock clock(ctx.taps);
-  const auto w = ref::make_vae_weights<double>(ctx.seed, z, ctx.dtype);
-  const Shape global{z.batch, z.latent_channels, z.height, z.width};
-  for (std::size_t b : ctx.taps.my_reference_rows(z.batch)) {
-    const Tensor item = ref::generate(ctx.seed, "vae.latents", global, 1.0f,
-                                      {{b, b + 1}, {0, z.latent_channels}, {0, z.height}, {0, z.width}});
-    ref::vae_decode<double>(ref::to_ref(item), w, z.groups, [&](const std::string& name, const RefTensor& t) {
-      const Shape item_shape(t.shape.begin() + 1, t.shape.end());
-      ctx.taps.reference_row(name, z.batch, b, RefTensor(item_shape, t.data));
-    });
-  }
+}  // namespace
+
+void decode_tiles(RunContext& ctx, const VaeSizes& z, const DecodeOptions& o, const DecodePlace& where,
+                  Tensor latents) {
+  PatchDecode(ctx, z, o, where).go(std::move(latents));
 }
 
-}  // namespace
+void decode_reference(RunContext& ctx, const VaeSizes& z, const ref::VaeDecoderWeights<double>& w,
+                      const std::string& prefix, std::size_t item, const RefTensor& latents) {
+  ref::vae_decode<double>(latents, w, z.groups, [&](const std::string& name, const RefTensor& t) {
+    const Shape item_shape(t.shape.begin() + 1, t.shape.end());
+    ctx.taps.reference_row(prefix + name, z.batch, item, RefTensor(item_shape, t.data));
+  });
+}
 
 DecodeOptions DecodeOptions::from(const RunContext& ctx) {
   DecodeOptions o;
@@ -185,8 +188,19 @@ void run_patch_decode(RunContext& ctx) {
   Tensor latents = ref::generate(ctx.seed, "vae.latents", {z.batch, z.latent_channels, z.height, z.width}, 1.0f,
                                  {{b0, b0 + bl}, {0, z.latent_channels}, {r0, r0 + h}, {c0, c0 + w}});
   round_to(ctx.dtype, latents.data);
-  PatchDecode(ctx, z, o, group).go(std::move(latents));
-  references(ctx, z);
+  decode_tiles(ctx, z, o,
+               {ctx.mesh, group, Layout::parse("dp,-,ph,pw", ""), Layout::parse("dp,-,-", ""), "", 1.0},
+               std::move(latents));
+  // The float64 reference of every item, each computed by one rank (items
+  // spread over the ranks).
+  const ReferenceClock clock(ctx.taps);
+  const auto weights = ref::make_vae_weights<double>(ctx.seed, z, ctx.dtype);
+  const Shape global{z.batch, z.latent_channels, z.height, z.width};
+  for (std::size_t b : ctx.taps.my_reference_rows(z.batch)) {
+    const Tensor item = ref::generate(ctx.seed, "vae.latents", global, 1.0f,
+                                      {{b, b + 1}, {0, z.latent_channels}, {0, z.height}, {0, z.width}});
+    decode_reference(ctx, z, weights, "", b, ref::to_ref(item));
+  }
 }
 
 }  // namespace dc::vae

@@ -154,6 +154,26 @@ class FluxPipeline(E2ETest):
         self.assertEqual(first, [res.report["first_divergence"]["tap"]])
         self.assertEqual(len(dom.find("svg", id="error-growth")), 1)
 
+    def test_vae_decode_decodes_the_final_latents_in_strips(self):
+        # The final latents through vae_patch_decode's decoder, each rank's
+        # token rows a strip: clean in forced and free mode, the CFG pair's
+        # decodes replicas of each other; a grid ring x sp cannot cut into
+        # whole rows is refused.
+        for mode, dtype in (("forced", "float32"), ("free", "bfloat16")):
+            with self.subTest(mode=mode, dtype=dtype):
+                res = self.run_tiny(8, "dp=1,cfg=2,ring=2,sp=2", "--flag", "vae_decode", "--reference-mode", mode,
+                                    "--dtype", dtype)
+                self.assertExit(res, 0)
+                taps = {t["name"]: t for t in res.report["taps"]}
+                self.assertEqual(taps["decode/conv_in"]["layout"], "dp,-,ring*sp,-")
+                self.assertTrue(taps["decode/image"]["replica"]["applies"])  # over the CFG pair
+                self.assertEqual(taps["decode/image"]["replica"]["max_ulp"], 0)
+                self.assertEqual(res.report["final_image"]["tap"], "decode/image")
+                self.assertEqual((res.report["final_image"]["height"], res.report["final_image"]["width"]), (16, 32))
+        res = self.run_tiny(8, "dp=1,cfg=1,ring=8,sp=1", "--flag", "vae_decode")
+        self.assertExit(res, 2)
+        self.assertIn("ring x sp = 8 must divide its 4 rows", res.err)
+
     def test_pipeline_options_are_refused_by_a_block_scenario(self):
         res = self.mpirun(1, "--scenario", "flux_tp", "--steps", "3")
         self.assertExit(res, 2)
