@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "harness/core/error.h"
+#include "reference/vae_decoder.h"
 
 namespace dc::vae {
 namespace {
@@ -77,10 +78,7 @@ int HaloExchange::source(int rank, std::size_t d) const {
 PendingHalo HaloExchange::start(const Tensor& x) const {
   PendingHalo p;
   const std::size_t n = x.shape[0], ch = x.shape[1], h = x.shape[2], w = x.shape[3];
-  p.padded = Tensor({n, ch, h + 2, w + 2});
-  for (std::size_t plane = 0; plane < n * ch; ++plane)
-    for (std::size_t i = 0; i < h; ++i)
-      std::copy_n(x.data.data() + (plane * h + i) * w, w, p.padded.data.data() + (plane * (h + 2) + i + 1) * (w + 2) + 1);
+  p.padded = ref::pad1(x);
   const int me = world_.rank();
   std::array<std::size_t, 8> piece_size{};
   for (std::size_t d = 0; d < 8; ++d)

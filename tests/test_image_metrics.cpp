@@ -8,6 +8,7 @@
 
 #include "harness/capture/store.h"
 #include "harness/check/image_metrics.h"
+#include "harness/check/png.h"
 #include "harness/core/error.h"
 
 using namespace dc;
@@ -45,4 +46,13 @@ TEST(ImageMetrics, EqualImagesAndShapeErrors) {
   EXPECT_DOUBLE_EQ(ssim(a, a, 1.0), 1.0);
   EXPECT_THROW(ssim(a, RefTensor({8, 9, 3}), 1.0), Error);
   EXPECT_THROW(ssim(RefTensor({6, 6, 1}), RefTensor({6, 6, 1}), 1.0), Error);
+}
+
+// Images not in [0, 1] or [0, 255] (a VAE's decoded RGB) are drawn from their
+// low end: -1, 0, 1 over [-1, 1] are black, mid-grey and white. Drawn from 0,
+// as before data_low existed, -1 and 0 were both black.
+TEST(ImagePictures, ValuesAreDrawnFromTheLowEndOfTheirRange) {
+  const std::string got = dc::html::png_data_uri({-1.0, 0.0, 1.0}, 3, 1, 1, -1.0, 2.0, 1);
+  const std::vector<std::uint8_t> want{0, 0, 0, 128, 128, 128, 255, 255, 255};
+  EXPECT_EQ(got, "data:image/png;base64," + dc::html::base64(dc::html::png_bytes(want, 3, 1)));
 }
