@@ -3,6 +3,7 @@
 #include <Random123/philox.h>
 
 #include "harness/core/error.h"
+#include "harness/core/perturbation.h"
 
 namespace dc::ref {
 
@@ -41,12 +42,14 @@ Tensor generate(std::uint64_t seed, const std::string& name, const Shape& global
   }
   Tensor t(local);
   const auto id = tensor_id(name);
+  const InputPerturbation* perturb = active_input_perturbation();
   auto gstr = strides_of(global);
   std::vector<std::size_t> idx(local.size(), 0);
   for (std::size_t i = 0; i < t.size(); ++i) {
     std::size_t g = 0;
     for (std::size_t d = 0; d < local.size(); ++d) g += (r[d].first + idx[d]) * gstr[d];
     t.data[i] = uniform_at(seed, id, g, scale);
+    if (perturb) t.data[i] = perturb_value(*perturb, id, g, t.data[i]);
     for (std::size_t d = local.size(); d-- > 0;) {
       if (++idx[d] < local[d]) break;
       idx[d] = 0;

@@ -10,6 +10,7 @@ namespace dc::flux_pipeline {
 
 // The initial noise as the run's dtype holds it.
 RefTensor PipelineRun::reference_noise() const {
+  const ExactInputs exact;  // the reference's own input, never a calibration's perturbed one
   const Place& p = place_;
   Tensor t = ref::generate(ctx_.seed, "noise", {p.dp, p.img, z_.channels}, 1.0f, {{p.b, p.b + 1}, {p.first, p.first + p.rows}, {0, z_.channels}});
   round_to(ctx_.dtype, t.data);  // the input as the run's dtype holds it

@@ -291,6 +291,7 @@ ActivationSet recorded_activations(const Comm& world, const TapRecorder& taps, c
   // The root attributes the run file carries, as its reader gives them.
   set.info = {{"scenario", info.scenario}, {"flags", info.flags}, {"dtype", info.dtype},
               {"producer", info.producer}, {"seed", std::to_string(info.seed)}};
+  if (!info.size.empty()) set.info["size"] = info.size;
   // Reference shapes: every rank's boxes declare their tap's global shape.
   std::string mine;
   for (const auto& [name, part] : taps.references())

@@ -23,6 +23,7 @@ struct RunInfo {
   std::string dtype;
   std::uint64_t seed = 0;
   std::string producer;
+  std::string size;  // the scenario's size preset (optional root attribute `size`)
 };
 
 // How a run file is written: `collective`, every rank writes its rows and

@@ -373,6 +373,7 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
     h5::write_string_attr(file.get(), "dtype", info.dtype);
     h5::write_int_attr(file.get(), "seed", static_cast<long long>(info.seed));
     h5::write_string_attr(file.get(), "producer", info.producer);
+    if (!info.size.empty()) h5::write_string_attr(file.get(), "size", info.size);
 
     Handle gcpl(H5Pcreate(H5P_GROUP_CREATE));
     H5Pset_link_creation_order(gcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);

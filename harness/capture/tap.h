@@ -15,6 +15,7 @@
 #include "harness/core/dtype.h"
 #include "harness/core/layout.h"
 #include "harness/core/mesh.h"
+#include "harness/core/perturbation.h"
 #include "harness/core/tensor.h"
 
 namespace dc {
@@ -104,6 +105,9 @@ class TapRecorder {
   std::function<void(const std::string&)> on_tap_;
 };
 
+// The scope in which a scenario computes references: timed (the run reports
+// the sharded block's time apart) and exact (a calibration's perturbation of
+// generated inputs stays out of it: core/perturbation.h).
 class ReferenceClock {
  public:
   explicit ReferenceClock(TapRecorder& taps) : taps_(taps), t0_(std::chrono::steady_clock::now()) {}
@@ -116,6 +120,7 @@ class ReferenceClock {
  private:
   TapRecorder& taps_;
   std::chrono::steady_clock::time_point t0_;
+  ExactInputs exact_;
 };
 
 // A reference box and the rank that holds it.

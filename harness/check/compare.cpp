@@ -430,7 +430,12 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
   if (has_ref) {
     ToleranceInputs in{t.dtype, t.reduction_depth, t.atol, t.rtol, opts.atol, opts.rtol, 0.0,
                        t.tolerance_factor.value_or(1.0)};
-    if (!t.atol && !opts.atol) in.reference_rms = reference_rms(set, p, chunk, unit, opts.memory_budget, threads, bufs);
+    if (opts.measure_floor) in = {t.dtype, t.reduction_depth, {}, {}, {}, 1.0, 0.0, 1.0};
+    if (opts.tolerances) {
+      in.measured = opts.tolerances->find(t.name);
+      in.measured_source = opts.tolerances->source;
+    }
+    if (tolerance_needs_rms(in)) in.reference_rms = reference_rms(set, p, chunk, unit, opts.memory_budget, threads, bufs);
     tol = derive_tolerance(in);
   }
 
@@ -568,6 +573,10 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
       ref.worst.rank = ref.worst_ranks.empty() ? -1 : ref.worst_ranks.front();
     }
     ref.pass = ref.n_fail == 0;
+    if (tol.rel_l2_limit) {
+      ref.l2_ratio = *tol.rel_l2_limit > 0 ? ref.rel_l2 / *tol.rel_l2_limit : ref.rel_l2 > 0 ? INFINITY : 0.0;
+      ref.pass = ref.pass && *ref.l2_ratio <= 1;
+    }
   }
   return v;
 }
@@ -628,6 +637,8 @@ CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
   for (const auto& t : set.taps) {
     const auto t0 = std::chrono::steady_clock::now();
     TapVerdict v = check_tap(set, t, opts, chunk, workers, bufs);
+    if (opts.tolerances && t.reference_shape && !opts.tolerances->find(t.name))
+      res.tolerance_fallbacks.push_back(t.name);
     v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!v.pass() && !res.first_divergence) res.first_divergence = res.taps.size();
     res.taps.push_back(std::move(v));

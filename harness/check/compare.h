@@ -26,6 +26,12 @@ namespace dc {
 
 struct CompareOptions {
   std::optional<double> atol, rtol;  // override the derived defaults
+  // Measured per-tap tolerances (--tolerances FILE, a calibration, a noise
+  // floor); taps it does not name keep the derived rule. Null: none.
+  const ToleranceTable* tolerances = nullptr;
+  // Measure noise floors (check/noise_floor.h): every tap at rtol 1, atol
+  // rms(ref), its own tolerance attributes set aside.
+  bool measure_floor = false;
   long replica_ulps = 0;             // allowed ULP distance between replicas
   // Bytes the whole process may use; the chunk buffers get what is left after
   // a fixed allowance for the program itself (kProcessAllowance).
@@ -79,6 +85,10 @@ struct ReferenceCheck {
   ElementRef worst;       // largest |x-ref| / (atol + rtol|ref|)
   double worst_value = 0, worst_reference = 0;
   double worst_ratio = 0;  // |x-ref| / (atol + rtol|ref|) at the worst element; > 1 fails
+  // rel_l2 / tol.rel_l2_limit when the tolerance has a norm-wise limit; > 1 fails
+  std::optional<double> l2_ratio;
+  // The larger of the element-wise and norm-wise ratios: > 1 fails.
+  double margin() const { return l2_ratio && !(*l2_ratio <= worst_ratio) ? *l2_ratio : worst_ratio; }
   std::vector<int> worst_ranks;  // every rank contributing to the worst element
   bool pass = true;
 };
@@ -125,6 +135,9 @@ struct ImageVerdict {
 
 struct CompareResult {
   std::vector<TapVerdict> taps;
+  // Taps with a reference that the tolerance table does not name (they keep
+  // the derived rule; the report warns).
+  std::vector<std::string> tolerance_fallbacks;
   std::optional<std::size_t> first_divergence;  // index into taps
   // Phases of the run that produced the result, in seconds (run reports
   // only; JSON "timings"): e.g. sharded_s, reference_s, write_s, check_s.

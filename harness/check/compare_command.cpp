@@ -5,9 +5,11 @@
 #include <fstream>
 #include <sstream>
 #include <iostream>
+#include <optional>
 
 #include "harness/check/compare_command.h"
 #include "harness/capture/store.h"
+#include "harness/check/noise_floor.h"
 #include "harness/check/report.h"
 #include "harness/core/error.h"
 #include "harness/core/files.h"
@@ -40,13 +42,45 @@ ActivationSet read_everywhere(const std::string& source, const std::string& refe
   return set;
 }
 
+// The tolerance table of --tolerances FILE or --noise-floor SOURCE, if any.
+std::optional<ToleranceTable> measured_tolerances(const ActivationSet& set, const std::string& reference,
+                                                  const ReportOptions& opts) {
+  if (!opts.tolerances_file.empty() && !opts.noise_floor.empty())
+    input_error("--tolerances FILE and --noise-floor SOURCE both say where tolerances come from: give one");
+  if (!opts.tolerances_file.empty()) {
+    const ToleranceFile f = read_tolerance_file(opts.tolerances_file);
+    auto info = [&](const char* k) {
+      auto it = set.info.find(k);
+      return it == set.info.end() ? std::string() : it->second;
+    };
+    // What the activations say of themselves: a file made for anything else is refused.
+    require_matching_file(f, opts.tolerances_file, info("scenario").empty() ? f.info.scenario : info("scenario"),
+                          info("size").empty() ? f.info.size : info("size"),
+                          info("dtype").empty() ? f.info.dtype : info("dtype"));
+    return tolerance_table(f, ToleranceSource::file, opts.tolerances_file);
+  }
+  if (!opts.noise_floor.empty()) {
+    const ActivationSet floor_set = read_everywhere(opts.noise_floor, reference, opts.compare.processes);
+    ToleranceFile f;
+    f.floors = floors_of(compare(floor_set, floor_measuring_options(opts.compare)));
+    if (f.floors.empty())
+      input_error("--noise-floor {}: no tap there has a reference to measure a floor against (give --reference, or "
+                  "dump /reference/<tap> with it)", opts.noise_floor);
+    return tolerance_table(f, ToleranceSource::noise_floor, opts.noise_floor);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int compare_and_report(const std::string& source, const std::string& reference,
                        const ReportOptions& opts) {
   const auto started = std::chrono::steady_clock::now();
   ActivationSet set = read_everywhere(source, reference, opts.compare.processes);
-  return check_and_report(set, opts, started);
+  const std::optional<ToleranceTable> table = measured_tolerances(set, reference, opts);
+  ReportOptions with = opts;
+  if (table) with.compare.tolerances = &*table;
+  return check_and_report(set, with, started);
 }
 
 int check_and_report(const ActivationSet& set, const ReportOptions& opts,

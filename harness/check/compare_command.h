@@ -14,6 +14,10 @@ struct ReportOptions {
   std::string junit_path;  // empty: no JUnit report
   std::string html_path;   // empty: no HTML page
   std::string junit_name;  // the JUnit suite's name; empty: "compare <source>"
+  // compare only: --tolerances FILE (a calibration) or --noise-floor SOURCE
+  // (a single-device dump of the same taps whose errors set the floors).
+  std::string tolerances_file;
+  std::string noise_floor;
   // A run's phase times (see CompareResult::timings); when given, the check's
   // own time is added as check_s.
   std::vector<std::pair<std::string, double>> timings;

@@ -81,11 +81,17 @@ std::string junit_xml(const std::vector<JUnitSuite>& suites) {
     for (const auto& c : s.cases) {
       out += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"{}\"", xml(c.classname), xml(c.name),
                          secs(c.seconds));
-      if (c.outcome == JUnitCase::Outcome::pass) {
+      if (c.outcome == JUnitCase::Outcome::pass && c.system_out.empty()) {
         out += "/>\n";
         continue;
       }
       out += ">\n";
+      const std::string case_out =
+          c.system_out.empty() ? "" : fmt::format("      <system-out>{}</system-out>\n", xml(c.system_out));
+      if (c.outcome == JUnitCase::Outcome::pass) {
+        out += case_out + "    </testcase>\n";
+        continue;
+      }
       const char* tag = c.outcome == JUnitCase::Outcome::failure ? "failure"
                         : c.outcome == JUnitCase::Outcome::error  ? "error"
                                                                   : "skipped";
@@ -94,7 +100,7 @@ std::string junit_xml(const std::vector<JUnitSuite>& suites) {
       else
         out += fmt::format("      <{} message=\"{}\" type=\"{}\">{}</{}>\n", tag, xml(c.message), xml(c.type),
                            xml(c.text), tag);
-      out += "    </testcase>\n";
+      out += case_out + "    </testcase>\n";
     }
     if (!s.system_out.empty()) out += fmt::format("    <system-out>{}</system-out>\n", xml(s.system_out));
     out += "  </testsuite>\n";

@@ -21,6 +21,7 @@ struct JUnitCase {
   std::string type;     // the failure's kind, e.g. "reference" or "crashed"
   std::string message;  // one line
   std::string text;     // the full explanation (first-divergence paragraph)
+  std::string system_out;  // e.g. where the tap's tolerance came from
 };
 
 struct JUnitSuite {

@@ -31,6 +31,11 @@ std::string describe_first_divergence(const ActivationSet& set, const CompareRes
 // The same paragraph for any tap (without the "First divergence: " lead).
 std::string describe_tap(const TapVerdict& t, std::size_t index);
 
+// Where a tap's tolerance came from, its bounds and, for a measured one,
+// its noise floor and clean margin (tolerance / floor), in one line:
+// "calibrated: rtol 1.1e-06 (floor 4.2e-07, clean margin 2.6x), rel L2 <= ...".
+std::string tolerance_line(const ReferenceCheck& ref);
+
 // The JUnit suite of a run or comparison: one test case per tap, in order;
 // a failing tap's failure carries its paragraph. `name` names the suite
 // (e.g. "flux_tp dp=4,tp=4 float32"); `seconds` is the whole run's time.

@@ -69,10 +69,10 @@ class ConsoleReporter final : public Reporter {
     std::size_t wlay = 6;
     for (const auto& t : res.taps) wlay = std::max(wlay, std::min<std::size_t>(t.layout.size(), 28));
     auto row = [&](auto... cells) {
-      out << fmt::format("{:>3}  {:<{}}  {:<{}}  {:>8}  {:>18}  {:>9}  {:>9}  {:>9}  {}\n", cells...);
+      out << fmt::format("{:>3}  {:<{}}  {:<{}}  {:>8}  {:>18}  {:>9}  {:>9}  {:>9}  {:>9}  {:<11}  {}\n", cells...);
     };
-    row("#", "tap", wname, "layout", wlay, "nan/inf", "replica diff", "max abs", "max rel", "rel L2",
-        "verdict");
+    row("#", "tap", wname, "layout", wlay, "nan/inf", "replica diff", "max abs", "max rel", "rel L2", "err/tol",
+        "tolerance", "verdict");
     for (std::size_t i = 0; i < res.taps.size(); ++i) {
       const auto& t = res.taps[i];
       const auto& rc = t.reference;
@@ -85,10 +85,14 @@ class ConsoleReporter final : public Reporter {
       if (res.first_divergence == i) verdict += "  <- first divergence";
       row(i, truncate(t.name, 40), wname, truncate(t.layout, 28), wlay, nonfinite_cell(t.nonfinite),
           replica_cell(t.replica), rc.present ? sci(rc.max_abs) : "-",
-          rc.present ? sci(rc.max_rel) : "-", rc.present ? sci(rc.rel_l2) : "-", verdict);
+          rc.present ? sci(rc.max_rel) : "-", rc.present ? sci(rc.rel_l2) : "-",
+          rc.present ? sci(rc.margin()) : "-", rc.present ? source_name(rc.tol.source) : "-", verdict);
     }
     print_steps(res, out);
     print_images(res, out);
+    if (!res.tolerance_fallbacks.empty())
+      out << fmt::format("\nWARNING: {} tap(s) not in the tolerance table keep the derived rule: {}\n",
+                         res.tolerance_fallbacks.size(), fmt::join(res.tolerance_fallbacks, ", "));
     std::size_t failed = std::count_if(res.taps.begin(), res.taps.end(),
                                        [](const TapVerdict& t) { return !t.pass(); });
     out << "\n";
@@ -109,6 +113,21 @@ std::unique_ptr<Reporter> make_console_reporter() { return std::make_unique<Cons
 std::string describe_first_divergence(const ActivationSet&, const CompareResult& res) {
   if (res.pass()) return "";
   return "First divergence: " + describe_tap(res.taps[*res.first_divergence], *res.first_divergence);
+}
+
+std::string tolerance_line(const ReferenceCheck& ref) {
+  const auto& tol = ref.tol;
+  std::string s = fmt::format("{}: atol {} + rtol {}*|ref|", source_name(tol.source), sci(tol.atol), sci(tol.rtol));
+  if (tol.measured) {
+    const auto& m = *tol.measured;
+    auto margin = [](double limit, double floor) {
+      return floor > 0 ? fmt::format("clean margin {:.3g}x", limit / floor) : std::string("floor 0");
+    };
+    s += fmt::format(" (noise floor {}, {}), rel L2 <= {} (noise floor {}, {})", sci(m.floor_element),
+                     margin(m.rtol, m.floor_element), sci(m.rel_l2_limit), sci(m.floor_rel_l2),
+                     margin(m.rel_l2_limit, m.floor_rel_l2));
+  }
+  return s + fmt::format("; err/tol {}", sci(ref.margin()));
 }
 
 std::string describe_tap(const TapVerdict& t, std::size_t index) {
@@ -137,13 +156,18 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
   }
   const auto& ref = t.reference;
   if (ref.present && !ref.pass) {
+    const bool l2_fails = ref.l2_ratio && !(*ref.l2_ratio <= 1);
     s += fmt::format(
-        "  reference DISAGREES: {} of {} elements outside atol {} + rtol {}*|ref|; max abs err {}, "
+        "  reference DISAGREES: {} of {} elements outside atol {} + rtol {}*|ref|{}; max abs err {}, "
         "max rel err {}, rel L2 {}; worst at global index {} on rank(s) {}: got {:.6g}, "
         "reference {:.6g}\n",
-        ref.n_fail, ref.n_total, sci(ref.tol.atol), sci(ref.tol.rtol), sci(ref.max_abs),
-        sci(ref.max_rel), sci(ref.rel_l2), index_str(ref.worst.index), rank_ranges(ref.worst_ranks),
-        ref.worst_value, ref.worst_reference);
+        ref.n_fail, ref.n_total, sci(ref.tol.atol), sci(ref.tol.rtol),
+        l2_fails ? fmt::format(", and rel L2 {} over its limit {} ({:.3g}x)", sci(ref.rel_l2),
+                               sci(*ref.tol.rel_l2_limit), *ref.l2_ratio)
+                 : "",
+        sci(ref.max_abs), sci(ref.max_rel), sci(ref.rel_l2), index_str(ref.worst.index),
+        rank_ranges(ref.worst_ranks), ref.worst_value, ref.worst_reference);
+    s += "  tolerance " + tolerance_line(ref) + "\n";
   } else if (ref.present) {
     s += rc.pass ? "  reference agrees within tolerance\n"
                  : "  reference agrees within tolerance on the replica-group leaders (the ranks that "

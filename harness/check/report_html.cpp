@@ -88,7 +88,7 @@ std::string heatmap(const ActivationSet& set, const CompareResult& res) {
 std::string tap_table(const CompareResult& res) {
   std::string s =
       "<table id=\"taps\"><thead><tr><th>#</th><th class=\"l\">tap</th><th class=\"l\">layout</th><th>nan/inf</th>"
-      "<th>replica diff</th><th>max abs</th><th>max rel</th><th>rel L2</th><th>worst err/tol</th>"
+      "<th>replica diff</th><th>max abs</th><th>max rel</th><th>rel L2</th><th>worst err/tol</th><th class=\"l\">tolerance</th>"
       "<th class=\"l\">verdict</th></tr></thead><tbody>\n";
   for (std::size_t i = 0; i < res.taps.size(); ++i) {
     const TapVerdict& t = res.taps[i];
@@ -104,12 +104,13 @@ std::string tap_table(const CompareResult& res) {
     if (res.first_divergence == i) cls += " first";
     s += fmt::format(
         "<tr class=\"{}\" data-tap=\"{}\"><td>{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td>"
-        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l v\">{}</td></tr>\n",
+        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l\" title=\"{}\">{}</td><td class=\"l v\">{}</td></tr>\n",
         cls, esc(t.name), i, esc(t.name), esc(t.layout),
         t.nonfinite.nan + t.nonfinite.inf ? fmt::format("{} / {}", t.nonfinite.nan, t.nonfinite.inf) : "-",
         !t.replica.applies ? "n/a" : t.replica.differing.empty() ? "equal" : html::num(t.replica.max_abs),
         ref.present ? html::num(ref.max_abs) : "-", ref.present ? html::num(ref.max_rel) : "-",
-        ref.present ? html::num(ref.rel_l2) : "-", ref.present ? html::num(ref.worst_ratio) : "-", esc(verdict));
+        ref.present ? html::num(ref.rel_l2) : "-", ref.present ? html::num(ref.margin()) : "-",
+        ref.present ? esc(tolerance_line(ref)) : "", ref.present ? esc(source_name(ref.tol.source)) : "-", esc(verdict));
   }
   s += "</tbody></table>\n";
   return s;

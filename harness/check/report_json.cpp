@@ -51,7 +51,15 @@ json tap_json(const TapVerdict& t, std::size_t order) {
                            {"n_total", ref.n_total}, {"worst_index", ref.worst.index},
                            {"worst_ranks", ref.worst_ranks}, {"worst_value", num(ref.worst_value)},
                            {"worst_reference", num(ref.worst_reference)},
-                           {"worst_ratio", num(ref.worst_ratio)}});
+                           {"worst_ratio", num(ref.worst_ratio)},
+                           {"margin", num(ref.margin())},
+                           {"tolerance_source", source_name(ref.tol.source)}});
+    if (ref.tol.rel_l2_limit)
+      j["reference"].update({{"rel_l2_limit", num(*ref.tol.rel_l2_limit)}, {"l2_ratio", num(ref.l2_ratio.value_or(0))}});
+    if (const auto* m = ref.tol.measured)
+      j["reference"]["noise_floor"] = {{"element", num(m->floor_element)}, {"rel_l2", num(m->floor_rel_l2)},
+                                       {"clean_margin_element", m->floor_element > 0 ? num(m->rtol / m->floor_element) : json(nullptr)},
+                                       {"clean_margin_rel_l2", m->floor_rel_l2 > 0 ? num(m->rel_l2_limit / m->floor_rel_l2) : json(nullptr)}};
   }
   // Every rank's share (index = rank), for pictures of the whole mesh.
   auto nums = [](const std::vector<double>& v) {

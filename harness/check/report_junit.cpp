@@ -23,6 +23,7 @@ JUnitSuite junit_suite(const ActivationSet& set, const CompareResult& res, const
     c.classname = classname;
     c.name = t.name;
     c.seconds = t.seconds;
+    if (t.reference.present) c.system_out = "tolerance " + tolerance_line(t.reference);
     if (!t.pass()) {
       c.outcome = JUnitCase::Outcome::failure;
       const auto checks = t.failed_checks();

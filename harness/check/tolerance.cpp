@@ -3,6 +3,17 @@
 #include <cmath>
 
 namespace dc {
+namespace {
+
+bool exact_attribute(const ToleranceInputs& in) {
+  return in.tap_atol && in.tap_rtol && *in.tap_atol == 0 && *in.tap_rtol == 0;
+}
+
+bool measured_applies(const ToleranceInputs& in) {
+  return in.measured && !exact_attribute(in) && !in.cli_atol && !in.cli_rtol;
+}
+
+}  // namespace
 
 double unit_roundoff(const std::string& dtype) {
   if (dtype == "float64") return std::ldexp(1.0, -53);
@@ -18,17 +29,47 @@ double accumulator_roundoff(const std::string& dtype) {
   return 0.0;
 }
 
+std::string source_name(ToleranceSource s) {
+  switch (s) {
+    case ToleranceSource::derived: return "derived";
+    case ToleranceSource::attribute: return "attribute";
+    case ToleranceSource::command_line: return "command line";
+    case ToleranceSource::file: return "file";
+    case ToleranceSource::calibrated: return "calibrated";
+    case ToleranceSource::noise_floor: return "noise floor";
+  }
+  return "derived";
+}
+
+bool tolerance_needs_rms(const ToleranceInputs& in) {
+  if (measured_applies(in)) return true;
+  return !in.tap_atol && !in.cli_atol;
+}
+
 Tolerance derive_tolerance(const ToleranceInputs& in) {
+  if (measured_applies(in)) {
+    Tolerance t;
+    t.rtol = in.measured->rtol;
+    t.atol = t.rtol * in.reference_rms;
+    t.rel_l2_limit = in.measured->rel_l2_limit;
+    t.source = in.measured_source;
+    t.measured = in.measured;
+    return t;
+  }
   double depth = std::max(1.0, static_cast<double>(in.reduction_depth.value_or(1)));
   const double derived =
       in.factor * kToleranceScale * (unit_roundoff(in.dtype) + accumulator_roundoff(in.dtype) * std::sqrt(depth));
-  double rtol = derived;
-  if (in.cli_rtol) rtol = *in.cli_rtol;
-  if (in.tap_rtol) rtol = *in.tap_rtol;
-  double atol = rtol * in.reference_rms;
-  if (in.cli_atol) atol = *in.cli_atol;
-  if (in.tap_atol) atol = *in.tap_atol;
-  return {atol, rtol};
+  Tolerance t;
+  t.rtol = derived;
+  if (in.cli_rtol) t.rtol = *in.cli_rtol;
+  if (in.tap_rtol) t.rtol = *in.tap_rtol;
+  t.atol = t.rtol * in.reference_rms;
+  if (in.cli_atol) t.atol = *in.cli_atol;
+  if (in.tap_atol) t.atol = *in.tap_atol;
+  t.source = in.tap_atol || in.tap_rtol ? ToleranceSource::attribute
+             : in.cli_atol || in.cli_rtol ? ToleranceSource::command_line
+                                          : ToleranceSource::derived;
+  return t;
 }
 
 }  // namespace dc

@@ -1,9 +1,10 @@
-// Tolerances for the reference check, derived from the tap's dtype and its
-// reduction depth unless overridden.
+// Tolerances for the reference check: derived from the tap's dtype and its
+// reduction depth, or measured (a noise floor: check/noise_floor.h), unless
+// overridden.
 //
+// Derived:
 //   rtol = kToleranceScale * (u + u_acc * sqrt(max(1, reduction_depth)))
 //   atol = rtol * rms(reference)
-//
 // u is the unit roundoff of the logical dtype (2^-24 float32, 2^-8 bfloat16,
 // 2^-11 float16, 2^-53 float64; integers are exact): rounding a value to the
 // dtype costs u whatever the depth. u_acc is the unit roundoff of the
@@ -14,10 +15,17 @@
 // tensor's own scale. kToleranceScale covers the rounding that reaches a tap
 // through the ops before it; docs/tolerances.md says how it was chosen.
 //
-// Precedence: the tap's own `atol`/`rtol` attributes, then --atol/--rtol, then
-// the derived default, times the tap's `tolerance_factor` (for taps whose
+// Measured (a tolerance table): the same element-wise form with the tap's
+// own rtol, plus a norm-wise limit on its relative L2 error.
+//
+// Precedence: a tap attribute that demands exactness (atol = rtol = 0) wins;
+// then --atol/--rtol (behind the tap's own atol/rtol attributes, as always);
+// then a measured tolerance (it replaces the tap's non-exact attributes, which
+// are estimates by formula, and the derived rule); then the tap's attributes;
+// then the derived rule, times the tap's `tolerance_factor` (for taps whose
 // inputs carry the error of earlier steps).
 #pragma once
+#include <map>
 #include <optional>
 #include <string>
 
@@ -30,9 +38,35 @@ double accumulator_roundoff(const std::string& dtype);
 
 double unit_roundoff(const std::string& dtype);
 
+// Where a tap's tolerance came from (every report says it per tap).
+enum class ToleranceSource { derived, attribute, command_line, file, calibrated, noise_floor };
+std::string source_name(ToleranceSource s);
+
+// A tap's measured noise floor and the tolerance made of it.
+struct MeasuredTolerance {
+  double floor_element = 0;  // max over runs and elements of |x - ref| / (rms(ref) + |ref|)
+  double floor_rel_l2 = 0;   // max over runs of ||x - ref|| / ||ref||
+  double rtol = 0;           // element-wise: |x - ref| <= rtol (rms(ref) + |ref|)
+  double rel_l2_limit = 0;   // norm-wise: ||x - ref|| / ||ref|| <= rel_l2_limit
+};
+
+// Per-tap measured tolerances and where they came from.
+struct ToleranceTable {
+  ToleranceSource source = ToleranceSource::file;
+  std::string origin;  // for messages: the file, or "calibrated in this run"
+  std::map<std::string, MeasuredTolerance> taps;
+  const MeasuredTolerance* find(const std::string& tap) const {
+    auto it = taps.find(tap);
+    return it == taps.end() ? nullptr : &it->second;
+  }
+};
+
 struct Tolerance {
   double atol = 0;
   double rtol = 0;
+  std::optional<double> rel_l2_limit;  // measured tolerances only
+  ToleranceSource source = ToleranceSource::derived;
+  const MeasuredTolerance* measured = nullptr;  // the floor behind a measured tolerance
 };
 
 struct ToleranceInputs {
@@ -42,7 +76,13 @@ struct ToleranceInputs {
   std::optional<double> cli_atol, cli_rtol;  // command line
   double reference_rms = 0;
   double factor = 1.0;  // the tap's tolerance_factor: multiplies the derived atol and rtol
+  const MeasuredTolerance* measured = nullptr;  // this tap's entry of a tolerance table
+  ToleranceSource measured_source = ToleranceSource::file;
 };
+
+// Whether the tolerance chosen for `in` scales with the reference's RMS (so
+// the caller must measure it first).
+bool tolerance_needs_rms(const ToleranceInputs& in);
 
 Tolerance derive_tolerance(const ToleranceInputs& in);
 

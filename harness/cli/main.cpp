@@ -5,186 +5,32 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
-#include <cctype>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+
+#include <unistd.h>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
+#include "harness/cli/list.h"
+#include "harness/cli/options.h"
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
 #include "harness/core/interrupt.h"
 #include "harness/core/progress.h"
 #include "harness/core/log.h"
+#include "harness/run/calibrate.h"
 #include "harness/run/run.h"
 #include "harness/run/scenario.h"
 #include "harness/search/sweep_mesh.h"
 #include "harness/search/flag_search.h"
+#include "harness/search/launcher.h"
+#include "harness/search/trial.h"
 #include "reference/nn.h"
 
-namespace {
 
-// The launcher's rank, known before MPI_Init: lets only rank 0 print usage errors.
-int launcher_rank() {
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
-    if (const char* s = std::getenv(v)) return std::atoi(s);
-  return 0;
-}
-
-int launcher_size() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
-    if (const char* s = std::getenv(v)) return std::atoi(s);
-  return 1;
-}
-
-// Cores per process of this host (OpenMPI says how many share it).
-int threads_per_process() {
-  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  int local = 1;
-  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(s));
-  else local = launcher_size();
-  return std::max(1, static_cast<int>(cores) / local);
-}
-
-// "128", "128M", "512MiB", "2G": a size in bytes; a bare number means MiB.
-std::size_t parse_size(const std::string& text) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    throw CLI::ValidationError("--memory-budget", "'" + text + "' is not a size (e.g. 128M, 2G)");
-  }
-  std::string unit = text.substr(used);
-  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  double scale = unit == "" || unit == "M" || unit == "MB" || unit == "MIB" ? 1 << 20
-                 : unit == "G" || unit == "GB" || unit == "GIB"             ? double(1 << 30)
-                 : unit == "K" || unit == "KB" || unit == "KIB"             ? 1 << 10
-                                                                            : -1;
-  if (scale < 0 || !(v > 0))
-    throw CLI::ValidationError("--memory-budget", "'" + text + "' is not a size (e.g. 128M, 2G)");
-  return static_cast<std::size_t>(v * scale);
-}
-
-void add_report_options(CLI::App& app, dc::ReportOptions& r) {
-  app.add_option_function<std::string>(
-         "--memory-budget", [&r](const std::string& v) { r.compare.memory_budget = parse_size(v); },
-         "Memory the checker may use, whole process included (e.g. 128M, 2G; a bare number is MiB). "
-         "Tensors are streamed in chunks sized to fit [default: 128M]");
-  app.add_option("--threads", r.compare.threads, "Threads that check chunks (default: one per core)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--json", r.json_path, "Also write the full report as JSON to FILE");
-  app.add_option("--html", r.html_path,
-                 "Also write a self-contained HTML page to FILE: verdict, first divergence, heatmap of "
-                 "err/tol per tap and rank, tap table");
-  app.add_option("--junit", r.junit_path,
-                 "Also write a JUnit XML report to FILE (one test case per tap; for CI dashboards)");
-  app.add_option("--atol", r.compare.atol, "Absolute tolerance for every tap (overrides the dtype-derived default; a tap's own atol attribute still wins)");
-  app.add_option("--rtol", r.compare.rtol, "Relative tolerance for every tap (same precedence as --atol)");
-  app.add_option("--replica-ulps", r.compare.replica_ulps, "Allowed ULP distance between replicas (default 0: bitwise)")
-      ->check(CLI::NonNegativeNumber);
-}
-
-// Machine-readable listing for scripts (sweeps, margins).
-int list_scenarios_json() {
-  nlohmann::json all = nlohmann::json::array();
-  for (const auto* s : dc::all_scenarios()) {
-    nlohmann::json j{{"name", s->name()}, {"summary", s->summary()}, {"sizes", s->sizes()}};
-    j["flags"] = nlohmann::json::array();
-    for (const auto& f : s->flags())
-      j["flags"].push_back({{"name", f.name}, {"type", dc::flag_type_name(f.type)},
-                            {"default", f.default_value}, {"help", f.help},
-                            {"matrix_values", dc::matrix_values(f)}});
-    j["faults"] = nlohmann::json::array();
-    for (const auto& f : s->faults())
-      j["faults"].push_back({{"name", f.name}, {"help", f.help}, {"first_tap", f.first_tap},
-                             {"needs_flags", f.needs_flags},
-                             {"takes_effect_when", f.takes_effect_when.empty() ? "always" : f.takes_effect_when},
-                             {"crashes_when", f.crashes_when}, {"may_hang", f.may_hang}});
-    j["default_mesh"] = nlohmann::json::object();
-    for (int n : {1, 2, 4, 8, 16}) {
-      try {
-        j["default_mesh"][std::to_string(n)] = s->default_mesh(n);
-      } catch (const dc::Error&) {
-      }
-    }
-    all.push_back(j);
-  }
-  std::cout << all.dump(2) << "\n";
-  return dc::kExitPass;
-}
-
-// --steps and --reference-mode, for pipeline scenarios (flux_pipeline).
-void add_pipeline_options(CLI::App& app, dc::PipelineOptions& p) {
-  app.add_option("--steps", p.steps, "Pipeline scenarios: denoising steps (default: the size's, 28 for flux_pipeline)");
-  app.add_option("--reference-mode", p.reference_mode,
-                 "Pipeline scenarios: forced (each step starts from the reference's latents, so each is judged on "
-                 "its own; the default) or free (the run follows its own trajectory; tolerances grow with the step)")
-      ->check(CLI::IsMember({"forced", "free"}))
-      ->capture_default_str();
-  app.add_option("--tap-blocks", p.tap_blocks,
-                 "Pipeline scenarios: which blocks' taps each step records: all, first,last or none (fewer taps "
-                 "for long runs of deep models)")
-      ->check(CLI::IsMember({"all", "first,last", "none"}))
-      ->capture_default_str();
-}
-
-// Options that say what one flag trial runs: a scenario or the user's command.
-void add_target_options(CLI::App& app, dc::FlagTarget& t, std::string& flags_csv) {
-  app.add_option("--flags", flags_csv, "Comma-separated flags (name or name=value for scenarios; whatever the command understands otherwise)");
-  app.add_option("--scenario", t.scenario, "Scenario to run for each trial (under mpirun)");
-  app.add_option("-n", t.ranks, "Ranks for each scenario trial")->check(CLI::PositiveNumber);
-  app.add_option("--inject", t.fault, "Fault injected in every scenario trial");
-  app.add_option("--dtype", t.dtype, "Scenario dtype")->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
-  app.add_option("--size", t.size, "Scenario size preset")->capture_default_str();
-  add_pipeline_options(app, t.pipeline);
-  app.add_option("--env", t.env_var, "External command: pass the flags, joined by spaces, in this environment variable (e.g. XLA_FLAGS, LIBTPU_INIT_ARGS)");
-  app.add_option("--check", t.check_file, "External command: activation file it writes; compared after each trial (mismatch = wrong)");
-  app.add_option("--timeout", t.timeout_seconds, "Time limit per trial, seconds (a hang is recorded as 'timed out')")->capture_default_str();
-  app.add_option("--mpirun", t.mpirun, "MPI launcher for scenario trials")->capture_default_str();
-  app.add_option("--launcher", t.launcher,
-                 "Launcher template for scenario trials, {n} = ranks, e.g. 'mpirun --host h1:8,h2:8 -n {n}' or "
-                 "'srun -n {n}' (default: '<--mpirun> -n {n}')");
-  app.add_option("--work-dir", t.work_dir,
-                 "Directory for trial files (run files, reports; default: the system's temporary directory). "
-                 "When the launcher starts rank 0 on another host, one that host and this one share");
-  app.add_option("command", t.command, "External command after --; '{flags}' is replaced by the flags");
-}
-
-int list_scenarios() {
-  for (const auto* s : dc::all_scenarios()) {
-    std::cout << fmt::format("{}\n  {}\n", s->name(), s->summary());
-    std::string meshes;
-    for (int n : {1, 2, 4, 8, 16}) {
-      try {
-        meshes += fmt::format("    {:>2} ranks: {}\n", n, s->default_mesh(n));
-      } catch (const dc::Error&) {
-      }
-    }
-    std::cout << "  default meshes:\n" << meshes;
-    std::string sizes;
-    for (const auto& z : s->sizes()) sizes += (sizes.empty() ? "" : ", ") + z;
-    std::cout << "  sizes: " << sizes << "\n  flags:\n";
-    if (s->flags().empty()) std::cout << "    (none)\n";
-    for (const auto& f : s->flags())
-      std::cout << fmt::format("    {} ({}, default {}): {}\n", f.name, dc::flag_type_name(f.type),
-                               f.default_value, f.help);
-    std::cout << "  faults (--inject):\n";
-    for (const auto& f : s->faults()) {
-      std::cout << fmt::format("    {}: {}\n      first divergent tap '{}'", f.name, f.help, f.first_tap);
-      if (!f.takes_effect_when.empty()) std::cout << fmt::format(" when {}", f.takes_effect_when);
-      if (!f.crashes_when.empty()) std::cout << fmt::format("; a crash when {}", f.crashes_when);
-      if (f.may_hang) std::cout << " (or, ranks having taken different paths, a HANG or DESYNC finding)";
-      if (!f.needs_flags.empty()) std::cout << fmt::format("; needs --flag {}", fmt::join(f.needs_flags, " --flag "));
-      std::cout << "\n";
-    }
-    std::cout << "\n";
-  }
-  return dc::kExitPass;
-}
-
-}  // namespace
+using namespace dc::cli;
 
 int main(int argc, char** argv) {
   const int rank0 = launcher_rank();
@@ -198,6 +44,7 @@ int main(int argc, char** argv) {
       "  diffcheck sweep-mesh --scenario unreduced_reshard -n 16 [--inject F]\n"
       "  diffcheck bisect --flags A,B,C (--scenario X -n N [--inject F] | --env XLA_FLAGS -- CMD ...)\n"
       "  diffcheck sweep (--profiles FILE | --all-subsets --flags A,B) (--scenario X -n N | -- CMD ...)\n"
+      "  diffcheck calibrate --scenario X -n N [--dtype D] -o FILE   (then --tolerances FILE)\n"
       "  diffcheck list\n\n"
       "Exit status: 0 all checks pass, 1 a check failed, 2 usage or input error.",
       "diffcheck"};
@@ -231,14 +78,54 @@ int main(int argc, char** argv) {
                  "Testing aid: a process fault on one rank: crash@R, hang@R or desync@R (an extra collective), "
                  "optionally :after=TAP (default: after its first tap) or :during=write|check (once the run file's "
                  "temporary exists / as the check starts)");
-  add_report_options(app, run.report);
+  add_report_options(app, run.report, run.tolerances_file);
+  app.add_option("--fault-scale", run.fault_scale,
+                 "Size of the injected fault, for faults of continuous size (see 'diffcheck list'): 1 the fault as "
+                 "named, 0 none, 0.01 a hundredth of it")
+      ->capture_default_str();
+  app.add_option("--tolerance", run.tolerance,
+                 "Where the reference check's tolerances come from: derived (a rule of dtype and reduction depth) or "
+                 "calibrated (each tap's noise floor measured within the run: the scenario on one device in the run's "
+                 "dtype, --calibration-runs times with inputs perturbed by one rounding; docs/tolerances.md)")
+      ->check(CLI::IsMember({"derived", "calibrated"}))
+      ->capture_default_str();
+  app.add_option("--calibration-runs", run.calibration_runs, "Runs of the noise-floor measurement (--tolerance calibrated)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 
   auto* compare = app.add_subcommand("compare", "Check an activation file (run file, rank file or rank-file prefix) without running anything");
   std::string source, reference;
   dc::ReportOptions cmp;
   compare->add_option("source", source, "Run file, one <prefix>.rank<R>.h5 file, or the prefix")->required();
   compare->add_option("--reference", reference, "Separate file with /reference/<tap> datasets");
-  add_report_options(*compare, cmp);
+  add_report_options(*compare, cmp, cmp.tolerances_file);
+  compare->add_option("--noise-floor", cmp.noise_floor,
+                      "A dump of the same taps from a single-device run in the same dtype (file or prefix): each tap's "
+                      "error there against the reference is its noise floor, and its tolerance k x that floor "
+                      "(FlashAttention's rule; docs/tolerances.md)");
+
+  auto* cal = app.add_subcommand(
+      "calibrate",
+      "Measure each tap's noise floor (the scenario on one device in the run's dtype, R runs with inputs and "
+      "weights perturbed by one rounding, against the float64 reference) and write the tolerances for "
+      "run/compare --tolerances FILE");
+  dc::CalibrateOptions co;
+  int cal_ranks = 1;
+  std::string cal_mpirun = "mpirun";
+  cal->add_option("--scenario", co.scenario, "Scenario to calibrate")->required();
+  cal->add_option("-n", cal_ranks, "Processes the runs are spread over (started with --mpirun)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cal->add_option("--dtype", co.dtype, "Compute dtype")->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
+  cal->add_option("--size", co.size, "Problem size preset")->capture_default_str();
+  cal->add_option("--seed", co.seed, "Seed of the generated inputs and weights")->capture_default_str();
+  cal->add_option("--flag", co.flags, "Scenario flag name=value (repeatable)");
+  add_pipeline_options(*cal, co.pipeline);
+  cal->add_option("--runs", co.runs, "Runs: the first as is, the others with perturbed inputs")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cal->add_option("-o,--out", co.out, "Tolerance file to write (JSON)")->required();
+  cal->add_option("--mpirun", cal_mpirun, "MPI launcher for -n > 1")->capture_default_str();
 
   auto* sweep = app.add_subcommand("sweep-mesh", "Run a scenario on every mesh shape N ranks can form over its axes (each a child mpirun with a time limit); exit 1 if any mesh fails");
   dc::SweepMeshOptions sw;
@@ -366,6 +253,38 @@ int main(int argc, char** argv) {
       spdlog::error("{}", e.what());
       return dc::kExitError;
     }
+  }
+  if (*cal && launcher_size() == 1 && cal_ranks > 1) {
+    // Start the processes the runs are spread over: this command again under
+    // the launcher, which takes this process's place (its output, its exit).
+    std::vector<std::string> words = dc::launcher_argv("", cal_mpirun, cal_ranks);
+    words.push_back(dc::self_executable());
+    for (int i = 1; i < argc; ++i) words.push_back(argv[i]);
+    std::vector<char*> cargv;
+    for (auto& w : words) cargv.push_back(w.data());
+    cargv.push_back(nullptr);
+    execvp(cargv[0], cargv.data());
+    std::cerr << fmt::format("diffcheck calibrate: cannot start '{}': {}\n", words[0], std::strerror(errno));
+    return dc::kExitError;
+  }
+  if (*cal) {
+    dc::Comm::init(&argc, &argv);
+    int status = dc::kExitError;
+    {
+      dc::setup_logging(dc::Comm::world().rank());
+      if (!std::getenv("OPENBLAS_NUM_THREADS")) dc::ref::set_blas_threads(threads_per_process());
+      try {
+        status = dc::calibrate_scenario(co);
+      } catch (const dc::InputError& e) {
+        if (launcher_rank() == 0) spdlog::error("{}", e.what());
+      } catch (const std::exception& e) {
+        spdlog::error("{}", e.what());
+        std::cerr.flush();
+        dc::Comm::abort(dc::kExitError);
+      }
+    }
+    dc::Comm::finalize();
+    return status;
   }
   if (*compare) {
     if (launcher_size() == 1) {

@@ -3,10 +3,13 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 
 #include "harness/core/error.h"
 #include "harness/core/interrupt.h"
@@ -52,6 +55,14 @@ bool directory_shared(const Comm& world, const std::string& dir) {
     std::filesystem::remove(path, ec);
   }
   return shared;
+}
+
+std::string read_text_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) input_error("cannot read the {} '{}': {}", what, path, std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 }  // namespace dc

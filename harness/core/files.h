@@ -10,6 +10,9 @@ namespace dc {
 // Throws Error naming the file and `what` (e.g. "HTML report") when it cannot.
 void write_whole_file(const std::string& path, const std::string& text, const std::string& what);
 
+// The whole of a text file. Throws InputError naming `what` and the file.
+std::string read_text_file(const std::string& path, const std::string& what);
+
 // Whether every rank of `world` sees the same directory `dir` (a shared
 // filesystem) rather than one of its own host's (node-local /tmp): rank 0
 // writes a probe file with a token no earlier run could have left, the others

@@ -45,6 +45,9 @@ struct FaultSpec {
   // finding (exit 1, named by the watchdog or the collective fingerprints)
   // instead of a divergence at first_tap. Either is what it must show.
   bool may_hang = false;
+  // A fault of continuous size: what --fault-scale A does to it (A = 1 the
+  // fault as named, A = 0 none). Empty: not scalable.
+  std::string scale_help = {};
 
   bool takes_effect(const Mesh& m) const { return !takes_effect_on || takes_effect_on(m); }
 };

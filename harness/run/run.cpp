@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "harness/core/interrupt.h"
 #include "harness/core/progress.h"
 #include "harness/core/watchdog.h"
+#include "harness/run/calibrate.h"
 #include "harness/run/chaos.h"
 #include "harness/run/scenario.h"
 
@@ -38,11 +40,24 @@ const Scenario& lookup(const std::string& name) {
   return *s;
 }
 
-void check_fault(const Scenario& s, const std::string& fault) {
-  if (fault.empty()) return;
+void check_fault(const Scenario& s, const std::string& fault, double scale) {
+  if (!(scale >= 0) || !std::isfinite(scale)) input_error("--fault-scale must be a finite number >= 0");
+  if (fault.empty()) {
+    if (scale != 1.0) input_error("--fault-scale {} without --inject: it scales the injected fault", scale);
+    return;
+  }
   std::string known;
   for (const auto& f : s.faults()) {
-    if (f.name == fault) return;
+    if (f.name == fault) {
+      if (scale != 1.0 && f.scale_help.empty()) {
+        std::string scalable;
+        for (const auto& g : s.faults())
+          if (!g.scale_help.empty()) scalable += (scalable.empty() ? "" : ", ") + g.name;
+        input_error("fault '{}' of {} has no size to scale (--fault-scale); its faults of continuous size: {}", fault,
+                    s.name(), scalable.empty() ? "(none)" : scalable);
+      }
+      return;
+    }
     known += (known.empty() ? "" : ", ") + f.name;
   }
   input_error("unknown fault '{}' for scenario '{}'; its faults are: {}", fault, s.name(),
@@ -96,6 +111,14 @@ RunOptions agree_on_options(const Comm& world, RunOptions opts) {
        [](RunOptions& o, const std::string& v) { o.seed = std::stoull(v); }},
       {"fault", [](const RunOptions& o) { return o.fault; },
        [](RunOptions& o, const std::string& v) { o.fault = v; }},
+      {"fault_scale", [](const RunOptions& o) { return num(o.fault_scale); },
+       [](RunOptions& o, const std::string& v) { o.fault_scale = std::stod(v); }},
+      {"tolerance", [](const RunOptions& o) { return o.tolerance; },
+       [](RunOptions& o, const std::string& v) { o.tolerance = v; }},
+      {"tolerances_file", [](const RunOptions& o) { return o.tolerances_file; },
+       [](RunOptions& o, const std::string& v) { o.tolerances_file = v; }},
+      {"calibration_runs", [](const RunOptions& o) { return std::to_string(o.calibration_runs); },
+       [](RunOptions& o, const std::string& v) { o.calibration_runs = std::stoi(v); }},
       {"size", [](const RunOptions& o) { return o.size; },
        [](RunOptions& o, const std::string& v) { o.size = v; }},
       {"steps", [](const RunOptions& o) { return std::to_string(o.pipeline.steps); },
@@ -233,6 +256,24 @@ WriteMode choose_write_mode(const Comm& world, const std::string& out, const std
   return gather ? WriteMode::gathered : WriteMode::collective;
 }
 
+// The table of --tolerances FILE: rank 0 reads the file and every rank parses
+// the same text, so all agree on it (or on the error) whatever hosts see.
+ToleranceTable tolerance_file_table(const Comm& world, const RunOptions& opts, const Scenario& scenario) {
+  std::string text;
+  if (world.rank() == 0) {
+    try {
+      text = "ok\n" + read_text_file(opts.tolerances_file, "tolerance file");
+    } catch (const std::exception& e) {
+      text = std::string("error\n") + e.what();
+    }
+  }
+  text = world.broadcast_string(text, 0);
+  if (text.rfind("error\n", 0) == 0) input_error("{}", text.substr(6));
+  const ToleranceFile f = parse_tolerance_file(text.substr(3), opts.tolerances_file);
+  require_matching_file(f, opts.tolerances_file, scenario.name(), opts.size, opts.dtype);
+  return tolerance_table(f, ToleranceSource::file, opts.tolerances_file);
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -263,7 +304,13 @@ int run_scenario(const RunOptions& given) {
   mesh.require_world(world.size());
   scenario.check_mesh(mesh, opts.size);
   FlagValues flags = FlagValues::resolve(scenario.flags(), opts.flags, scenario.name());
-  check_fault(scenario, opts.fault);
+  check_fault(scenario, opts.fault, opts.fault_scale);
+  std::optional<ToleranceTable> file_table;
+  if (!opts.tolerances_file.empty()) file_table = tolerance_file_table(world, opts, scenario);
+  if (opts.tolerance != "derived" && opts.tolerance != "calibrated")
+    input_error("--tolerance takes derived or calibrated, not '{}'", opts.tolerance);
+  if (opts.tolerance == "calibrated" && file_table)
+    input_error("--tolerance calibrated and --tolerances FILE both say where tolerances come from: give one");
   Chaos chaos(opts.chaos, world.size());
   if (opts.timeout_seconds < 0) input_error("--timeout must be >= 0 (0: no watchdog)");
   const std::string out = opts.out;
@@ -280,7 +327,7 @@ int run_scenario(const RunOptions& given) {
   auto t0 = std::chrono::steady_clock::now();
   TapRecorder taps(mesh, rank, dtype);
   chaos.arm(taps, world, rank);
-  RunContext ctx{mesh, world, taps, flags, opts.fault, dtype, opts.seed, opts.size, opts.pipeline};
+  RunContext ctx{mesh, world, taps, flags, opts.fault, dtype, opts.seed, opts.size, opts.pipeline, opts.fault_scale};
   interrupt::set_phase("running the scenario");
   try {
     scenario.run(ctx);
@@ -305,8 +352,10 @@ int run_scenario(const RunOptions& given) {
 
   interrupt::set_phase("writing the run file");
   auto t1 = std::chrono::steady_clock::now();
-  RunInfo info{scenario.name(), flags.str() + (opts.fault.empty() ? "" : " inject=" + opts.fault),
-               dtype_name(dtype), opts.seed, fmt::format("diffcheck {}", DIFFCHECK_VERSION)};
+  const std::string inject =
+      opts.fault.empty() ? "" : " inject=" + opts.fault + (opts.fault_scale == 1.0 ? "" : fmt::format("*{:g}", opts.fault_scale));
+  RunInfo info{scenario.name(), flags.str() + inject,
+               dtype_name(dtype), opts.seed, fmt::format("diffcheck {}", DIFFCHECK_VERSION), opts.size};
   write_run_file(world, out, info, taps, write_mode, [&] { chaos.during("write", world, rank); });
   const double write_s = seconds_since(t1);
   spdlog::info("wrote {} in {:.3f}s", out, write_s);
@@ -320,9 +369,22 @@ int run_scenario(const RunOptions& given) {
   ReportOptions report = opts.report;
   report.compare.processes = &world;
   report.timings = {{"sharded_s", sharded_s}, {"reference_s", reference_s}, {"write_s", write_s}};
+  std::optional<ToleranceTable> calibrated;
+  if (opts.tolerance == "calibrated") {
+    interrupt::set_phase("calibrating the tolerances");
+    const auto tc = std::chrono::steady_clock::now();
+    const NoiseFloorRequest req{&scenario, dtype, opts.seed, opts.size, flags, opts.pipeline, opts.calibration_runs};
+    const ToleranceFile measured{calibration_info(req), measure_noise_floors(world, req)};
+    calibrated = tolerance_table(measured, ToleranceSource::calibrated,
+                                 fmt::format("calibrated in this run ({} one-device runs)", opts.calibration_runs));
+    report.timings.emplace_back("calibrate_s", seconds_since(tc));
+    spdlog::info("calibrated the tolerances of {} taps in {:.3f}s", calibrated->taps.size(), seconds_since(tc));
+  }
+  if (file_table) report.compare.tolerances = &*file_table;
+  if (calibrated) report.compare.tolerances = &*calibrated;
   report.junit_name = fmt::format("{} mesh {} {}{}{}", scenario.name(), mesh.str(), dtype_name(dtype),
                                   flags.str().empty() ? "" : " " + flags.str(),
-                                  opts.fault.empty() ? "" : " inject=" + opts.fault);
+                                  inject);
   int status = kExitPass;
   interrupt::set_phase("checking the taps");
   chaos.during("check", world, rank);

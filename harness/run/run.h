@@ -18,7 +18,14 @@ struct RunOptions {
   std::vector<std::string> flags;  // --flag values, applied after DIFFCHECK_FLAGS
   // (rank 0's command line and DIFFCHECK_FLAGS hold for every rank)
   std::string fault;
+  double fault_scale = 1.0;  // --fault-scale, for faults of continuous size
   std::string size = "default";
+  // Where the reference check's tolerances come from: "derived" (the rule of
+  // check/tolerance.h) or "calibrated" (noise floors measured within the run,
+  // run/calibrate.h); a tolerance file (--tolerances) replaces both.
+  std::string tolerance = "derived";
+  std::string tolerances_file;
+  int calibration_runs = 8;
   PipelineOptions pipeline;  // --steps, --reference-mode (pipeline scenarios only)
   std::string out;  // empty: results/<scenario>.h5
   // How the run file is written: "mpiio", "gather" or "auto" (mpiio when

@@ -32,6 +32,8 @@ struct RunContext {
   std::uint64_t seed = 0;
   std::string size = "default";
   PipelineOptions pipeline;
+  // --fault-scale: the size of a fault of continuous size (FaultSpec::scale_help).
+  double fault_scale = 1.0;
 
   bool injected(const std::string& name) const { return fault == name; }
 };

@@ -1,0 +1,84 @@
+// Noise floors: how far a correct computation in the run's dtype on one
+// device lands from the float64 reference, per tap, and the tolerances made
+// of them (docs/tolerances.md, "Calibrated").
+//
+// A floor is measured by comparing such a computation (a scenario run on one
+// rank, R times with its inputs and weights perturbed by one rounding: run/
+// calibrate.h; or a user's single-device dump: compare --noise-floor) with the
+// reference, in two figures per tap:
+//   element  max_i |x_i - ref_i| / (rms(ref) + |ref_i|)   (the derived rule's form)
+//   rel_l2   ||x - ref|| / ||ref||
+// and the tolerance is k times the floor plus one rounding of the tap's dtype:
+//   rtol         = kElementFactor * element + u     atol = rtol * rms(ref)
+//   rel_l2_limit = kNormFactor * rel_l2 + u
+// Element-wise catches a few elements gone wrong (a tile's missing corner);
+// norm-wise catches a small error spread over all of them (an offset LSE),
+// which hides below an element-wise bound set by the worst of millions.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "harness/check/compare.h"
+#include "harness/check/tolerance.h"
+
+namespace dc {
+
+// Chosen from measurements (docs/tolerances.md): the largest ratio of a clean
+// sharded run's error to its one-device floor, over every scenario, mesh,
+// flag set, dtype and 100 seeds, with room to spare.
+inline constexpr double kElementFactor = 3.0;
+inline constexpr double kNormFactor = 3.0;
+
+struct TapFloor {
+  double element = 0, rel_l2 = 0;
+  std::string dtype;
+};
+using Floors = std::map<std::string, TapFloor>;
+
+// The options that make compare() measure floors: every tap with a reference
+// judged at rtol 1 and atol rms(ref), so its worst err/tol is the element
+// figure; the tap's own tolerance attributes are set aside.
+CompareOptions floor_measuring_options(CompareOptions base);
+// The floors of a result compared with floor_measuring_options().
+Floors floors_of(const CompareResult& res);
+// Element-wise maximum of two measurements (runs of one calibration).
+void merge_floors(Floors& into, const Floors& more);
+
+// Serialized for sending between ranks (one line per tap).
+std::string encode_floors(const Floors& f);
+Floors decode_floors(const std::string& text);
+
+MeasuredTolerance tolerance_from_floor(const TapFloor& f, double k_element = kElementFactor,
+                                       double k_norm = kNormFactor);
+
+// Where a tolerance file came from (its "provenance" object).
+struct CalibrationInfo {
+  std::string diffcheck;  // version that measured it
+  std::string scenario, size, dtype, flags, mesh, reference_mode;
+  int steps = 0;
+  std::uint64_t seed = 0;
+  int runs = 0;
+  double k_element = kElementFactor, k_norm = kNormFactor;
+  std::string method;  // how the floor was measured, in words
+};
+
+struct ToleranceFile {
+  CalibrationInfo info;
+  Floors floors;
+};
+
+// Whole or not at all. Throws Error naming the file.
+void write_tolerance_file(const std::string& path, const ToleranceFile& f);
+// Throws InputError naming the file and what is wrong with it.
+ToleranceFile read_tolerance_file(const std::string& path);
+ToleranceFile parse_tolerance_file(const std::string& text, const std::string& path);
+// The table a file gives (its k, its floors), `source` and `origin` for reports.
+ToleranceTable tolerance_table(const ToleranceFile& f, ToleranceSource source, const std::string& origin);
+// Throws InputError unless the file was made for this scenario, size and
+// dtype (a floor in float32 says nothing of bfloat16; one of another size
+// names other taps or other depths).
+void require_matching_file(const ToleranceFile& f, const std::string& path, const std::string& scenario,
+                           const std::string& size, const std::string& dtype);
+
+}  // namespace dc
