@@ -78,7 +78,8 @@ class FluxPipeline final : public Scenario {
             {"text_kv_rotated",
              "the replicated text keys/values are packed into the image block that travels the ring: text is "
              "attended ring times (sglang#33327)",
-             "step00/block0/attn", {}, "ring > 1", [](const Mesh& m) { return m.axis_size("ring") > 1; }},
+             "step00/block0/attn", {}, "ring > 1", [](const Mesh& m) { return m.axis_size("ring") > 1; }, {}, {}, false,
+             "each attention output A of the way from the right one to the rotated one"},
             {"timestep_temp_broadcast",
              "the sigma schedule is broadcast into a temporary: ranks other than 0 keep zeros (seeds/002 TP-2)",
              "schedule/sigmas", {}, "more than one rank", [](const Mesh& m) { return m.world_size() > 1; }},

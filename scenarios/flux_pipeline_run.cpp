@@ -72,6 +72,7 @@ PipelineRun::PipelineRun(RunContext& ctx)
   opt_.ring.sigmoid_merge = merge == "sigmoid";
   opt_.ring.dtype = ctx.dtype;
   opt_.fault_text_kv_rotated = ctx.injected("text_kv_rotated");
+  opt_.fault_scale = ctx.fault_scale;
   for (std::size_t br : place_.branches()) {
     text_[br] = prompt("prompt", "empty_prompt", br, {z_.block.txt, z_.block.dim});
     pooled_[br] = prompt("pooled", "empty_pooled", br, {z_.block.dim});

@@ -43,7 +43,7 @@ class FluxTp final : public Scenario {
              "row-parallel proj_out takes contiguous weight columns (seeds/002 TP-1): noise",
              "proj_out/weight", {}, "tp > 1", sharded},
             {"proj_out_bias_every_rank", "every tp rank adds the proj_out bias: y gets W x bias", "proj_out/partial",
-             {}, "tp > 1", sharded}};
+             {}, "tp > 1", sharded, {}, {}, false, "the ranks other than tp rank 0 add A x bias: y gets (1 + A(W-1)) x bias"}};
   }
   std::string default_mesh(int world) const override {
     auto [dp, tp] = default_two_axis_split(world);
@@ -83,8 +83,13 @@ class FluxTp final : public Scenario {
     const Tensor h = input("hidden", {n, d}), temb = input("temb", {1, d});
     const bool contiguous = ctx.injected("proj_out_contiguous");
     const bool bias_every_rank = ctx.injected("proj_out_bias_every_rank");
-    const auto w = ref::make_flux_weights<float>(ctx.seed, z, tp, i, contiguous, ctx.dtype);
+    auto w = ref::make_flux_weights<float>(ctx.seed, z, tp, i, contiguous, ctx.dtype);
     std::function<void(Tensor&)> round = [&](Tensor& t) { round_to(ctx.dtype, t.data); };
+    if (bias_every_rank && i != 0 && ctx.fault_scale != 1.0) {
+      // --fault-scale A: the extra ranks add A times the bias (y gets (1 + A(W-1)) x bias).
+      for (auto& x : w.out_b.data) x = static_cast<float>(x * ctx.fault_scale);
+      round(w.out_b);
+    }
     // The bias once: on tp rank 0, before the all-reduce (vLLM's RowParallelLinear rule).
     auto a = ref::flux_block_forward(h, temb, w, z, rope, bias_every_rank || i == 0, round);
 

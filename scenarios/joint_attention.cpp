@@ -40,16 +40,25 @@ Tensor joint_usp_attention(const Comm& sp, const Comm& ring, std::size_t text, c
     const Tensor qt = ref::heads_major(q_txt, h0, h0 + hp), kt = ref::heads_major(k_txt, h0, h0 + hp),
                  vt = ref::heads_major(v_txt, h0, h0 + hp);
     const Tensor queries = join_tokens(qt, qc);
-    Tensor out, lse;
-    if (opt.fault_text_kv_rotated) {
-      std::tie(out, lse) = ring_attention(ring, queries, join_tokens(kt, kc), join_tokens(vt, vc), opt.ring, {});
-    } else {
+    Tensor out;
+    if (!opt.fault_text_kv_rotated || opt.fault_scale != 1.0) {
+      Tensor lse;
       std::tie(out, lse) = ring_attention(ring, queries, kc, vc, opt.ring, {});
       auto [o_txt, l_txt] = block_attention(queries, kt, vt);
       round_to(opt.ring.dtype, o_txt.data);
       Tensor lse_tokens = ref::transpose2(lse);
       lse_merge(out, lse_tokens, o_txt, ref::transpose2(l_txt), opt.ring.sigmoid_merge);
       round_to(opt.ring.dtype, out.data);
+    }
+    if (opt.fault_text_kv_rotated) {
+      Tensor rotated = ring_attention(ring, queries, join_tokens(kt, kc), join_tokens(vt, vc), opt.ring, {}).first;
+      if (opt.fault_scale != 1.0) {
+        // --fault-scale A: A of the way from the right output to the rotated one.
+        for (std::size_t i = 0; i < out.data.size(); ++i)
+          rotated.data[i] = static_cast<float>(out.data[i] + opt.fault_scale * (rotated.data[i] - out.data[i]));
+        round_to(opt.ring.dtype, rotated.data);
+      }
+      out = std::move(rotated);
     }
     // The text queries' output is the same on every ring rank up to rounding:
     // each merges the ring's blocks in its own order. Ring rank 0's copy is

@@ -23,6 +23,7 @@ struct JointAttentionOptions {
   // The bug of sglang#33327: the replicated text K/V are packed into the
   // image block that travels the ring, so text is attended `ring` times.
   bool fault_text_kv_rotated = false;
+  double fault_scale = 1.0;  // --fault-scale: the output A of the way to the rotated one
 };
 
 // q, k, v: this rank's rows [text (`text` rows) | its image block], [rows, H, D],

@@ -116,7 +116,7 @@ std::pair<Tensor, Tensor> ring_attention(const Comm& ring, const Tensor& q, cons
         for (std::size_t i = 0; i < sq; ++i) {
           double off = 0;
           for (std::size_t x = 0; x < d; ++x) off += double(q.data[(a * sq + i) * d + x]) * mean[x];
-          lb.data[a * sq + i] = static_cast<float>(lb.data[a * sq + i] - off);
+          lb.data[a * sq + i] = static_cast<float>(lb.data[a * sq + i] - opt.fault_lse_scale * off);
         }
       }
     }

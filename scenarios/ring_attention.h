@@ -42,6 +42,7 @@ struct RingOptions {
   // Injected faults (scenario usp_attention):
   bool fault_lse_layout = false;  // the kernel hands its LSE over head-major [h, Sq]
   bool fault_lse_offset = false;  // the kernel smooths k by its block mean and leaves the LSE low
+  double fault_lse_scale = 1.0;   // --fault-scale: the LSE is left low by this fraction of the offset
   bool fault_kv_reuse = false;    // with overlap: the next block lands in the buffer being read
 };
 

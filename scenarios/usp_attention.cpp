@@ -77,7 +77,7 @@ class UspAttention final : public Scenario {
              "the kernel smooths K by its block mean (softmax unchanged) and leaves its LSE low by "
              "q.mean(k_block): each block's output is right, ring merges are wrong (error grows with ring; "
              "at ring = 1 only the LSE shows it)",
-             "ring/chunk0/step0/lse"},
+             "ring/chunk0/step0/lse", {}, {}, {}, {}, {}, false, "the LSE is left low by A x q.mean(k_block)"},
             {"ring_kv_reuse",
              "with ring_overlap, the next K/V block is received into the buffer still being read: finite, "
              "wrong",
@@ -124,6 +124,7 @@ class UspAttention final : public Scenario {
     ro.dtype = ctx.dtype;
     ro.fault_lse_layout = ctx.injected("lse_layout");
     ro.fault_lse_offset = ctx.injected("lse_offset");
+    ro.fault_lse_scale = ctx.fault_scale;
     ro.fault_kv_reuse = ctx.injected("ring_kv_reuse");
 
     const Comm sp_comm = ctx.world.split(ctx.mesh, {"sp"});

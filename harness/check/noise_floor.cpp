@@ -64,7 +64,10 @@ Floors decode_floors(const std::string& text) {
 }
 
 MeasuredTolerance tolerance_from_floor(const TapFloor& f, double k_element, double k_norm) {
-  const double u = unit_roundoff(f.dtype);
+  // One rounding of the accumulator (float32 for 16- and 32-bit dtypes): a
+  // floor of 0 (a tap no perturbation moved) still allows the last bit, while
+  // a bfloat16 tap computed in float32 (an LSE) keeps its own, finer floor.
+  const double u = accumulator_roundoff(f.dtype);
   MeasuredTolerance m;
   m.floor_element = f.element;
   m.floor_rel_l2 = f.rel_l2;

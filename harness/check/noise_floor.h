@@ -8,9 +8,10 @@
 // reference, in two figures per tap:
 //   element  max_i |x_i - ref_i| / (rms(ref) + |ref_i|)   (the derived rule's form)
 //   rel_l2   ||x - ref|| / ||ref||
-// and the tolerance is k times the floor plus one rounding of the tap's dtype:
-//   rtol         = kElementFactor * element + u     atol = rtol * rms(ref)
-//   rel_l2_limit = kNormFactor * rel_l2 + u
+// and the tolerance is k times the floor plus one rounding of the accumulator
+// (u_acc: float32's for 16- and 32-bit dtypes, check/tolerance.h):
+//   rtol         = kElementFactor * element + u_acc     atol = rtol * rms(ref)
+//   rel_l2_limit = kNormFactor * rel_l2 + u_acc
 // Element-wise catches a few elements gone wrong (a tile's missing corner);
 // norm-wise catches a small error spread over all of them (an offset LSE),
 // which hides below an element-wise bound set by the worst of millions.

@@ -26,7 +26,8 @@ int list_scenarios_json() {
       j["faults"].push_back({{"name", f.name}, {"help", f.help}, {"first_tap", f.first_tap},
                              {"needs_flags", f.needs_flags},
                              {"takes_effect_when", f.takes_effect_when.empty() ? "always" : f.takes_effect_when},
-                             {"crashes_when", f.crashes_when}, {"may_hang", f.may_hang}});
+                             {"crashes_when", f.crashes_when}, {"may_hang", f.may_hang},
+                             {"scalable", !f.scale_help.empty()}, {"fault_scale", f.scale_help}});
     j["default_mesh"] = nlohmann::json::object();
     for (int n : {1, 2, 4, 8, 16}) {
       try {
@@ -66,6 +67,7 @@ int list_scenarios() {
       if (f.may_hang) std::cout << " (or, ranks having taken different paths, a HANG or DESYNC finding)";
       if (!f.needs_flags.empty()) std::cout << fmt::format("; needs --flag {}", fmt::join(f.needs_flags, " --flag "));
       std::cout << "\n";
+      if (!f.scale_help.empty()) std::cout << fmt::format("      --fault-scale A: {}\n", f.scale_help);
     }
     std::cout << "\n";
   }

@@ -24,17 +24,15 @@ const InputPerturbation* active_input_perturbation() {
 
 float perturb_value(const InputPerturbation& p, std::uint32_t tensor_id, std::uint64_t index, float value) {
   if (value == 0.0f || !std::isfinite(value)) return value;
-  const bool up = splitmix64(p.seed ^ splitmix64((std::uint64_t{tensor_id} << 32) ^ index)) & 1u;
-  if (p.dtype == DType::float32) return std::nextafter(value, (value > 0) == up ? INFINITY : -INFINITY);
-  // bfloat16: the rounded value's upper 16 bits, one step in magnitude.
-  const float r = round_bf16(value);
-  std::uint32_t u;
-  std::memcpy(&u, &r, 4);
-  if ((u & 0x7fff0000u) == 0 || (u & 0x7f800000u) == 0x7f800000u) return r;
-  u = up ? u + 0x10000u : u - 0x10000u;
-  float out;
-  std::memcpy(&out, &u, 4);
-  return std::isfinite(out) ? out : r;
+  // One rounding unit, relative, of a size drawn from [u/2, 3u/2) and a random
+  // sign, before the value is rounded to the dtype: about half of the values
+  // land on a neighbouring representable number, as a different rounding of
+  // the same exact input would put them.
+  const std::uint64_t r = splitmix64(p.seed ^ splitmix64((std::uint64_t{tensor_id} << 32) ^ index));
+  const double u = p.dtype == DType::float32 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -8);
+  const double size = u * (0.5 + static_cast<double>(r >> 11) * 0x1.0p-53);
+  const float moved = static_cast<float>(static_cast<double>(value) * (r & 1u ? 1.0 + size : 1.0 - size));
+  return p.dtype == DType::float32 ? moved : round_bf16(moved);
 }
 
 ExactInputs::ExactInputs() { ++g_exact_depth; }

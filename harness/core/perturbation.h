@@ -1,9 +1,10 @@
 // Input perturbation for noise-floor calibration (check/calibration, run/
 // calibrate): while a perturbation is set, every generated input and weight
-// of the run's computation moves by one unit in the last place of the run's
-// dtype, up or down at random (a pure function of the perturbation seed, the
-// tensor and the element), as TTrace estimates the error a correct run may
-// show: ||F(X + dX) - F(X)|| for dX of one rounding. References are exact:
+// of the run's computation moves by one rounding unit u of the run's dtype
+// (relative, before it is rounded to the dtype; up or down at random, a pure
+// function of the perturbation seed, the tensor and the element), as TTrace
+// estimates the error a correct run may show: ||F(X + dX) - F(X)|| for dX of
+// one rounding. References are exact:
 // code that computes them runs inside an ExactInputs scope (ReferenceClock
 // opens one), where generation is left alone, so every perturbed run is
 // compared with the same float64 reference.
@@ -25,9 +26,9 @@ void set_input_perturbation(std::optional<InputPerturbation> p);
 // The perturbation in force here: none inside an ExactInputs scope.
 const InputPerturbation* active_input_perturbation();
 
-// `value` rounded to the perturbation's dtype and moved one ulp of it, up or
-// down in magnitude by the sign drawn for (tensor id, element index). Zero,
-// Inf and NaN are left alone.
+// `value` moved by u/2..3u/2 relative, its sign and size drawn for (tensor
+// id, element index), and rounded to the perturbation's dtype. Zero, Inf and
+// NaN are left alone.
 float perturb_value(const InputPerturbation& p, std::uint32_t tensor_id, std::uint64_t index, float value);
 
 class ExactInputs {

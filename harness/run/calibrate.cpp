@@ -104,7 +104,7 @@ int calibrate_scenario(const CalibrateOptions& opts) {
   write_tolerance_file(opts.out, file);
   std::size_t w = 4;
   for (const auto& [name, f] : floors) w = std::max(w, name.size());
-  std::cout << fmt::format("Noise floors of {} ({} {}, {} runs on mesh {}), tolerance = k x floor + u with k = {} "
+  std::cout << fmt::format("Noise floors of {} ({} {}, {} runs on mesh {}), tolerance = k x floor + u_acc with k = {} "
                            "(element), {} (rel L2):\n",
                            s->name(), opts.size, opts.dtype, opts.runs, file.info.mesh, file.info.k_element,
                            file.info.k_norm);
