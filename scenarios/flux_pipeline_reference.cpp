@@ -36,7 +36,10 @@ RefTensor PipelineRun::reference_step(const std::string& step, const RefTensor& 
   const auto branches = p.branches();
   for (std::size_t j = 0; j < branches.size(); ++j) {
     const std::size_t br = branches[j];
-    const RefTensor pooled = ref::to_ref(prompt_pooled(br)), txt = ref::to_ref(prompt_text(br));
+    // The prompts made afresh here, where generation is exact: the run's own
+    // copies carry a calibration's perturbation.
+    const RefTensor pooled = ref::to_ref(prompt("pooled", "empty_pooled", br, {z_.block.dim}));
+    const RefTensor txt = ref::to_ref(prompt("prompt", "empty_prompt", br, {z_.block.txt, z_.block.dim}));
     // The model receives 1000 sigma as a float32 tensor (see timestep_broadcast).
     const RefTensor tb = ref::pipeline_temb<double>(static_cast<float>(1000.0f * float(sigma)), pooled, *w_ref_, z_, exact);
     temb.push_back(tb);

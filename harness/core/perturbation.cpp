@@ -25,9 +25,8 @@ const InputPerturbation* active_input_perturbation() {
 float perturb_value(const InputPerturbation& p, std::uint32_t tensor_id, std::uint64_t index, float value) {
   if (value == 0.0f || !std::isfinite(value)) return value;
   // One rounding unit, relative, of a size drawn from [u/2, 3u/2) and a random
-  // sign, before the value is rounded to the dtype: about half of the values
-  // land on a neighbouring representable number, as a different rounding of
-  // the same exact input would put them.
+  // sign, before the value is rounded to the dtype: most values (about four
+  // in five) land on a neighbouring representable number, never further.
   const std::uint64_t r = splitmix64(p.seed ^ splitmix64((std::uint64_t{tensor_id} << 32) ^ index));
   const double u = p.dtype == DType::float32 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -8);
   const double size = u * (0.5 + static_cast<double>(r >> 11) * 0x1.0p-53);

@@ -1,0 +1,199 @@
+// Calibrated tolerances without MPI: the input perturbation, the precedence of
+// measured tolerances, the norm-wise limit in the comparator, and tolerance
+// files (round trip, refusals).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "harness/check/compare.h"
+#include "harness/check/noise_floor.h"
+#include "harness/check/report.h"
+#include "harness/core/error.h"
+#include "harness/core/perturbation.h"
+#include "reference/generate.h"
+
+namespace {
+
+using namespace dc;
+
+TEST(Perturbation, MovesMostValuesByOneUlpAtMostAndIsDeterministic) {
+  for (DType d : {DType::float32, DType::bfloat16}) {
+    const InputPerturbation p{7, d};
+    int moved = 0;
+    const int n = 4000;
+    for (int i = 0; i < n; ++i) {
+      float x = ref::uniform_at(1, 99, static_cast<std::uint64_t>(i), 1.0f);
+      if (d == DType::bfloat16) x = round_bf16(x);
+      const float y = perturb_value(p, 99, static_cast<std::uint64_t>(i), x);
+      EXPECT_EQ(y, perturb_value(p, 99, static_cast<std::uint64_t>(i), x));  // a pure function
+      if (d == DType::bfloat16) EXPECT_EQ(y, round_bf16(y));              // still a bfloat16
+      const float ulp = d == DType::float32 ? std::abs(std::nextafter(x, 2 * x) - x) : std::abs(x) * 0x1p-7f;
+      EXPECT_LE(std::abs(y - x), 1.01f * ulp) << x << " -> " << y;
+      moved += y != x;
+    }
+    EXPECT_GT(moved, n / 2) << dtype_name(d);
+    EXPECT_LT(moved, 19 * n / 20) << dtype_name(d);
+    EXPECT_EQ(perturb_value(p, 1, 1, 0.0f), 0.0f);
+    EXPECT_TRUE(std::isnan(perturb_value(p, 1, 1, NAN)));
+  }
+}
+
+TEST(Perturbation, GenerateIsPerturbedOutsideExactScopesOnly) {
+  const Tensor plain = ref::generate(3, "w", {64}, 1.0f);
+  {
+    const PerturbedInputs on(InputPerturbation{5, DType::float32});
+    const Tensor moved = ref::generate(3, "w", {64}, 1.0f);
+    EXPECT_NE(moved.data, plain.data);
+    {
+      const ExactInputs exact;  // what ReferenceClock opens around references
+      EXPECT_EQ(ref::generate(3, "w", {64}, 1.0f).data, plain.data);
+    }
+    EXPECT_EQ(ref::generate(3, "w", {64}, 1.0f).data, moved.data);
+  }
+  EXPECT_EQ(ref::generate(3, "w", {64}, 1.0f).data, plain.data);  // gone with its scope
+}
+
+TEST(MeasuredTolerance, PrecedenceAndSource) {
+  MeasuredTolerance m = tolerance_from_floor({1e-6, 2e-7, "float32"});
+  EXPECT_DOUBLE_EQ(m.rtol, kElementFactor * 1e-6 + std::ldexp(1.0, -24));
+  EXPECT_DOUBLE_EQ(m.rel_l2_limit, kNormFactor * 2e-7 + std::ldexp(1.0, -24));
+  ToleranceInputs in{"float32", 64, {}, {}, {}, {}, 2.0};
+  in.measured = &m;
+  in.measured_source = ToleranceSource::calibrated;
+  Tolerance t = derive_tolerance(in);
+  EXPECT_EQ(t.source, ToleranceSource::calibrated);
+  EXPECT_DOUBLE_EQ(t.rtol, m.rtol);
+  EXPECT_DOUBLE_EQ(t.atol, m.rtol * 2.0);
+  ASSERT_TRUE(t.rel_l2_limit);
+  EXPECT_DOUBLE_EQ(*t.rel_l2_limit, m.rel_l2_limit);
+  // A measurement replaces a tap's estimate by formula...
+  in.tap_atol = 0.5;
+  EXPECT_EQ(derive_tolerance(in).source, ToleranceSource::calibrated);
+  // ...but not a demand for exactness, nor the command line.
+  in.tap_rtol = 0.0;
+  in.tap_atol = 0.0;
+  t = derive_tolerance(in);
+  EXPECT_EQ(t.source, ToleranceSource::attribute);
+  EXPECT_EQ(t.atol, 0.0);
+  EXPECT_FALSE(t.rel_l2_limit);
+  in.tap_atol.reset();
+  in.tap_rtol.reset();
+  in.cli_rtol = 0.125;
+  t = derive_tolerance(in);
+  EXPECT_EQ(t.source, ToleranceSource::command_line);
+  EXPECT_EQ(t.rtol, 0.125);
+  in.cli_rtol.reset();
+  in.measured = nullptr;
+  EXPECT_EQ(derive_tolerance(in).source, ToleranceSource::derived);
+  EXPECT_EQ(source_name(ToleranceSource::noise_floor), "noise floor");
+}
+
+// One tap of n elements on one rank: x = ref + err.
+ActivationSet one_tap(const std::vector<double>& ref, const std::vector<double>& x) {
+  ActivationSet s;
+  s.mesh = Mesh::parse("dp=1");
+  s.world_size = 1;
+  s.source = "test";
+  auto data = std::make_shared<InMemoryData>();
+  TapData t;
+  t.name = "t";
+  t.dtype = "float32";
+  t.layout = Layout::parse("", "");
+  t.local_shape = {ref.size()};
+  t.reference_shape = Shape{ref.size()};
+  t.data_id = 0;
+  data->pieces.push_back({x});
+  data->references.push_back(ref);
+  s.taps.push_back(t);
+  s.data = data;
+  return s;
+}
+
+TEST(MeasuredTolerance, NormWiseLimitCatchesAnErrorSpreadBelowTheElementBound) {
+  std::vector<double> ref(1000), x(1000);
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    ref[i] = std::sin(0.1 * double(i)) + 0.01;
+    x[i] = ref[i] + 1e-6 * (i % 2 ? 1 : -1);  // 1e-6 everywhere: rel L2 ~1.4e-6
+  }
+  ToleranceTable table;
+  table.source = ToleranceSource::file;
+  table.taps["t"] = {1e-6, 1e-7, 1e-5, 1e-6};  // element bound 1e-5 passes every element; rel L2 1e-6 does not
+  CompareOptions o;
+  o.tolerances = &table;
+  const CompareResult res = compare(one_tap(ref, x), o);
+  const auto& rc = res.taps[0].reference;
+  EXPECT_EQ(rc.n_fail, 0);
+  ASSERT_TRUE(rc.l2_ratio);
+  EXPECT_GT(*rc.l2_ratio, 1.0);
+  EXPECT_FALSE(rc.pass);
+  EXPECT_FALSE(res.pass());
+  EXPECT_DOUBLE_EQ(rc.margin(), *rc.l2_ratio);
+  EXPECT_NE(describe_tap(res.taps[0], 0).find("rel L2"), std::string::npos);
+  EXPECT_NE(tolerance_line(rc).find("file"), std::string::npos);
+  // The same error under a looser limit passes, and a table without the tap
+  // falls back to the derived rule, said so.
+  table.taps["t"].rel_l2_limit = 1e-5;
+  EXPECT_TRUE(compare(one_tap(ref, x), o).pass());
+  table.taps.clear();
+  const CompareResult fallback = compare(one_tap(ref, x), o);
+  EXPECT_EQ(fallback.tolerance_fallbacks, std::vector<std::string>{"t"});
+  EXPECT_EQ(fallback.taps[0].reference.tol.source, ToleranceSource::derived);
+}
+
+TEST(MeasuredTolerance, FloorsAreWhatTheMeasuringCompareSees) {
+  std::vector<double> ref = {1, -2, 3, -4}, x = {1, -2, 3, -4.004};
+  const CompareResult res = compare(one_tap(ref, x), floor_measuring_options({}));
+  const Floors f = floors_of(res);
+  ASSERT_EQ(f.count("t"), 1u);
+  const double rms = std::sqrt((1 + 4 + 9 + 16) / 4.0);
+  EXPECT_NEAR(f.at("t").element, 0.004 / (rms + 4), 1e-12);
+  EXPECT_NEAR(f.at("t").rel_l2, 0.004 / std::sqrt(30.0), 1e-12);
+  Floors more = {{"t", {1.0, 0.0, "float32"}}, {"u", {0.5, 0.5, "bfloat16"}}};
+  Floors merged = f;
+  merge_floors(merged, more);
+  EXPECT_EQ(merged.at("t").element, 1.0);                 // the worst of the runs
+  EXPECT_EQ(merged.at("t").rel_l2, f.at("t").rel_l2);
+  EXPECT_EQ(merged.at("u").dtype, "bfloat16");
+  EXPECT_EQ(decode_floors(encode_floors(merged)).at("t").rel_l2, merged.at("t").rel_l2);
+}
+
+TEST(ToleranceFile, RoundTripAndRefusals) {
+  const std::string path = ::testing::TempDir() + "tolerances_test.json";
+  ToleranceFile f;
+  f.info.scenario = "flux_tp";
+  f.info.size = "default";
+  f.info.dtype = "bfloat16";
+  f.info.seed = 9;
+  f.info.runs = 4;
+  f.floors["a/b"] = {0.01, 0.002, "bfloat16"};
+  write_tolerance_file(path, f);
+  const ToleranceFile back = read_tolerance_file(path);
+  EXPECT_EQ(back.info.scenario, "flux_tp");
+  EXPECT_EQ(back.info.seed, 9u);
+  EXPECT_DOUBLE_EQ(back.floors.at("a/b").element, 0.01);
+  const ToleranceTable t = tolerance_table(back, ToleranceSource::file, path);
+  EXPECT_DOUBLE_EQ(t.find("a/b")->rtol, kElementFactor * 0.01 + std::ldexp(1.0, -24));
+  EXPECT_NO_THROW(require_matching_file(back, path, "flux_tp", "default", "bfloat16"));
+  auto refused = [&](const std::string& sc, const std::string& size, const std::string& dt, const char* word) {
+    try {
+      require_matching_file(back, path, sc, size, dt);
+      ADD_FAILURE() << "accepted " << sc << " " << size << " " << dt;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+  };
+  refused("usp_attention", "default", "bfloat16", "scenario 'flux_tp'");
+  refused("flux_tp", "flux1-dev", "bfloat16", "size 'default'");
+  refused("flux_tp", "default", "float32", "dtype 'bfloat16'");
+  for (const char* bad : {"{}", "not json", R"({"format":"diffcheck-tolerances","version":1})",
+                          R"({"format":"diffcheck-tolerances","version":2,"provenance":{},"taps":{}})"}) {
+    std::ofstream(path) << bad;
+    EXPECT_THROW(read_tolerance_file(path), InputError) << bad;
+  }
+  std::remove(path.c_str());
+  EXPECT_THROW(read_tolerance_file(path), InputError);
+}
+
+}  // namespace
