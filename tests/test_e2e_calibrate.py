@@ -1,0 +1,158 @@
+"""Calibrated tolerances end to end: `diffcheck calibrate` writes a file made
+on one seed; runs on another seed pass clean under it and every fault is
+caught (in its first tap) under it; `--tolerance calibrated` measures within
+the run; files made for another scenario or dtype are refused (exit 2) by
+run and compare; every report says where each tolerance came from;
+--fault-scale scales a fault of continuous size and is refused for others.
+Quick: flux_tp and usp_attention in float32 and bfloat16 at 4 and 8 ranks;
+every scenario with DIFFCHECK_E2E_FULL=1 (nightly)."""
+import json
+import os
+import re
+import subprocess
+import unittest
+
+from e2e import E2ETest, EXE, MPIEXEC
+
+FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
+
+
+def scenarios():
+    listing = json.loads(subprocess.run([EXE, "list", "--json"], capture_output=True, text=True, check=True).stdout)
+    return {s["name"]: s for s in listing}
+
+
+QUICK = {"flux_tp": 8, "usp_attention": 8, "vae_patch_decode": 8}
+
+
+class Calibrate(E2ETest):
+    def calibrate(self, scenario, dtype, seed=1, ranks=2, extra=()):
+        path = self.path(f"{scenario}.{dtype}.json")
+        res = self.run_cmd([EXE, "calibrate", "--scenario", scenario, "--dtype", dtype, "-n", str(ranks),
+                            "--seed", str(seed), "--runs", "4", "-o", path, *extra])
+        self.assertExit(res, 0)
+        self.assertIn("wrote " + path, res.out)
+        with open(path) as f:
+            doc = json.load(f)
+        self.assertEqual(doc["provenance"]["scenario"], scenario)
+        self.assertEqual(doc["provenance"]["dtype"], dtype)
+        self.assertEqual(doc["provenance"]["seed"], seed)
+        self.assertEqual(doc["provenance"]["runs"], 4)
+        self.assertIn("diffcheck", doc["provenance"]["diffcheck"])
+        return path
+
+    def test_file_from_one_seed_passes_clean_and_catches_every_fault_on_another(self):
+        listing = scenarios()
+        chosen = sorted(listing) if FULL else sorted(QUICK)
+        for sc in chosen:
+            n = QUICK.get(sc, 16)
+            for dtype in ("float32", "bfloat16"):
+                path = self.calibrate(sc, dtype)
+                with self.subTest(scenario=sc, dtype=dtype, fault=None):
+                    res = self.mpirun(n, "--scenario", sc, "--dtype", dtype, "--seed", "77", "--tolerances", path)
+                    self.assertExit(res, 0)
+                    sources = {t["reference"].get("tolerance_source") for t in res.report["taps"]
+                               if t["reference"]["present"]}
+                    self.assertIn("file", sources)
+                    # Every tap is in the file but those a one-device run cannot have
+                    # (ring steps after the first), which keep the derived rule, said so.
+                    for line in res.out.splitlines():
+                        if line.startswith("WARNING"):
+                            missing = line.split(": ", 1)[1].split(", ")
+                            self.assertTrue(all(re.search(r"/step[1-9][0-9]*/", m) for m in missing), line)
+                for fault in listing[sc]["faults"]:
+                    mesh = listing[sc]["default_mesh"][str(n)]
+                    if "FAIL" not in self.expected(sc, fault, n, mesh):
+                        continue
+                    with self.subTest(scenario=sc, dtype=dtype, fault=fault["name"]):
+                        args = ["--scenario", sc, "--dtype", dtype, "--seed", "77", "--tolerances", path,
+                                "--inject", fault["name"]]
+                        for f in fault["needs_flags"]:
+                            args += ["--flag", f]
+                        res = self.mpirun(n, *args)
+                        self.assertExit(res, 1)
+                        if fault["crashes_when"] or fault["may_hang"] or res.report is None:
+                            continue
+                        self.assertEqual(res.report["first_divergence"]["tap"], fault["first_tap"],
+                                         msg=f"{mesh}\n{res}")
+
+    def expected(self, sc, fault, n, mesh):
+        """What the fault must show on `mesh` (sweep-mesh's expectation: FAIL, CRASHED, PASS...)."""
+        args = [EXE, "sweep-mesh", "--scenario", sc, "-n", str(n), "--inject", fault["name"], "--dry-run",
+                "--mesh", mesh]
+        for f in fault["needs_flags"]:
+            args += ["--flag", f]
+        res = self.run_cmd(args)
+        row = next(l for l in res.out.splitlines() if l.startswith(f"| {mesh} |"))
+        return row.split("|")[-2].strip()
+
+    def test_in_run_calibration_and_reports(self):
+        res = self.mpirun(4, "--scenario", "flux_tp", "--tolerance", "calibrated", "--calibration-runs", "4",
+                          "--junit", self.path("j.xml"), "--html", self.path("r.html"))
+        self.assertExit(res, 0)
+        taps = {t["name"]: t["reference"] for t in res.report["taps"]}
+        self.assertEqual(taps["attn/q"]["tolerance_source"], "calibrated")
+        self.assertEqual(taps["proj_out/weight"]["tolerance_source"], "attribute")  # exact stays exact
+        q = taps["attn/q"]
+        self.assertGreater(float(q["noise_floor"]["element"]), 0)
+        self.assertAlmostEqual(float(q["noise_floor"]["clean_margin_element"]), 3.0, delta=0.1)
+        self.assertLessEqual(float(q["rel_l2"]), float(q["rel_l2_limit"]))
+        self.assertIn("calibrate_s", res.report["timings"])
+        self.assertRegex(res.out, r"attn/q .* calibrated +PASS")
+        with open(self.path("j.xml")) as f:
+            self.assertIn("tolerance calibrated: atol", f.read())
+        self.assertValidJUnit(self.path("j.xml"))
+        with open(self.path("r.html")) as f:
+            self.assertIn(">calibrated</td>", f.read())
+        # The same run with a fault: the failing tap says its tolerance and margin.
+        res = self.mpirun(4, "--scenario", "flux_tp", "--tolerance", "calibrated", "--calibration-runs", "4",
+                          "--inject", "proj_out_bias_every_rank")
+        self.assertExit(res, 1)
+        self.assertIn("tolerance calibrated: atol", res.out)
+        self.assertIn("clean margin", res.out)
+
+    def test_mismatched_files_are_refused_by_run_and_compare(self):
+        path = self.calibrate("flux_tp", "float32", ranks=1)
+        res = self.mpirun(4, "--scenario", "flux_tp", "--dtype", "bfloat16", "--tolerances", path)
+        self.assertExit(res, 2)
+        self.assertIn("calibrated for dtype 'float32', not 'bfloat16'", res.err)
+        res = self.mpirun(4, "--scenario", "unreduced_reshard", "--tolerances", path)
+        self.assertExit(res, 2)
+        self.assertIn("scenario 'flux_tp'", res.err)
+        res = self.mpirun(4, "--scenario", "flux_tp", "--tolerances", path, "--tolerance", "calibrated")
+        self.assertExit(res, 2)
+        res = self.mpirun(4, "--scenario", "flux_tp", "--tolerances", self.path("missing.json"))
+        self.assertExit(res, 2)
+        self.assertIn("missing.json", res.err)
+        # compare judges the run file by what it says of itself.
+        self.assertExit(self.mpirun(4, "--scenario", "flux_tp", "--dtype", "bfloat16"), 0)
+        res = self.diffcheck("compare", self.path("run.h5"), "--tolerances", path)
+        self.assertExit(res, 2)
+        self.assertIn("dtype 'float32', not 'bfloat16'", res.err)
+        self.assertExit(self.mpirun(4, "--scenario", "flux_tp", "--size", "default"), 0)
+        res = self.diffcheck("compare", self.path("run.h5"), "--tolerances", path, json=True)
+        self.assertExit(res, 0)
+        self.assertEqual({t["reference"].get("tolerance_source") for t in res.report["taps"]}, {"file", "attribute"})
+
+    def test_fault_scale(self):
+        res = self.mpirun(4, "--scenario", "flux_tp", "--inject", "proj_out_contiguous", "--fault-scale", "0.5")
+        self.assertExit(res, 2)
+        self.assertIn("no size to scale", res.err)
+        self.assertIn("proj_out_bias_every_rank", res.err)  # the scalable ones are named
+        res = self.mpirun(4, "--scenario", "flux_tp", "--fault-scale", "0.5")
+        self.assertExit(res, 2)
+        # A = 0: no fault at all; a tiny A passes; A = 1 the fault as named.
+        res = self.mpirun(4, "--scenario", "usp_attention", "--inject", "lse_offset", "--fault-scale", "0")
+        self.assertExit(res, 0)
+        res = self.mpirun(4, "--scenario", "usp_attention", "--inject", "lse_offset", "--fault-scale", "1e-9")
+        self.assertExit(res, 0)
+        res = self.mpirun(4, "--scenario", "usp_attention", "--inject", "lse_offset", "--fault-scale", "1")
+        self.assertExit(res, 1)
+        self.assertIn("inject=lse_offset", res.out)
+        res = self.mpirun(4, "--scenario", "usp_attention", "--inject", "lse_offset", "--fault-scale", "0.25")
+        self.assertExit(res, 1)
+        self.assertIn("inject=lse_offset*0.25", res.out)
+
+
+if __name__ == "__main__":
+    unittest.main()
