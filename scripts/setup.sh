@@ -26,7 +26,7 @@ PACKAGES=(
   libopenblas-dev librandom123-dev libpng-dev
   python3 python3-h5py python3-numpy
 )
-((test_tools)) && PACKAGES+=(clang libclang-rt-14-dev chromium python3-junitparser libxml2-utils)
+((test_tools)) && PACKAGES+=(clang libclang-rt-14-dev chromium python3-junitparser libxml2-utils python3-torch)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
