@@ -23,7 +23,6 @@ injects that fault into the scenario's clean cells: a regression it must catch.
 """
 import argparse
 import datetime
-import html
 import itertools
 import json
 import math
@@ -35,6 +34,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from child_process import run_ended_gracefully, stop_on_sigterm_like_ctrl_c  # noqa: E402
+from nightly_report import (cell_id, fmt_num, json_load_numbers, json_safe, outcome, write_atomic,  # noqa: E402
+                            write_index, write_junit)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = ("float32", "bfloat16")
@@ -62,6 +63,11 @@ def parse_args():
     p.add_argument("-n", type=int, default=16, help="ranks per run (default 16)")
     p.add_argument("--timeout", type=float, default=300, help="time limit per cell, seconds (default 300)")
     p.add_argument("--diffcheck", help="the diffcheck executable (default: $DIFFCHECK_EXE, build/diffcheck, PATH)")
+    p.add_argument("--tolerance", choices=["derived", "calibrated"], default="derived",
+                   help="the cells' tolerances: the derived rule (default), or calibrated: one `diffcheck calibrate` "
+                        "per scenario, dtype and flag variant on --calibration-seed, its file used by every mesh "
+                        "and fault of that variant (docs/tolerances.md)")
+    p.add_argument("--calibration-seed", type=int, default=1, help="seed of the calibrations (runs use 1234)")
     return p.parse_args()
 
 
@@ -179,7 +185,28 @@ def tap_ratios(report_path):
     return out
 
 
+def calibration(exe, cell, night, args):
+    """The tolerance file of the cell's scenario, dtype, size and flags, made
+    once per night (`diffcheck calibrate` on the calibration seed)."""
+    d = os.path.join(night, "calibration")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, slug(f"{cell['scenario']} {cell['dtype']} {cell.get('size') or 'default'} "
+                                f"{flag_text(cell['flags'])}") + ".json")
+    if not os.path.exists(path):
+        cmd = [exe, "calibrate", "--scenario", cell["scenario"], "--dtype", cell["dtype"], "-n", "2",
+               "--seed", str(args.calibration_seed), "-o", path]
+        if cell.get("size"):
+            cmd += ["--size", cell["size"]]
+        for f in cell["flags"]:
+            cmd += ["--flag", f]
+        res = run_ended_gracefully(cmd)
+        if res.returncode != 0 or not os.path.exists(path):
+            raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.strip()[-500:]}")
+    return path
+
+
 def run_cell(exe, cell, night, args, regressions):
+    cell["tolerance"] = args.tolerance
     d = os.path.join(night, cell["dir"])
     os.makedirs(d, exist_ok=True)
     sweep_json = os.path.join(d, cell["stem"] + ".sweep.json")
@@ -189,6 +216,13 @@ def run_cell(exe, cell, night, args, regressions):
         cmd += ["--flag", f]
     if cell.get("size"):
         cmd += ["--size", cell["size"]]
+    if args.tolerance == "calibrated":
+        try:
+            cmd += ["--tolerances", calibration(exe, cell, night, args)]
+        except RuntimeError as err:
+            cell.update(verdict="ERROR", first_tap="-", expected="PASS" if cell["kind"] == "clean" else "?",
+                        ok=False, detail=str(err), seconds=0.0)
+            return cell
     fault = cell["fault"]
     if cell["kind"] == "clean" and cell["scenario"] in regressions:
         fault = regressions[cell["scenario"]]
@@ -232,19 +266,6 @@ def run_cell(exe, cell, night, args, regressions):
     finite = [v for v in cell["taps"].values() if v is not None]
     cell["worst_ratio"] = max(finite, key=lambda v: (math.isnan(v), v)) if finite else None
     return cell
-
-
-def outcome(cell):
-    """A short word for what the cell shows."""
-    if cell["ok"]:
-        return "caught" if cell["verdict"] in ("FAIL", "CRASHED") else "pass"
-    if cell["verdict"] in ("CRASHED", "TIMED OUT", "ERROR", "INTERRUPTED"):
-        return "broken"
-    if cell["expected"] == "PASS":
-        return "false positive"
-    if cell["verdict"] == "PASS":
-        return "missed"
-    return "wrong tap"
 
 
 # ---------------------------------------------------------------- drift
@@ -316,202 +337,6 @@ def find_previous(out_dir, date, given):
     earlier = sorted(d for d in os.listdir(out_dir) if d < date and
                      os.path.exists(os.path.join(out_dir, d, "summary.json"))) if os.path.isdir(out_dir) else []
     return os.path.join(out_dir, earlier[-1], "summary.json") if earlier else None
-
-
-# ---------------------------------------------------------------- reports
-
-def write_junit(path, cells, date):
-    from xml.sax.saxutils import escape, quoteattr
-    by = {}
-    for c in cells:
-        by.setdefault(c["scenario"], []).append(c)
-    out = ['<?xml version="1.0" encoding="UTF-8"?>']
-    tot = len(cells)
-    fails = sum(1 for c in cells if not c["ok"] and outcome(c) != "broken")
-    errs = sum(1 for c in cells if outcome(c) == "broken")
-    out.append(f'<testsuites name={quoteattr("diffcheck nightly " + date)} tests="{tot}" failures="{fails}" '
-               f'errors="{errs}" time="{sum(c["seconds"] for c in cells):.2f}">')
-    for i, (s, cs) in enumerate(sorted(by.items())):
-        f = sum(1 for c in cs if not c["ok"] and outcome(c) != "broken")
-        e = sum(1 for c in cs if outcome(c) == "broken")
-        out.append(f'  <testsuite name={quoteattr("nightly " + s)} id="{i}" package="diffcheck.nightly" '
-                   f'hostname="localhost" timestamp="{date}T00:00:00" tests="{len(cs)}" failures="{f}" '
-                   f'errors="{e}" skipped="0" time="{sum(c["seconds"] for c in cs):.2f}">')
-        out.append("    <properties/>")
-        for c in cs:
-            name = f"{c['variant']} @ {c['mesh']}"
-            out.append(f'    <testcase classname={quoteattr("diffcheck.nightly." + s + "." + c["dtype"])} '
-                       f'name={quoteattr(name)} time="{c["seconds"]:.2f}">')
-            if not c["ok"]:
-                tag = "error" if outcome(c) == "broken" else "failure"
-                msg = (f"{outcome(c)}: expected {c['expected']}, got {c['verdict']}"
-                       f"{' at ' + repr(c['first_tap']) if c['first_tap'] not in ('-', '') else ''}"
-                       f"{': ' + c['detail'] if c.get('detail') else ''}")
-                out.append(f'      <{tag} message={quoteattr(msg)} type={quoteattr(outcome(c))}>'
-                           f'{escape(msg)}</{tag}>')
-            out.append("    </testcase>")
-        out.append("    <system-out/>\n    <system-err/>\n  </testsuite>")
-    out.append("</testsuites>")
-    write_atomic(path, "\n".join(out) + "\n")
-
-
-COLOURS = {"caught": "#1565c0", "false positive": "#c62828", "missed": "#880e4f", "wrong tap": "#ef6c00",
-           "broken": "#757575"}
-
-
-def pass_colour(r):
-    """The run reports' scale for err/tol <= 1: pale (1e-4 and below) to green (1)."""
-    if r is None:
-        return "#e0e0e0"
-    f = min(max((math.log10(max(r, 1e-12)) + 4) / 4, 0.0), 1.0)
-    return f"rgb({int(232 - 130 * f)},{int(245 - 70 * f)},{int(233 - 150 * f)})"
-
-
-def fmt_num(v):
-    if v is None:
-        return "-"
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return str(v)
-    return f"{v:.3g}"
-
-
-CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:16px;color:#222}
-h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:18px 0 6px}
-.meta{color:#555;margin-bottom:8px} .badge{padding:2px 8px;border-radius:4px;color:#fff;font-weight:600}
-.pass{background:#2e7d32} .fail{background:#c62828}
-table{border-collapse:collapse;margin-bottom:8px} td,th{border:1px solid #ddd;padding:2px 6px;font-size:12px}
-th{background:#f5f5f5;text-align:left} td.cell{width:22px;height:16px;padding:0}
-td.cell a{display:block;width:100%;height:100%} td.bad{outline:3px solid #000;outline-offset:-3px}
-.legend span{margin-right:12px;font-size:12px} .legend i{display:inline-block;width:12px;height:12px;
-margin-right:4px;vertical-align:middle;border:1px solid #aaa} tr.flagged td{background:#fff3e0}
-tr.newfail td{background:#ffebee;font-weight:600} details{margin:6px 0}"""
-
-
-def write_index(path, summary):
-    cells = summary["cells"]
-    bad = [c for c in cells if not c["ok"]]
-    e = html.escape
-    s = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>diffcheck nightly "
-         f"{e(summary['date'])}</title><style>{CSS}</style></head><body>"]
-    s.append(f"<h1>diffcheck nightly {e(summary['date'])} <span id=\"verdict\" class=\"badge "
-             f"{'fail' if bad else 'pass'}\">{'FAIL' if bad else 'PASS'}</span></h1>")
-    s.append(f"<div class=\"meta\">{len(cells)} cells ({summary['ranks']} ranks each"
-             f"{', quick matrix' if summary['quick'] else ''}): {sum(c['ok'] for c in cells)} as expected, "
-             f"{len(bad)} not &middot; cell time {summary['cell_seconds']:.0f} s &middot; "
-             f"{e(summary['diffcheck_version'])}"
-             f"{' &middot; compared with ' + e(summary['previous']) if summary.get('previous') else ''}"
-             f"{' &middot; <b>regression injected for testing: ' + e(summary['injected_for_testing']) + '</b>' if summary.get('injected_for_testing') else ''}</div>")
-    if bad:
-        s.append("<h2>Not as expected</h2><ul id=\"bad\">")
-        for c in bad:
-            link = f" &middot; <a href=\"{e(c['report'])}\">report</a>" if c.get("report") else ""
-            s.append(f"<li class=\"bad-cell\" data-cell=\"{e(cell_id(c))}\"><b>{e(outcome(c))}</b>: "
-                     f"{e(c['scenario'])} {e(c['dtype'])} {e(c['variant'])} @ {e(c['mesh'])} &mdash; expected "
-                     f"{e(c['expected'])}, got {e(c['verdict'])}"
-                     f"{' at ' + e(repr(c['first_tap'])) if c['first_tap'] not in ('-', '') else ''}{link}</li>")
-        s.append("</ul>")
-    s.append("<h2>Drift since the previous night</h2>")
-    s.append(drift_html(summary))
-    s.append("<h2>The matrix</h2><div class=\"legend\">"
-             "<span><i style=\"background:rgb(232,245,233)\"></i>pass, err/tol &#8804; 1e-4</span>"
-             "<span><i style=\"background:rgb(102,175,83)\"></i>pass, err/tol 1</span>"
-             "<span><i style=\"background:#1565c0\"></i>fault caught at its tap</span>"
-             "<span><i style=\"background:#c62828\"></i>false positive</span>"
-             "<span><i style=\"background:#880e4f\"></i>fault missed</span>"
-             "<span><i style=\"background:#ef6c00\"></i>caught at another tap</span>"
-             "<span><i style=\"background:#757575\"></i>crash, time-out, error</span>"
-             "<span>outlined: not as expected (click for the run report)</span></div>")
-    by = {}
-    for c in cells:
-        by.setdefault(c["scenario"], []).append(c)
-    for scen, cs in sorted(by.items()):
-        ms = list(dict.fromkeys(c["mesh"] for c in cs))
-        rows = list(dict.fromkeys((c["dtype"], c["kind"], c["variant"]) for c in cs))
-        at = {(c["dtype"], c["kind"], c["variant"], c["mesh"]): c for c in cs}
-        s.append(f"<h2 id=\"{e(scen)}\">{e(scen)}</h2><table class=\"matrix\" data-scenario=\"{e(scen)}\">"
-                 "<tr><th>dtype</th><th>variant</th>" + "".join(f"<th>{e(m)}</th>" for m in ms) + "</tr>")
-        for r in rows:
-            s.append(f"<tr><td>{e(r[0])}</td><td>{e(r[2])}</td>")
-            for m in ms:
-                c = at.get(r + (m,))
-                if c is None:
-                    s.append("<td></td>")
-                    continue
-                o = outcome(c)
-                colour = pass_colour(c.get("worst_ratio")) if o == "pass" else COLOURS[o]
-                tip = (f"{c['scenario']} {c['dtype']} {c['variant']} @ {c['mesh']}\n{o}: expected {c['expected']}, "
-                       f"got {c['verdict']}" + (f" at '{c['first_tap']}'" if c["first_tap"] not in ("-", "") else "")
-                       + f"\nworst err/tol {fmt_num(c.get('worst_ratio'))}\n{c['seconds']:.1f} s")
-                inner = f"<a href=\"{e(c['report'])}\"></a>" if c.get("report") and (o != "pass") else ""
-                s.append(f"<td class=\"cell {o.replace(' ', '-')}{' bad' if not c['ok'] else ''}\" "
-                         f"data-cell=\"{e(cell_id(c))}\" style=\"background:{colour}\" title=\"{e(tip)}\">{inner}</td>")
-            s.append("</tr>")
-        s.append("</table>")
-    s.append("</body></html>\n")
-    write_atomic(path, "".join(s))
-
-
-def cell_id(c):
-    return f"{c['scenario']}/{c['dtype']}/{c['variant']}/{c['mesh']}"
-
-
-def drift_html(summary):
-    e = html.escape
-    rows = summary["drift"]
-    if not summary.get("previous"):
-        return "<p id=\"drift\">No previous night to compare with.</p>"
-    head = ("<table id=\"drift\"><tr><th>change</th><th>scenario</th><th>dtype</th><th>what</th><th>before</th>"
-            "<th>now</th><th>factor</th></tr>")
-    def row(r):
-        cls = "newfail" if r["kind"] == "new failure" else "flagged" if r["flagged"] else ""
-        factor = r.get("factor")
-        ftxt = "-" if factor is None else fmt_num(factor) + "x" if not math.isnan(factor) else "NaN"
-        what = e(r["what"]) + (f" &middot; <a href=\"{e(r['report'])}\">report</a>" if r.get("report") else "")
-        return (f"<tr class=\"{cls}\"><td>{e(r['kind'])}</td><td>{e(r['scenario'])}</td><td>{e(r['dtype'])}</td>"
-                f"<td>{what}</td><td>{e(fmt_num(r['before']) if not isinstance(r['before'], str) else r['before'])}</td>"
-                f"<td>{e(fmt_num(r['now']) if not isinstance(r['now'], str) else r['now'])}</td><td>{ftxt}</td></tr>")
-    top = [r for r in rows if r["flagged"] or r["kind"] != "err/tol"]
-    rest = [r for r in rows if not (r["flagged"] or r["kind"] != "err/tol")]
-    out = head + "".join(row(r) for r in top)
-    if not top:
-        out += "<tr><td colspan=\"7\">nothing changed by more than 2x, no new failures</td></tr>"
-    out += "</table>"
-    if rest:
-        out += (f"<details><summary>{len(rest)} taps within 2x of the previous night</summary><table>"
-                + "".join(row(r) for r in rest) + "</table></details>")
-    return out
-
-
-def write_atomic(path, text):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def json_safe(v):
-    """NaN/Inf as strings, as the run reports write them."""
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return str(v)
-    if isinstance(v, dict):
-        return {k: json_safe(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [json_safe(x) for x in v]
-    return v
-
-
-def json_load_numbers(v):
-    if isinstance(v, str) and v in ("nan", "inf", "-inf"):
-        return float(v)
-    if isinstance(v, dict):
-        return {k: json_load_numbers(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [json_load_numbers(x) for x in v]
-    return v
-
-
-# ---------------------------------------------------------------- main
-
 def main():
     stop_on_sigterm_like_ctrl_c()  # a batch time limit ends the night as a Ctrl-C does
     args = parse_args()
@@ -547,7 +372,8 @@ def main():
         try:
             with open(rec) as f:
                 old = json_load_numbers(json.load(f))
-            if old.get("injected_for_testing") == (regressions.get(c["scenario"]) if c["kind"] == "clean" else None):
+            if (old.get("injected_for_testing") == (regressions.get(c["scenario"]) if c["kind"] == "clean" else None)
+                    and old.get("tolerance", "derived") == args.tolerance):
                 done.append(old)
                 continue
         except (OSError, ValueError):
@@ -576,6 +402,7 @@ def main():
         with open(previous_path) as f:
             previous = json_load_numbers(json.load(f))
     summary = {"date": args.date, "quick": args.quick, "ranks": args.n, "diffcheck_version": version,
+               "tolerance": args.tolerance,
                "previous": os.path.relpath(previous_path, night) if previous_path else None,
                "injected_for_testing": ", ".join(f"{k}:{v}" for k, v in regressions.items()) or None,
                "wall_seconds_this_run": round(wall, 1),

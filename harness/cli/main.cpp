@@ -136,6 +136,9 @@ int main(int argc, char** argv) {
   sweep->add_option("--dtype", sw.dtype, "Compute dtype")->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
   sweep->add_option("--size", sw.size, "Problem size preset")->capture_default_str();
   add_pipeline_options(*sweep, sw.pipeline);
+  sweep->add_option("--tolerances", sw.tolerances_file, "Tolerance file (diffcheck calibrate) for every run");
+  sweep->add_option("--tolerance", sw.tolerance, "derived or calibrated (measured within each run)")
+      ->check(CLI::IsMember({"derived", "calibrated"}));
   sweep->add_option("--timeout", sw.timeout_seconds, "Time limit per mesh, seconds")->capture_default_str();
   sweep->add_option("--json", sw.json_path, "Also write the table as JSON");
   sweep->add_option("--junit", sw.junit_path, "Also write a JUnit XML report (one test case per mesh)");

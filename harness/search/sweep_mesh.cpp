@@ -268,6 +268,8 @@ int sweep_mesh(const SweepMeshOptions& opts) {
                                    "--dtype", opts.dtype, "--size", opts.size, "--out", out, "--json", json});
       if (!kept.empty()) t.argv.insert(t.argv.end(), {"--html", kept + ".html"});
       if (!opts.fault.empty()) t.argv.insert(t.argv.end(), {"--inject", opts.fault});
+      if (!opts.tolerances_file.empty()) t.argv.insert(t.argv.end(), {"--tolerances", opts.tolerances_file});
+      if (!opts.tolerance.empty()) t.argv.insert(t.argv.end(), {"--tolerance", opts.tolerance});
       for (const auto& a : opts.pipeline.args()) t.argv.push_back(a);
       for (const auto& f : opts.flags) t.argv.insert(t.argv.end(), {"--flag", f});
       if (isatty(2)) std::cerr << fmt::format("sweep-mesh: {} ...\r", mesh.str()) << std::flush;

@@ -22,6 +22,9 @@ struct SweepMeshOptions {
   std::string fault, dtype = "float32", size = "default";
   PipelineOptions pipeline;
   std::vector<std::string> flags;
+  // Tolerances of every run: a file from `diffcheck calibrate` (--tolerances)
+  // or "calibrated" within each run (--tolerance); empty: the derived rule.
+  std::string tolerances_file, tolerance;
   double timeout_seconds = 600;
   std::string json_path;
   std::string junit_path;  // one test case per mesh
