@@ -88,7 +88,7 @@ std::string heatmap(const ActivationSet& set, const CompareResult& res) {
 std::string tap_table(const CompareResult& res) {
   std::string s =
       "<table id=\"taps\"><thead><tr><th>#</th><th class=\"l\">tap</th><th class=\"l\">layout</th><th>nan/inf</th>"
-      "<th>replica diff</th><th>max abs</th><th>max rel</th><th>rel L2</th><th>worst err/tol</th><th class=\"l\">tolerance</th>"
+      "<th>replica diff</th><th>max abs</th><th>max rel</th><th>rel L2</th><th>err/tol</th><th class=\"l\">tolerance</th>"
       "<th class=\"l\">verdict</th></tr></thead><tbody>\n";
   for (std::size_t i = 0; i < res.taps.size(); ++i) {
     const TapVerdict& t = res.taps[i];
@@ -137,6 +137,12 @@ class HtmlReporter final : public Reporter {
       out << "<pre id=\"first-divergence\">" << esc(describe_first_divergence(set, res)) << "</pre>\n";
     else
       out << "<p id=\"all-pass\">Every check of every tap passes.</p>\n";
+    if (!res.tolerance_fallbacks.empty()) {
+      std::string names;
+      for (const auto& n : res.tolerance_fallbacks) names += (names.empty() ? "" : ", ") + n;
+      out << fmt::format("<p id=\"tolerance-fallbacks\">{} tap(s) not in the tolerance table keep the derived "
+                         "rule: {}</p>\n", res.tolerance_fallbacks.size(), esc(names));
+    }
     // A pipeline's pictures first: its image, the steps, the error growth.
     if (!res.images.empty()) out << "<h2>Final image</h2>\n" << html::image_figures(res);
     if (const std::string steps = html::step_heatmap(res); !steps.empty()) {

@@ -110,6 +110,7 @@ class JsonReporter final : public Reporter {
       for (auto it = j["images"].rbegin(); it != j["images"].rend(); ++it)
         if ((*it)["tap"] == j["images"].back()["tap"] && (*it)["item"] == 0) j["final_image"] = *it;
     }
+    j["tolerance_fallbacks"] = res.tolerance_fallbacks;  // taps the tolerance table did not name
     if (!res.timings.empty()) {
       j["timings"] = json::object();
       for (const auto& [name, s] : res.timings) j["timings"][name] = s;
