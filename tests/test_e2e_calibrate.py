@@ -99,7 +99,9 @@ class Calibrate(E2ETest):
         self.assertEqual(taps["proj_out/weight"]["tolerance_source"], "attribute")  # exact stays exact
         q = taps["attn/q"]
         self.assertGreater(float(q["noise_floor"]["element"]), 0)
-        self.assertAlmostEqual(float(q["noise_floor"]["clean_margin_element"]), 3.0, delta=0.1)
+        # tolerance / floor: k plus the accumulator's rounding, more than 1 by construction
+        self.assertGreater(float(q["noise_floor"]["clean_margin_element"]), 2.0)
+        self.assertGreater(float(q["noise_floor"]["clean_margin_rel_l2"]), 2.0)
         self.assertLessEqual(float(q["rel_l2"]), float(q["rel_l2_limit"]))
         self.assertIn("calibrate_s", res.report["timings"])
         self.assertRegex(res.out, r"attn/q .* calibrated +PASS")

@@ -26,9 +26,10 @@
 namespace dc {
 
 // Chosen from measurements (docs/tolerances.md): the largest ratio of a clean
-// sharded run's error to its one-device floor, over every scenario, mesh,
-// flag set, dtype and 100 seeds, with room to spare.
-inline constexpr double kElementFactor = 3.0;
+// sharded run's error to a one-device floor measured on another seed, over
+// every scenario, both dtypes and 100 seeds, was 2.9 element-wise (the worst
+// of up to a million elements varies from seed to seed) and 1.3 norm-wise.
+inline constexpr double kElementFactor = 4.0;
 inline constexpr double kNormFactor = 3.0;
 
 struct TapFloor {
