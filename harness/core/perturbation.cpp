@@ -1,7 +1,6 @@
 #include "harness/core/perturbation.h"
 
 #include <cmath>
-#include <cstring>
 
 namespace dc {
 namespace {

@@ -87,12 +87,7 @@ int calibrate_scenario(const CalibrateOptions& opts) {
   const Scenario* s = find_scenario(opts.scenario);
   if (!s) input_error("unknown scenario '{}' (see 'diffcheck list')", opts.scenario);
   if (opts.out.empty()) input_error("calibrate: give the tolerance file to write with -o FILE");
-  bool size_known = false;
-  for (const auto& z : s->sizes()) size_known = size_known || z == opts.size;
-  if (!size_known) input_error("unknown size '{}' for scenario '{}'", opts.size, s->name());
-  opts.pipeline.validate();
-  if (!opts.pipeline.is_default() && !s->is_pipeline())
-    input_error("--steps, --reference-mode and --tap-blocks are for pipeline scenarios; {} runs one block", s->name());
+  check_size_and_pipeline(*s, opts.size, opts.pipeline);
   NoiseFloorRequest r{s, parse_dtype(opts.dtype), opts.seed, opts.size,
                       FlagValues::resolve(s->flags(), opts.flags, s->name()), opts.pipeline, opts.runs};
   if (world.rank() == 0)

@@ -64,14 +64,6 @@ void check_fault(const Scenario& s, const std::string& fault, double scale) {
               known.empty() ? "(none)" : known);
 }
 
-void check_size(const Scenario& s, const std::string& size) {
-  std::string known;
-  for (const auto& z : s.sizes()) {
-    if (z == size) return;
-    known += (known.empty() ? "" : ", ") + z;
-  }
-  input_error("unknown size '{}' for scenario '{}'; its sizes are: {}", size, s.name(), known);
-}
 
 // Rank 0's options (its command line and its DIFFCHECK_FLAGS) for every rank:
 // ranks started with other arguments or another environment (an MPMD launch,
@@ -289,11 +281,7 @@ int run_scenario(const RunOptions& given) {
   // rank, so a bad option ends every rank with the same InputError, no hang.
   const Scenario& scenario = lookup(opts.scenario);
   DType dtype = parse_dtype(opts.dtype);
-  check_size(scenario, opts.size);
-  opts.pipeline.validate();
-  if (!opts.pipeline.is_default() && !scenario.is_pipeline())
-    input_error("--steps, --reference-mode and --tap-blocks are for pipeline scenarios (a denoising loop, e.g. flux_pipeline); "
-                "{} runs one block", scenario.name());
+  check_size_and_pipeline(scenario, opts.size, opts.pipeline);
   Mesh mesh = Mesh::parse(opts.mesh.empty() ? scenario.default_mesh(world.size()) : opts.mesh);
   if (!opts.mesh.empty()) {
     const Mesh given = mesh;

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <map>
 
+#include "harness/core/error.h"
+
 namespace dc {
 namespace {
 std::map<std::string, std::unique_ptr<Scenario>>& registry() {
@@ -41,6 +43,20 @@ Mesh Scenario::complete_mesh(const Mesh& given) const {
 std::pair<int, int> default_two_axis_split(int world) {
   const int inner = world % 4 == 0 ? 4 : world % 2 == 0 ? 2 : 1;
   return {world / inner, inner};
+}
+
+void check_size_and_pipeline(const Scenario& s, const std::string& size, const PipelineOptions& p) {
+  std::string known;
+  bool found = false;
+  for (const auto& z : s.sizes()) {
+    found = found || z == size;
+    known += (known.empty() ? "" : ", ") + z;
+  }
+  if (!found) input_error("unknown size '{}' for scenario '{}'; its sizes are: {}", size, s.name(), known);
+  p.validate();
+  if (!p.is_default() && !s.is_pipeline())
+    input_error("--steps, --reference-mode and --tap-blocks are for pipeline scenarios (a denoising loop, e.g. "
+                "flux_pipeline); {} runs one block", s.name());
 }
 
 bool register_scenario(std::unique_ptr<Scenario> s) {

@@ -67,6 +67,11 @@ class Scenario {
 // scenarios: inner gets 4 ranks when it can, else 2, else 1.
 std::pair<int, int> default_two_axis_split(int world);
 
+// Throws InputError unless `size` is one of the scenario's sizes and the
+// pipeline options (--steps, --reference-mode, --tap-blocks) fit it (valid,
+// and left at their defaults for a scenario that is not a denoising loop).
+void check_size_and_pipeline(const Scenario& s, const std::string& size, const PipelineOptions& p);
+
 // The registry refuses duplicate names, so two scenarios cannot shadow each other.
 bool register_scenario(std::unique_ptr<Scenario> s);
 const Scenario* find_scenario(const std::string& name);
