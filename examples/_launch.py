@@ -1,0 +1,46 @@
+"""How the examples start their processes (not diffcheck's business): under
+`mpirun -n N python3 example.py`, each MPI process is one torch.distributed
+rank over gloo; run plainly, `-n N` processes are started with
+torch.multiprocessing. Either way `work(rank, world, args)` runs on every rank
+and `after(args)` once when all are done (on rank 0, or in the parent); its
+return value is the exit status."""
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _rank(rank, world, init, work, args):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        work(rank, world, args)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(work, after, args, n):
+    if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
+        rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", 0)))
+        world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", 1)))
+        if "MASTER_ADDR" in os.environ:
+            init = "env://"
+        else:  # one host: a rendezvous file named after the MPI job
+            job = os.environ.get("PMIX_NAMESPACE", os.environ.get("OMPI_MCA_ess_base_jobid", "job"))
+            init = "file://" + os.path.join(tempfile.gettempdir(), f"diffcheck-example-{job}")
+        _rank(rank, world, init, work, args)
+        if rank == 0:
+            if init.startswith("file://"):
+                try:
+                    os.remove(init[len("file://"):])
+                except FileNotFoundError:
+                    pass
+            sys.exit(after(args))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_rank, args=(n, "file://" + os.path.join(tmp, "rendezvous"), work, args), nprocs=n)
+    sys.exit(after(args))

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""A Megatron-style tensor-parallel transformer block, checked by diffcheck.
+
+    mpirun -n 4 python3 examples/tp_block.py [--bug]
+    python3 examples/tp_block.py -n 4 [--bug]          # torch.multiprocessing over gloo
+
+The attention heads and the MLP's hidden units are split over the tp ranks:
+q, k, v and fc1 are column-parallel (each rank computes its own columns),
+the attention's output projection and fc2 are row-parallel (each rank a
+partial sum, all-reduced, then the bias). The reference is the same block at
+tp = 1 in float64, in one process. --bug adds the row-parallel bias on every
+rank before the all-reduce, so the sum holds it tp times: diffcheck names
+`attn.out` (the first row-parallel layer) as the first divergence, and its
+partial sums `attn.out.matmul` as still right.
+
+The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _launch import launch  # noqa: E402
+
+import diffcheck.torch as dct  # noqa: E402  # diffcheck
+
+B, S, D, HEADS, FFN = 2, 16, 64, 8, 256
+LAYOUTS = {"attn.[qkv]": "-,-,tp", "attn.core": "-,-,tp", "mlp.fc1": "-,-,tp", "mlp.act": "-,-,tp", "*.matmul": (None, "tp")}  # noqa: E501  # diffcheck
+
+
+def full_weights():
+    """The unsharded weights and input, the same in every process (float64)."""
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g, dtype=torch.float64) * scale
+
+    w = {}
+    for name, (n_out, n_in) in {"q": (D, D), "k": (D, D), "v": (D, D), "out": (D, D),
+                                "fc1": (FFN, D), "fc2": (D, FFN)}.items():
+        w[name] = (randn(n_out, n_in, scale=n_in ** -0.5), randn(n_out, scale=0.1))
+    return w, randn(B, S, D)
+
+
+class ColumnParallelLinear(nn.Module):
+    """This rank's output columns: x W[rows]^T + b[rows]."""
+
+    def __init__(self, weight, bias, tp, rank):
+        super().__init__()
+        rows = weight.shape[0] // tp
+        self.weight = nn.Parameter(weight[rank * rows:(rank + 1) * rows].clone())
+        self.bias = nn.Parameter(bias[rank * rows:(rank + 1) * rows].clone())
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """This rank's input columns: a partial sum (`matmul`), all-reduced over tp, then the bias."""
+
+    def __init__(self, weight, bias, tp, rank, bug):
+        super().__init__()
+        cols = weight.shape[1] // tp
+        self.matmul = nn.Linear(cols, weight.shape[0], bias=False)
+        self.matmul.weight = nn.Parameter(weight[:, rank * cols:(rank + 1) * cols].clone())
+        self.bias = nn.Parameter(bias.clone())
+        self.tp, self.bug = tp, bug
+
+    def forward(self, x):
+        y = self.matmul(x)
+        if self.bug:
+            y = y + self.bias  # the bug: every rank adds the bias before the sum
+        if self.tp > 1:
+            dist.all_reduce(y)
+        return y if self.bug else y + self.bias
+
+
+class CoreAttention(nn.Module):
+    """softmax(q k^T / sqrt(d)) v over this rank's heads."""
+
+    def __init__(self, heads):
+        super().__init__()
+        self.heads = heads
+
+    def forward(self, q, k, v):
+        def split(t):
+            return t.view(t.shape[0], t.shape[1], self.heads, -1).transpose(1, 2)
+        o = torch.softmax(split(q) @ split(k).transpose(-1, -2) / (D // HEADS) ** 0.5, dim=-1) @ split(v)
+        return o.transpose(1, 2).reshape(q.shape)
+
+
+class Attention(nn.Module):
+    def __init__(self, w, tp, rank, bug):
+        super().__init__()
+        self.q, self.k, self.v = (ColumnParallelLinear(*w[n], tp, rank) for n in "qkv")
+        self.core = CoreAttention(HEADS // tp)
+        self.out = RowParallelLinear(*w["out"], tp, rank, bug)
+
+    def forward(self, x):
+        return self.out(self.core(self.q(x), self.k(x), self.v(x)))
+
+
+class MLP(nn.Module):
+    def __init__(self, w, tp, rank, bug):
+        super().__init__()
+        self.fc1 = ColumnParallelLinear(*w["fc1"], tp, rank)
+        self.act = nn.GELU()
+        self.fc2 = RowParallelLinear(*w["fc2"], tp, rank, bug)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, w, tp=1, rank=0, bug=False):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.attn = Attention(w, tp, rank, bug)
+        self.mlp = MLP(w, tp, rank, bug)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+def work(rank, world, args):
+    """Every rank: its shard of the block in float32; rank 0 also the reference."""
+    w, x = full_weights()
+    block = Block(w, world, rank, args.bug).float()
+    with dct.capture(block, out=f"{args.out}/tp", mesh=f"tp={world}", layouts=LAYOUTS):  # diffcheck
+        block(x.float())  # diffcheck
+    if rank == 0:
+        reference = Block(w).double()  # unsharded
+        with dct.capture(reference, out=f"{args.out}/ref", reference=True):  # diffcheck
+            reference(x)  # diffcheck
+
+
+def after(args):
+    report = dct.compare(f"{args.out}/tp", reference=f"{args.out}/ref.h5", check=False)  # diffcheck
+    print(report["console"], end="")  # diffcheck
+    return 0 if report["pass"] else 1
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=4, help="processes to start when not under mpirun (default 4)")
+    ap.add_argument("--bug", action="store_true", help="add the row-parallel bias on every rank")
+    ap.add_argument("--out", default="dumps/tp_block", help="directory of the activation files")
+    launch(work, after, ap.parse_args(), ap.parse_args().n)

@@ -1,0 +1,82 @@
+"""Run `diffcheck compare` from Python and get its JSON report back.
+
+    report = diffcheck.compare("dumps/tp", reference="dumps/ref.h5")   # passes: the report
+    # a divergence raises diffcheck.Divergence (an AssertionError: a pytest failure)
+    # with .report, .first_divergence and .output (the console report)
+
+Exit status 1 (a check failed) -> Divergence; 2 (the files could not be read
+or break the format) -> InputError; anything else -> DiffcheckError.
+"""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+
+
+class DiffcheckError(RuntimeError):
+    """diffcheck could not give a verdict (not found, crashed, killed)."""
+
+    def __init__(self, message, returncode=None, output="", stderr=""):
+        super().__init__(message)
+        self.returncode, self.output, self.stderr = returncode, output, stderr
+
+
+class InputError(DiffcheckError):
+    """Exit 2: a file could not be read or does not follow docs/FORMAT.md; the
+    message is diffcheck's, naming the file, tap and attribute."""
+
+
+class Divergence(DiffcheckError, AssertionError):
+    """Exit 1: a check failed. `.report` is the whole JSON report,
+    `.first_divergence` its first failing tap ({"tap", "order", "checks",
+    "summary"})."""
+
+    def __init__(self, report, output, stderr):
+        fd = report.get("first_divergence") or {}
+        super().__init__(f"diffcheck: first divergence at tap '{fd.get('tap')}': {fd.get('summary', '')}".strip(),
+                         1, output, stderr)
+        self.report, self.first_divergence = report, fd
+
+
+def find_executable(exe=None):
+    """`exe`, else $DIFFCHECK_EXE, else `diffcheck` on PATH."""
+    exe = exe or os.environ.get("DIFFCHECK_EXE") or shutil.which("diffcheck")
+    if not exe:
+        raise DiffcheckError("the diffcheck executable was not found: run `bash scripts/setup.sh` "
+                             "(installs it into /usr/local/bin) or set DIFFCHECK_EXE")
+    return exe
+
+
+def compare(prefix, reference=None, *, tolerances=None, noise_floor=None, atol=None, rtol=None,
+            html=None, junit=None, args=(), check=True, exe=None, timeout=None):
+    """Runs `diffcheck compare PREFIX [--reference REF] ...` and returns its
+    JSON report as a dict (`report["pass"]`, `report["first_divergence"]`,
+    `report["taps"]`). With check=True (default) a failed check raises
+    Divergence carrying the report; with check=False the report is returned
+    either way. `args` are passed on as they are (e.g. ["--threads", "2"])."""
+    cmd = [find_executable(exe), "compare", os.fspath(prefix)]
+    for flag, value in (("--reference", reference), ("--tolerances", tolerances), ("--noise-floor", noise_floor),
+                        ("--atol", atol), ("--rtol", rtol), ("--html", html), ("--junit", junit)):
+        if value is not None:
+            cmd += [flag, os.fspath(value) if not isinstance(value, (int, float)) else repr(value)]
+    with tempfile.TemporaryDirectory(prefix="diffcheck-compare-") as tmp:
+        report_path = os.path.join(tmp, "report.json")
+        cmd += ["--json", report_path, *map(str, args)]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise DiffcheckError(f"diffcheck compare {prefix}: no verdict within {timeout} s") from e
+        report = None
+        if os.path.exists(report_path):
+            with open(report_path) as f:
+                report = json.load(f)
+    if p.returncode == 2:
+        raise InputError(p.stderr.strip() or p.stdout.strip(), 2, p.stdout, p.stderr)
+    if p.returncode not in (0, 1) or report is None:
+        raise DiffcheckError(f"diffcheck compare {prefix} ended with status {p.returncode} and no report: "
+                             f"{p.stderr.strip()}", p.returncode, p.stdout, p.stderr)
+    report["console"] = p.stdout
+    if p.returncode == 1 and check:
+        raise Divergence(report, p.stdout, p.stderr)
+    return report

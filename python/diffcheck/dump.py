@@ -1,0 +1,191 @@
+"""Write activation files that `diffcheck compare` reads (format version 1,
+docs/FORMAT.md), from PyTorch, JAX or NumPy, with h5py.
+
+Per-rank files, one per process:
+
+    from diffcheck.dump import RankDump
+    with RankDump("out/step3", mesh="dp=2,tp=4", rank=rank) as d:   # -> out/step3.rank<R>.h5
+        d.tap("block0/q", q_local, spec="-,-,tp,-")                    # this rank's piece
+        d.tap("block0/partial_out", y_partial, partial="tp", reduction_depth=3072)
+        if rank == 0:
+            d.reference("block0/q", q_full)                          # global tensor, optional
+
+then: diffcheck compare out/step3
+
+A separate reference file (`diffcheck compare PREFIX --reference FILE`):
+
+    with ReferenceDump("out/ref.h5") as r:
+        r.reference("block0/q", q_full)
+
+Tensors may be numpy arrays, torch tensors (moved to CPU; bfloat16 is stored
+as float32 with the same values and tagged dtype="bfloat16") or jax arrays.
+Taps are numbered in the order they are written (the `order` attribute).
+A file gets its name only when it closed whole: an error while dumping leaves
+no file under that name.
+"""
+import os
+
+import h5py
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+
+def to_numpy(x):
+    """Returns (array, logical dtype or None). A CPU torch tensor or a numpy
+    array that is already contiguous is not copied."""
+    logical = None
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        import torch
+        t = x.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.dtype == torch.bfloat16:
+            logical = "bfloat16"
+            t = t.float()
+        elif t.dtype == torch.bool:
+            t = t.to(torch.uint8)
+        return t.contiguous().numpy(), logical
+    if "jax" in mod or "jaxlib" in mod:
+        if str(x.dtype) == "bfloat16":
+            logical = "bfloat16"
+            x = x.astype("float32")
+        return np.asarray(x), logical
+    a = np.asarray(x)
+    if a.dtype.name == "bfloat16":
+        logical = "bfloat16"
+        a = a.astype(np.float32)
+    elif a.dtype == np.bool_:
+        a = a.astype(np.uint8)
+    return a, logical
+
+
+def mesh_size(mesh):
+    """The number of ranks of a mesh string such as "dp=2,tp=4"; ValueError
+    naming the mesh when it is not one."""
+    n = 1
+    try:
+        for part in mesh.split(","):
+            name, size = part.split("=")
+            if not name.strip() or int(size) < 1:
+                raise ValueError
+            n *= int(size)
+    except ValueError:
+        raise ValueError(f"mesh '{mesh}' is not a list of name=size axes such as 'dp=2,tp=4'") from None
+    return n
+
+
+def mesh_axes(mesh):
+    return [part.split("=")[0].strip() for part in mesh.split(",")]
+
+
+class _AtomicH5:
+    """An HDF5 file written as PATH.tmp and renamed to PATH when it closed
+    cleanly (all data and metadata written); otherwise removed."""
+
+    def __init__(self, path, root_attrs):
+        self.path = path
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._tmp = path + ".tmp"
+        self.f = h5py.File(self._tmp, "w", track_order=True)
+        self.f.attrs["diffcheck_schema"] = SCHEMA_VERSION
+        for k, v in root_attrs.items():  # scenario, flags, dtype, seed, producer
+            if v is not None:
+                self.f.attrs[k] = v
+        self.f.attrs.setdefault("producer", "diffcheck.dump")
+
+    def _dataset(self, path, data, dtype=None):
+        try:
+            return self.f.create_dataset(path, data=data, dtype=dtype)
+        except (ValueError, TypeError) as e:
+            # h5py's "name already exists" / "unable to create group" say neither file nor tap.
+            raise ValueError(f"{self.path}: cannot write '{path}' (shape {getattr(data, 'shape', '?')}): {e}. "
+                             "Tap names must be unique, and a name cannot be both a tap and a group "
+                             "of taps ('a' and 'a/b')") from None
+
+    def reference(self, name, x):
+        """The global tensor of tap `name` as computed by the reference,
+        stored as float64 (float32 stays float32: its values are exact)."""
+        a, _ = to_numpy(x)
+        dtype = np.float32 if a.dtype == np.float32 else np.float64
+        self._dataset(f"reference/{name}", a, dtype=dtype)
+
+    def close(self):
+        """Closes the file and gives it its name: only a file that closed
+        cleanly (all data and metadata written) is renamed; otherwise the
+        partial file is removed and the error raised."""
+        if self.f:
+            f, self.f = self.f, None
+            try:
+                f.close()
+            except BaseException:
+                self._discard()
+                raise
+            os.replace(self._tmp, self.path)  # whole or absent
+
+    def abandon(self):
+        """Drops a file that is not complete (an error while dumping)."""
+        if self.f:
+            f, self.f = self.f, None
+            try:
+                f.close()
+            finally:
+                self._discard()
+
+    def _discard(self):
+        try:
+            os.remove(self._tmp)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()  # never a partial file under the real name
+
+
+class RankDump(_AtomicH5):
+    """One rank's file, `<prefix>.rank<R>.h5`: this rank's piece of each tap."""
+
+    def __init__(self, prefix, mesh, rank, world_size=None, **root_attrs):
+        n = mesh_size(mesh)
+        if world_size is not None and world_size != n:
+            raise ValueError(f"mesh '{mesh}' has {n} ranks but the world size is {world_size}")
+        super().__init__(f"{prefix}.rank{rank}.h5", root_attrs)
+        self.f.attrs["mesh"] = mesh
+        self.f.attrs["world_size"] = n
+        self.f.attrs["rank"] = rank
+        self.f.create_group("taps", track_order=True)
+        self._order = 0
+
+    def tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None):
+        a, logical = to_numpy(x)
+        ds = self._dataset(f"taps/{name}", a)
+        if spec:
+            ds.attrs["spec"] = spec
+        if partial:
+            ds.attrs["partial"] = partial
+        ds.attrs["order"] = self._order
+        self._order += 1
+        if logical:
+            ds.attrs["dtype"] = logical
+        if reduction_depth is not None:
+            ds.attrs["reduction_depth"] = int(reduction_depth)
+        if atol is not None:
+            ds.attrs["atol"] = float(atol)
+        if rtol is not None:
+            ds.attrs["rtol"] = float(rtol)
+
+
+class ReferenceDump(_AtomicH5):
+    """A reference file (`diffcheck compare PREFIX --reference FILE`): global
+    tensors under /reference, world_size 1, no mesh."""
+
+    def __init__(self, path, **root_attrs):
+        super().__init__(path, root_attrs)
+        self.f.attrs["world_size"] = 1

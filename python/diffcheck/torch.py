@@ -1,0 +1,272 @@
+"""Capture a PyTorch model's module outputs as diffcheck taps.
+
+    import diffcheck.torch as dct
+
+    # every rank of the sharded run: <out>.rank<R>.h5
+    with dct.capture(model, out="dumps/tp", mesh="tp=4",
+                     layouts={"*.fc1": "-,-,tp", "*.fc2.matmul": (None, "tp")}):
+        y = model(x)
+
+    # one process, the unsharded model: <out>.h5 with /reference/<same names>
+    with dct.capture(ref_model, out="dumps/ref", reference=True):
+        ref_model(x)
+
+    dct.compare("dumps/tp", reference="dumps/ref.h5")    # the JSON report; Divergence on a failure
+
+Tap names are module paths (`blocks.0.attn`, the root module is `model`);
+tuple, list and dict outputs are flattened (`blocks.0.attn/0`,
+`blocks.0.attn/hidden`); a module called again is numbered in execution order
+(`embed`, `embed@1`, ...), and `dct.step(t)` puts later taps under `step<t>/`
+(the numbering starts again), which `diffcheck compare` reports step by step.
+Layouts map glob patterns on tap names (without `step<t>/` and `@k`) to a
+`spec`, a `(spec, partial)` pair or a dict of tap attributes; a tap no pattern
+matches is replicated. See docs/torch.md.
+"""
+import fnmatch
+import os
+
+import torch
+
+from diffcheck import __version__
+from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: F401
+from diffcheck.dump import RankDump, ReferenceDump, mesh_axes, mesh_size
+
+ROOT_NAME = "model"
+_TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
+                 torch.float16: "float16"}
+# Where launchers put a process's rank and the number of processes, most specific first.
+_LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+                 ("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
+
+_active = []  # open captures of this process, innermost last
+
+
+def rank_and_world():
+    """(rank, world size): torch.distributed's when it is initialized, else the
+    launcher's (mpirun, torchrun, srun), else (0, 1)."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    for rank_var, size_var in _LAUNCHER_ENV:
+        if rank_var in os.environ and size_var in os.environ:
+            return int(os.environ[rank_var]), int(os.environ[size_var])
+    return 0, 1
+
+
+def _layout_attrs(value):
+    """A layout entry -> tap attributes: "spec", (spec, partial) or a dict."""
+    if value is None or isinstance(value, str):
+        return {"spec": value}
+    if isinstance(value, tuple) and len(value) == 2:
+        return {"spec": value[0], "partial": value[1]}
+    if isinstance(value, dict):
+        unknown = set(value) - {"spec", "partial", "reduction_depth", "atol", "rtol"}
+        if unknown:
+            raise ValueError(f"layout {value!r}: unknown keys {sorted(unknown)} "
+                             "(spec, partial, reduction_depth, atol, rtol)")
+        return dict(value)
+    raise ValueError(f"layout {value!r}: give a spec string, a (spec, partial) pair or a dict")
+
+
+def _flatten(obj, name):
+    """(name, tensor) pairs of a module's output: containers get /index or /key."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_complex():
+            return
+        yield name, obj
+    elif isinstance(obj, dict):  # also transformers' ModelOutput
+        for k, v in obj.items():
+            yield from _flatten(v, f"{name}/{str(k).replace('/', '.')}")
+    elif isinstance(obj, (tuple, list)):
+        for i, v in enumerate(obj):
+            yield from _flatten(v, f"{name}/{i}")
+
+
+class Capture:
+    """The context manager `capture()` returns. Its hooks are on the model
+    from `__enter__` to `__exit__`, and gone after it also when the block
+    raised; the file gets its name only when the block ended cleanly."""
+
+    def __init__(self, model, out, mesh=None, *, layouts=None, include=None, exclude=None, inputs=False,
+                 reference=False, rename=None, rank=None, world_size=None, **root_attrs):
+        self.model, self.out, self.reference_mode, self.inputs = model, os.fspath(out), reference, inputs
+        self.include = [include] if isinstance(include, str) else list(include or ["*"])
+        self.exclude = [exclude] if isinstance(exclude, str) else list(exclude or [])
+        self.rename = dict(rename or {})
+        self.layouts = [(pattern, _layout_attrs(v)) for pattern, v in (layouts or {}).items()]
+        env_rank, env_world = rank_and_world()
+        self.rank = env_rank if rank is None else rank
+        self.world = env_world if world_size is None else world_size
+        if not reference:
+            if mesh is None:
+                if self.world != 1:
+                    raise ValueError(f"rank {self.rank}: capture(mesh=...) is needed with {self.world} ranks, "
+                                     "e.g. mesh='tp=4' (the axes your layouts name)")
+                mesh = "dp=1"
+            if mesh_size(mesh) != self.world:
+                raise ValueError(f"rank {self.rank}: mesh '{mesh}' has {mesh_size(mesh)} ranks but this run has "
+                                 f"{self.world} (from torch.distributed or the launcher; pass rank= and world_size=)")
+        self.mesh = mesh
+        self.axes = set(mesh_axes(mesh)) if mesh else set()
+        self.root_attrs = {"producer": f"diffcheck.torch {__version__}", "dtype": self._model_dtype(), **root_attrs}
+        self._writer, self._handles, self._calls, self._step = None, [], {}, ""
+
+    # -- naming -------------------------------------------------------------
+
+    def _model_dtype(self):
+        for p in self.model.parameters():
+            if p.is_floating_point():
+                return _TORCH_DTYPES.get(p.dtype)
+        return None
+
+    def _renamed(self, path):
+        for old, new in self.rename.items():
+            if path == old or path.startswith(old + "."):
+                rest = path[len(old):].lstrip(".")
+                return ".".join(part for part in (new, rest) if part) or ROOT_NAME
+        return path
+
+    def _numbered(self, name, advance=True):
+        """`name` on its first call in this step, `name@k` on the (k+1)-th."""
+        k = self._calls.get(name, 0)
+        if advance:
+            self._calls[name] = k + 1
+        return self._step + (name if k == 0 else f"{name}@{k}")
+
+    def _selected(self, path):
+        return (any(fnmatch.fnmatchcase(path, p) for p in self.include)
+                and not any(fnmatch.fnmatchcase(path, p) for p in self.exclude))
+
+    def _layout_for(self, *names):
+        for pattern, attrs in self.layouts:
+            if any(fnmatch.fnmatchcase(n, pattern) for n in names):
+                return pattern, attrs
+        return None, {}
+
+    # -- writing ------------------------------------------------------------
+
+    def _check_layout(self, name, tensor, pattern, attrs):
+        spec, partial = attrs.get("spec"), attrs.get("partial")
+        where = f"rank {self.rank}: tap '{name}' (shape {tuple(tensor.shape)})" + \
+            (f", layout '{pattern}'" if pattern else "")
+        if spec:
+            entries = spec.split(",")
+            if len(entries) != tensor.dim():
+                raise ValueError(f"{where}: spec '{spec}' has {len(entries)} entries for {tensor.dim()} dimensions")
+            used = [a for e in entries if e != "-" for a in e.split("*")]
+        else:
+            used = []
+        used += partial.split("*") if partial else []
+        unknown = [a for a in used if a not in self.axes]
+        if unknown:
+            raise ValueError(f"{where}: axis '{unknown[0]}' is not in the mesh '{self.mesh}'")
+
+    def _write(self, name, tensor, plain_names, explicit=None):
+        if self.reference_mode:
+            self._writer.reference(name, tensor)
+            return
+        pattern, attrs = (None, explicit) if explicit else self._layout_for(*plain_names)
+        self._check_layout(name, tensor, pattern, attrs)
+        self._writer.tap(name, tensor, **attrs)
+
+    def _record(self, path, value, inputs=False):
+        """A module call's output (or, before it runs, its inputs: `<path>:in`)."""
+        plain = path + (":in" if inputs else "")
+        base = self._numbered(path, advance=not inputs) + (":in" if inputs else "")
+        numbered = base[len(self._step):]
+        for name, tensor in _flatten(value, base):
+            rest = name[len(base):]
+            self._write(name, tensor, (plain + rest, plain, numbered + rest, numbered))
+
+    def tap(self, name, tensor, spec=None, partial=None, **attrs):
+        """A value that is not a module output (latents between steps): this
+        rank's piece, with its layout (or the layouts' pattern for `name`)."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"rank {self.rank}: tap '{name}' is a {type(tensor).__name__}, not a tensor")
+        full = self._numbered(name)
+        explicit = {k: v for k, v in dict(spec=spec, partial=partial, **attrs).items() if v is not None}
+        self._write(full, tensor, (name,), explicit or None)
+
+    def step(self, t):
+        """Later taps are named `step<t>/...`; t=None: no prefix. Calls are numbered afresh."""
+        self._step = "" if t is None else f"step{int(t)}/"
+        self._calls = {}
+
+    # -- hooks --------------------------------------------------------------
+
+    def __enter__(self):
+        if self.reference_mode:
+            path = self.out if self.out.endswith(".h5") else self.out + ".h5"
+            self._writer = ReferenceDump(path, **self.root_attrs)
+        else:
+            self._writer = RankDump(self.out, self.mesh, self.rank, **self.root_attrs)
+        try:
+            for path, module in self.model.named_modules():
+                path = path or ROOT_NAME
+                if not self._selected(path):
+                    continue
+                name = self._renamed(path)
+                self._handles.append(module.register_forward_hook(
+                    lambda _m, _args, output, name=name: self._record(name, output)))
+                if self.inputs:
+                    self._handles.append(module.register_forward_pre_hook(
+                        lambda _m, args, name=name: self._record(name, args, inputs=True)))
+        except BaseException:
+            self._close(failed=True)
+            raise
+        _active.append(self)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._close(failed=exc_type is not None)
+        return False
+
+    def _close(self, failed):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self in _active:
+            _active.remove(self)
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.abandon() if failed else writer.close()
+
+    @property
+    def path(self):
+        """The file this capture writes."""
+        if self.reference_mode:
+            return self.out if self.out.endswith(".h5") else self.out + ".h5"
+        return f"{self.out}.rank{self.rank}.h5"
+
+
+def capture(model, out, mesh=None, **kwargs):
+    """Taps every selected module's output of `model` while the block runs.
+
+    out       prefix of the rank file (`<out>.rank<R>.h5`), or of the
+              reference file (`<out>.h5`) with reference=True
+    mesh      "cfg=2,sp=2": named axes whose product is the world size
+              (needed with more than one rank)
+    layouts   {glob on tap names: spec | (spec, partial) | {attrs}}
+    include, exclude   globs on module paths (default: every module)
+    inputs    also tap each module's positional tensor inputs (`<path>:in/<i>`)
+    reference write the global tensors as /reference/<name> (one process,
+              the unsharded model)
+    rename    {module path prefix in this model: its name in the other one}
+    rank, world_size   override what torch.distributed or the launcher say
+    **root_attrs       scenario, flags, dtype, seed: root attributes of the file
+    """
+    return Capture(model, out, mesh, **kwargs)
+
+
+def tap(name, tensor, spec=None, partial=None, **attrs):
+    """Records a value that is not a module output in the innermost open
+    capture; outside a capture it does nothing, so the call can stay in code
+    that also runs unchecked."""
+    if _active:
+        _active[-1].tap(name, tensor, spec=spec, partial=partial, **attrs)
+
+
+def step(t):
+    """Names later taps of every open capture `step<t>/...` (t=None: none)."""
+    for c in _active:
+        c.step(t)
