@@ -24,9 +24,9 @@ PACKAGES=(
   libgtest-dev
   libxtensor-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libopenblas-dev librandom123-dev libpng-dev
-  python3 python3-h5py python3-numpy
+  python3 python3-h5py python3-numpy python3-torch
 )
-((test_tools)) && PACKAGES+=(clang libclang-rt-14-dev chromium python3-junitparser libxml2-utils python3-torch)
+((test_tools)) && PACKAGES+=(clang libclang-rt-14-dev chromium python3-junitparser libxml2-utils)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -45,4 +45,8 @@ BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 cmake --install "$BUILD_DIR" --prefix /usr/local >/dev/null
-echo "setup: $(command -v diffcheck) ready"
+# The Python package (import diffcheck.torch) for Debian's python3: checked
+# from outside the source tree, as a user's program would import it.
+(cd / && /usr/bin/python3 -c "import diffcheck.torch") ||
+  { echo "setup: the diffcheck Python package does not import (see above)" >&2; exit 1; }
+echo "setup: $(command -v diffcheck) ready; /usr/bin/python3 -c 'import diffcheck.torch' works"

@@ -48,6 +48,22 @@ def find_executable(exe=None):
     return exe
 
 
+# What a launcher (mpirun, srun, PMIx) gives the processes of a job. `diffcheck
+# compare` called from one of them must not inherit it: it would start as a
+# member of the caller's MPI job, which does not expect it, and be killed.
+# Settings such as OMPI_ALLOW_RUN_AS_ROOT and the user's OMPI_MCA_* stay.
+_JOB_VARIABLES = ("OMPI_COMM_WORLD_", "OMPI_MCA_ess", "OMPI_MCA_orte_", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir",
+                  "OMPI_MCA_shmem_RUNTIME_QUERY_hint", "OMPI_APP_CTX_NUM_PROCS", "OMPI_COMMAND", "OMPI_FILE_LOCATION",
+                  "OMPI_FIRST_RANKS", "OMPI_NUM_APP_CTX", "OMPI_UNIVERSE_SIZE", "OMPI_ARGV", "PMIX_", "PMI_",
+                  "SLURM_STEP_", "SLURM_PROCID", "SLURM_LOCALID")
+
+
+def child_environment(env=None):
+    """The environment for an MPI program started from inside an MPI job, as its own job."""
+    env = dict(os.environ if env is None else env)
+    return {k: v for k, v in env.items() if not k.startswith(_JOB_VARIABLES)}
+
+
 def compare(prefix, reference=None, *, tolerances=None, noise_floor=None, atol=None, rtol=None,
             html=None, junit=None, args=(), check=True, exe=None, timeout=None):
     """Runs `diffcheck compare PREFIX [--reference REF] ...` and returns its
@@ -64,7 +80,7 @@ def compare(prefix, reference=None, *, tolerances=None, noise_floor=None, atol=N
         report_path = os.path.join(tmp, "report.json")
         cmd += ["--json", report_path, *map(str, args)]
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_environment())
         except subprocess.TimeoutExpired as e:
             raise DiffcheckError(f"diffcheck compare {prefix}: no verdict within {timeout} s") from e
         report = None

@@ -120,7 +120,7 @@ class Capture:
         return None
 
     def _renamed(self, path):
-        for old, new in self.rename.items():
+        for old, new in sorted(self.rename.items(), key=lambda kv: -len(kv[0])):  # the longest prefix wins
             if path == old or path.startswith(old + "."):
                 rest = path[len(old):].lstrip(".")
                 return ".".join(part for part in (new, rest) if part) or ROOT_NAME

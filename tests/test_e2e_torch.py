@@ -1,0 +1,140 @@
+"""diffcheck.torch across processes: a capture at 1, 2 and 4 gloo ranks holds
+the taps a hand-written RankDump holds (names, order, layouts, values); the
+examples pass clean and name their bug's module and step (through
+torch.multiprocessing and under mpirun); at most 10 added lines each; a
+capture of 2 GiB of activations stays within one tap + 64 MiB of the
+uninstrumented peak; the set-up installed the package for Debian's python3."""
+import filecmp
+import json
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+import h5py
+import numpy as np
+
+from e2e import MPIEXEC, E2ETest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.normpath(os.path.join(HERE, ".."))
+EXAMPLES = os.path.join(SOURCE, "examples")
+PYTHON = "/usr/bin/python3"  # Debian's, with python3-torch
+
+
+def datasets(path, group):
+    out = {}
+    with h5py.File(path) as f:
+        f[group].visititems(lambda n, o: out.__setitem__(n, (o[()], dict(o.attrs)))
+                            if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+class TorchE2E(E2ETest):
+    def python(self, *args, timeout=300, mpi=0):
+        cmd = ([MPIEXEC, "-n", str(mpi)] if mpi else []) + [PYTHON, *args]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=self.path(""))
+        return p
+
+    def test_capture_matches_hand_written_rank_dumps(self):
+        for n in (1, 2, 4):
+            with self.subTest(ranks=n):
+                out = self.path(f"np{n}")
+                p = self.python(os.path.join(HERE, "torch", "capture_vs_hand.py"), out, "-n", str(n))
+                self.assertEqual(p.returncode, 0, p.stderr)
+                for r in range(n):
+                    cap = datasets(f"{out}/capture.rank{r}.h5", "taps")
+                    hand = datasets(f"{out}/hand.rank{r}.h5", "taps")
+                    self.assertEqual(list(cap), list(hand))
+                    for name, (values, attrs) in hand.items():
+                        np.testing.assert_array_equal(cap[name][0], values, err_msg=f"rank {r} tap {name}")
+                        self.assertEqual(cap[name][1], attrs, f"rank {r} tap {name}")
+                    with h5py.File(f"{out}/capture.rank{r}.h5") as c, h5py.File(f"{out}/hand.rank{r}.h5") as h:
+                        for key in ("mesh", "world_size", "rank", "diffcheck_schema"):
+                            self.assertEqual(c.attrs[key], h.attrs[key])
+                res = self.diffcheck("compare", f"{out}/capture", "--reference", f"{out}/ref.h5", json=True)
+                self.assertExit(res, 0)
+                self.assertEqual(len(res.report["taps"]), 5)
+
+    def run_example(self, script, n, bug, mpi=False):
+        out = self.path(f"{script}-{n}-{bug}-{mpi}")
+        args = [os.path.join(EXAMPLES, f"{script}.py"), "--out", out] + (["--bug"] if bug else [])
+        p = self.python(*args, mpi=n) if mpi else self.python(*args, "-n", str(n))
+        self.assertIn(p.returncode, (0, 1), p.stderr)
+        self.assertIn("diffcheck:", p.stdout, p.stderr)
+        return p
+
+    def expect(self, script, n, bug, first, ranks=None, mpi=False):
+        with self.subTest(script=script, ranks=n, bug=bug, mpi=mpi):
+            p = self.run_example(script, n, bug, mpi)
+            if first is None:
+                self.assertEqual(p.returncode, 0, p.stdout)
+                self.assertIn("PASS: all", p.stdout)
+                return
+            self.assertEqual(p.returncode, 1, p.stdout)
+            m = re.search(r"First divergence: tap '([^']+)'", p.stdout)
+            self.assertIsNotNone(m, p.stdout)
+            self.assertRegex(m.group(1), first)
+            if ranks:
+                self.assertIn(ranks, p.stdout)
+
+    def test_tp_block_example(self):
+        self.expect("tp_block", 1, True, None)  # one tp rank: the bias is added once, right
+        self.expect("tp_block", 4, False, None)
+        self.expect("tp_block", 4, True, r"^attn\.out$")
+        self.expect("tp_block", 4, True, r"^attn\.out$", mpi=True)  # the README's command line
+
+    def test_cfg_denoise_example(self):
+        self.expect("cfg_denoise", 4, False, None)
+        self.expect("cfg_denoise", 2, True, r"^step1/time_embed", "on rank(s) 1:")  # no replicas at sp = 1
+        self.expect("cfg_denoise", 4, True, r"^step1/time_embed", "ranks 1 disagree")
+        self.expect("cfg_denoise", 4, False, None, mpi=True)
+
+    def test_examples_add_at_most_ten_lines(self):
+        for script in ("tp_block", "cfg_denoise"):
+            with open(os.path.join(EXAMPLES, f"{script}.py")) as f:
+                lines = [line for line in f if line.rstrip().endswith("# diffcheck")]
+            with self.subTest(script=script):
+                self.assertLessEqual(len(lines), 10)
+                self.assertGreaterEqual(len(lines), 5)
+                with open(os.path.join(EXAMPLES, f"{script}.py")) as f:
+                    uses = [line for line in f if "dct." in line]
+                self.assertTrue(all(line.rstrip().endswith("# diffcheck") for line in uses),
+                                "every line using diffcheck is counted")
+
+    def test_memory_of_a_2_gib_capture(self):
+        probe = os.path.join(HERE, "torch", "memory_probe.py")
+        peaks = {}
+        for mode in ("plain", "capture"):
+            p = self.python(probe, mode, self.path("mem"))
+            self.assertEqual(p.returncode, 0, p.stderr)
+            peaks[mode] = json.loads(p.stdout)
+        size = os.path.getsize(self.path("mem.rank0.h5"))
+        self.assertGreater(size, 2 * 2 ** 30, "activations of 2 GiB were written")
+        os.remove(self.path("mem.rank0.h5"))
+        tap = peaks["plain"]["tap_mib"]
+        self.assertLessEqual(peaks["capture"]["peak_mib"], peaks["plain"]["peak_mib"] + tap + 64, peaks)
+        print(f"peak RSS: uninstrumented {peaks['plain']['peak_mib']:.0f} MiB, "
+              f"capture of {size / 2 ** 30:.2f} GiB {peaks['capture']['peak_mib']:.0f} MiB")
+
+    def test_setup_installed_the_package(self):
+        # As a user's program imports it: Debian's python3, outside the source tree, no PYTHONPATH.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        p = subprocess.run([PYTHON, "-c", "import diffcheck, diffcheck.torch; print(diffcheck.__file__)"],
+                           capture_output=True, text=True, cwd="/", env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        installed = os.path.dirname(p.stdout.strip())
+        self.assertNotEqual(installed, os.path.join(SOURCE, "python", "diffcheck"))
+        same, differ, missing = filecmp.cmpfiles(os.path.join(SOURCE, "python", "diffcheck"), installed,
+                                                 ["__init__.py", "dump.py", "compare.py", "torch.py"], shallow=False)
+        self.assertEqual((differ, missing), ([], []), f"{installed} is stale: run bash scripts/setup.sh")
+        # The old script still serves `from diffcheck_dump import RankDump`.
+        p = subprocess.run([PYTHON, "-c", "import sys; sys.path.insert(0, 'scripts'); "
+                            "from diffcheck_dump import RankDump; print(RankDump.__module__)"],
+                           capture_output=True, text=True, cwd=SOURCE, env=env)
+        self.assertEqual((p.returncode, p.stdout.strip()), (0, "diffcheck.dump"), p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,260 @@
+"""diffcheck.torch in one process: tap names, order and values, hooks gone
+after the block (also after an exception), nested modules, repeated calls
+and steps, containers, bfloat16, layouts and their errors, include/exclude,
+inputs, reference mode and rename; diffcheck.compare's verdicts as Python
+values and exceptions. Runs against the source tree (PYTHONPATH=python/)."""
+import os
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+import torch
+import torch.nn as nn
+
+import diffcheck
+import diffcheck.torch as dct
+
+
+class Pair(nn.Module):
+    """Returns a tuple and a dict: outputs are flattened with suffixes."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y, {"twice": 2 * y, "none": None}
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inner = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        self.pair = Pair()
+        self.shared = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.inner(x)
+        a, _ = self.pair(h)
+        return self.shared(self.shared(a))  # one module called twice
+
+
+def hook_count(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def taps(path):
+    """{name: (values, attrs)} of a rank file's taps, in `order`."""
+    out = {}
+    with h5py.File(path) as f:
+        f["taps"].visititems(lambda n, o: out.__setitem__(n, (o[()], dict(o.attrs)))
+                             if isinstance(o, h5py.Dataset) else None)
+    return dict(sorted(out.items(), key=lambda kv: kv[1][1]["order"]))
+
+
+class CaptureTest(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory()
+        self.dir = self._tmp.name
+        self.x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def out(self, name="run"):
+        return os.path.join(self.dir, name)
+
+    def test_names_order_values_and_calls(self):
+        net = Net()
+        with dct.capture(net, out=self.out()) as c:
+            y = net(self.x)
+        got = taps(c.path)
+        self.assertEqual(list(got), ["inner.0", "inner.1", "inner", "pair.lin", "pair/0", "pair/1/twice",
+                                     "shared", "shared@1", "model"])
+        self.assertEqual([a["order"] for _, a in got.values()], list(range(9)))
+        with torch.no_grad():
+            h = net.inner(self.x)
+            np.testing.assert_array_equal(got["inner"][0], h.numpy())
+            np.testing.assert_array_equal(got["shared"][0], net.shared(net.pair.lin(h)).numpy())
+        np.testing.assert_array_equal(got["model"][0], y.detach().numpy())
+        self.assertFalse(any("spec" in a for _, a in got.values()), "unmatched taps are replicated")
+        with h5py.File(c.path) as f:
+            self.assertEqual(dict(f.attrs)["mesh"], "dp=1")
+            self.assertEqual(f.attrs["world_size"], 1)
+            self.assertEqual(f.attrs["dtype"], "float32")
+            self.assertTrue(f.attrs["producer"].startswith("diffcheck.torch"))
+
+    def test_steps_restart_numbering_and_manual_taps(self):
+        net = Net()
+        with dct.capture(net, out=self.out(), include=["shared"]) as c:
+            for t in range(2):
+                dct.step(t)
+                net(self.x)
+                dct.tap("latents", self.x, spec="-,dp")
+        self.assertEqual(list(taps(c.path)), ["step0/shared", "step0/shared@1", "step0/latents",
+                                              "step1/shared", "step1/shared@1", "step1/latents"])
+        self.assertEqual(taps(c.path)["step1/latents"][1]["spec"], "-,dp")
+        dct.tap("outside", self.x)  # no capture open: nothing, no error
+
+    def test_hooks_gone_after_block_and_after_exception(self):
+        net = Net()
+        before = hook_count(net)
+        with dct.capture(net, out=self.out("a"), inputs=True):
+            self.assertGreater(hook_count(net), before)
+            net(self.x)
+        self.assertEqual(hook_count(net), before)
+
+        class Boom(Exception):
+            pass
+        with self.assertRaises(Boom):
+            with dct.capture(net, out=self.out("b")) as c:
+                net(self.x)
+                raise Boom()
+        self.assertEqual(hook_count(net), before)
+        self.assertEqual(os.listdir(self.dir), ["a.rank0.h5"], "no file, not even a partial one, after an error")
+        # An error inside a hook (a layout that does not fit) also removes them.
+        with self.assertRaises(ValueError):
+            with dct.capture(net, out=self.out("c"), layouts={"inner.0": "-,-,dp"}):
+                net(self.x)
+        self.assertEqual(hook_count(net), before)
+        self.assertFalse(os.path.exists(c.path))
+
+    def test_bfloat16_module(self):
+        lin = nn.Linear(4, 4).to(torch.bfloat16)
+        with dct.capture(lin, out=self.out()) as c:
+            y = lin(self.x.to(torch.bfloat16))
+        values, attrs = taps(c.path)["model"]
+        self.assertEqual(attrs["dtype"], "bfloat16")
+        self.assertEqual(values.dtype, np.float32)
+        np.testing.assert_array_equal(values, y.detach().float().numpy())
+        with h5py.File(c.path) as f:
+            self.assertEqual(f.attrs["dtype"], "bfloat16")
+
+    def test_layouts(self):
+        net = Net()
+        layouts = {"inner.*": "-,tp", "pair/1/*": ("-,tp", "dp"), "shared@1": {"spec": "tp,-", "reduction_depth": 8}}
+        with dct.capture(net, out=self.out(), mesh="dp=1,tp=1", layouts=layouts) as c:
+            net(self.x)
+        got = {n: a for n, (_, a) in taps(c.path).items()}
+        self.assertEqual(got["inner.0"]["spec"], "-,tp")
+        self.assertNotIn("spec", got["inner"], "'inner.*' does not match 'inner'")
+        self.assertEqual((got["pair/1/twice"]["spec"], got["pair/1/twice"]["partial"]), ("-,tp", "dp"))
+        self.assertNotIn("spec", got["shared"])
+        self.assertEqual((got["shared@1"]["spec"], got["shared@1"]["reduction_depth"]), ("tp,-", 8))
+
+    def test_layout_errors_name_the_tap(self):
+        net = Net()
+        for layouts, words in (({"inner.0": "-,-,tp"}, "spec '-,-,tp' has 3 entries for 2 dimensions"),
+                               ({"inner.0": "-,sp"}, "axis 'sp' is not in the mesh 'tp=1'"),
+                               ({"inner.0": (None, "cfg")}, "axis 'cfg'")):
+            with self.subTest(layouts=layouts):
+                with self.assertRaises(ValueError) as e:
+                    with dct.capture(net, out=self.out(), mesh="tp=1", layouts=layouts):
+                        net(self.x)
+                self.assertIn("tap 'inner.0'", str(e.exception))
+                self.assertIn(words, str(e.exception))
+        with self.assertRaisesRegex(ValueError, "unknown keys"):
+            dct.capture(net, out=self.out(), layouts={"x": {"sepc": "-"}})
+
+    def test_mesh_must_match_the_world(self):
+        with self.assertRaisesRegex(ValueError, r"capture\(mesh=...\) is needed with 2 ranks"):
+            dct.capture(Net(), out=self.out(), rank=0, world_size=2)
+        with self.assertRaisesRegex(ValueError, "mesh 'tp=4' has 4 ranks but this run has 2"):
+            dct.capture(Net(), out=self.out(), mesh="tp=4", rank=0, world_size=2)
+        with self.assertRaisesRegex(ValueError, "not a list of name=size"):
+            dct.capture(Net(), out=self.out(), mesh="tp4", rank=0, world_size=4)
+        c = dct.capture(Net(), out=self.out(), mesh="cfg=2,sp=2", rank=3, world_size=4)
+        self.assertTrue(c.path.endswith("run.rank3.h5"))
+
+    def test_include_exclude_inputs(self):
+        net = Net()
+        with dct.capture(net, out=self.out(), include=["inner*", "pair"], exclude=["inner.1"], inputs=True) as c:
+            net(self.x)
+        self.assertEqual(list(taps(c.path)), ["inner:in/0", "inner.0:in/0", "inner.0", "inner", "pair:in/0",
+                                              "pair/0", "pair/1/twice"])
+        np.testing.assert_array_equal(taps(c.path)["inner:in/0"][0], self.x.numpy())
+
+    def test_reference_mode_and_rename(self):
+        class Wrapped(nn.Module):  # the reference keeps the block under another path
+            def __init__(self):
+                super().__init__()
+                self.model = Net()
+
+            def forward(self, x):
+                return self.model(x)
+        ref = Wrapped().double()
+        with dct.capture(ref, out=self.out("ref"), reference=True, rename={"model": "", "model.pair": "pair2"},
+                         exclude=["model"]) as c:
+            ref(self.x.double())
+            dct.tap("extra", self.x, spec="-,tp")  # a spec means nothing in a reference
+        self.assertTrue(c.path.endswith("ref.h5"))
+        with h5py.File(c.path) as f:
+            self.assertEqual(f.attrs["world_size"], 1)
+            self.assertNotIn("mesh", f.attrs)
+            self.assertNotIn("taps", f)
+            names = []
+            f["reference"].visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+            self.assertEqual(sorted(names), sorted(["inner.0", "inner.1", "inner", "pair2.lin", "pair2/0",
+                                                    "pair2/1/twice", "shared", "shared@1", "extra"]))
+            self.assertEqual(f["reference/shared"].dtype, np.float64)
+
+    def test_name_clash_is_an_error_naming_the_tap(self):
+        lin = nn.Linear(4, 4)
+        with self.assertRaisesRegex(ValueError, "cannot write 'taps/a/b'.*a tap and a group"):
+            with dct.capture(lin, out=self.out(), include=[]):
+                dct.tap("a", self.x)
+                dct.tap("a/b", self.x)
+
+
+@unittest.skipUnless(os.environ.get("DIFFCHECK_EXE"), "needs DIFFCHECK_EXE (set by ctest)")
+class CompareTest(unittest.TestCase):
+    """dct.compare: the report on a pass, Divergence (an AssertionError) on a
+    failure, InputError on a bad file, DiffcheckError without an executable."""
+
+    def test_verdicts(self):
+        with tempfile.TemporaryDirectory() as d:
+            net = Net()
+            with dct.capture(net, out=f"{d}/run"):
+                net(torch.ones(2, 4))
+            ref = Net().double()
+            with dct.capture(ref, out=f"{d}/ref", reference=True):
+                ref(torch.ones(2, 4, dtype=torch.float64))
+            report = dct.compare(f"{d}/run", reference=f"{d}/ref.h5")
+            self.assertTrue(report["pass"])
+            self.assertIsNone(report["first_divergence"])
+            self.assertIn("PASS", report["console"])
+
+            with torch.no_grad():
+                ref.pair.lin.bias += 1e-3  # the run now differs from pair.lin on
+            with dct.capture(ref, out=f"{d}/ref", reference=True):
+                ref(torch.ones(2, 4, dtype=torch.float64))
+            with self.assertRaises(AssertionError) as e:
+                dct.compare(f"{d}/run", reference=f"{d}/ref.h5")
+            self.assertIsInstance(e.exception, diffcheck.Divergence)
+            self.assertEqual(e.exception.first_divergence["tap"], "pair.lin")
+            self.assertIn("pair.lin", str(e.exception))
+            self.assertFalse(e.exception.report["pass"])
+            report = dct.compare(f"{d}/run", reference=f"{d}/ref.h5", check=False)
+            self.assertEqual(report["first_divergence"]["tap"], "pair.lin")
+
+            with self.assertRaises(diffcheck.InputError) as e:
+                dct.compare(f"{d}/missing")
+            self.assertIn("missing", str(e.exception))
+            with self.assertRaisesRegex(diffcheck.DiffcheckError, "executable was not found"):
+                _without_exe(f"{d}/run")
+
+
+def _without_exe(prefix):
+    saved, path = os.environ.pop("DIFFCHECK_EXE"), os.environ["PATH"]
+    os.environ["PATH"] = ""
+    try:
+        dct.compare(prefix)
+    finally:
+        os.environ["DIFFCHECK_EXE"], os.environ["PATH"] = saved, path
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Peak memory of a forward whose activations total 2 GiB, with and without
+`diffcheck.torch.capture` (tests/test_e2e_torch.py compares the two).
+
+    memory_probe.py plain|capture OUT [--taps N] [--tap-mib M]
+prints {"peak_mib": ..., "tap_mib": ..., "taps": ...} (peak: ru_maxrss)
+"""
+import argparse
+import json
+import resource
+
+import torch
+import torch.nn as nn
+
+
+class Scale(nn.Module):
+    def forward(self, x):
+        return x * 1.0001  # a new tensor per module: the previous one can go
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["plain", "capture"])
+    ap.add_argument("out")
+    ap.add_argument("--taps", type=int, default=64)
+    ap.add_argument("--tap-mib", type=int, default=32)
+    a = ap.parse_args()
+    model = nn.Sequential(*[Scale() for _ in range(a.taps - 1)])  # + the root's output: `taps` taps
+    x = torch.ones(a.tap_mib * 2 ** 20 // 4)
+    with torch.no_grad():
+        if a.mode == "capture":
+            import diffcheck.torch as dct
+            with dct.capture(model, out=a.out):
+                model(x)
+        else:
+            model(x)
+    print(json.dumps({"peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "tap_mib": a.tap_mib, "taps": a.taps}))
+
+
+if __name__ == "__main__":
+    main()
