@@ -201,6 +201,30 @@ class CaptureTest(unittest.TestCase):
                                                     "pair2/1/twice", "shared", "shared@1", "extra"]))
             self.assertEqual(f["reference/shared"].dtype, np.float64)
 
+    def test_values_as_they_were_when_the_module_returned(self):
+        """Taps are written on a thread while the model goes on: a later in-place change
+        (an all-reduce into the output, a residual add) must not reach the file."""
+        class InPlace(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 256)
+
+            def forward(self, x):
+                y = self.lin(x)
+                expected.append(y.detach().clone())
+                with torch.no_grad():
+                    for _ in range(50):
+                        y.mul_(1.5)
+                return y
+        expected = []
+        net = InPlace()
+        with dct.capture(net, out=self.out(), include=["lin"]) as c:
+            for _ in range(3):
+                net(self.x)
+        got = taps(c.path)
+        for name, want in zip(("lin", "lin@1", "lin@2"), expected):
+            np.testing.assert_array_equal(got[name][0], want.numpy())
+
     def test_name_clash_is_an_error_naming_the_tap(self):
         lin = nn.Linear(4, 4)
         with self.assertRaisesRegex(ValueError, "cannot write 'taps/a/b'.*a tap and a group"):

@@ -163,8 +163,11 @@ class RankDump(_AtomicH5):
         self.f.create_group("taps", track_order=True)
         self._order = 0
 
-    def tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None):
+    def tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None, dtype=None):
+        """`dtype`: the logical dtype when `x` holds another one's values (a
+        bfloat16 tensor already turned into float32); found by itself otherwise."""
         a, logical = to_numpy(x)
+        logical = dtype or logical
         ds = self._dataset(f"taps/{name}", a)
         if spec:
             ds.attrs["spec"] = spec

@@ -29,7 +29,8 @@ import torch
 
 from diffcheck import __version__
 from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: F401
-from diffcheck.dump import RankDump, ReferenceDump, mesh_axes, mesh_size
+from diffcheck.dump import RankDump, ReferenceDump, mesh_axes, mesh_size, to_numpy
+from diffcheck.writer import BackgroundWriter
 
 ROOT_NAME = "model"
 _TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
@@ -109,7 +110,7 @@ class Capture:
         self.mesh = mesh
         self.axes = set(mesh_axes(mesh)) if mesh else set()
         self.root_attrs = {"producer": f"diffcheck.torch {__version__}", "dtype": self._model_dtype(), **root_attrs}
-        self._writer, self._handles, self._calls, self._step = None, [], {}, ""
+        self._writer, self._thread, self._handles, self._calls, self._step = None, None, [], {}, ""
 
     # -- naming -------------------------------------------------------------
 
@@ -163,11 +164,32 @@ class Capture:
 
     def _write(self, name, tensor, plain_names, explicit=None):
         if self.reference_mode:
-            self._writer.reference(name, tensor)
-            return
-        pattern, attrs = (None, explicit) if explicit else self._layout_for(*plain_names)
-        self._check_layout(name, tensor, pattern, attrs)
-        self._writer.tap(name, tensor, **attrs)
+            attrs = {}
+        else:
+            pattern, attrs = (None, explicit) if explicit else self._layout_for(*plain_names)
+            self._check_layout(name, tensor, pattern, attrs)
+
+        def prepare():
+            """Here, before the model goes on: this rank's values, copied if
+            they are the tensor's own memory (the model may change it in place,
+            as an all-reduce does)."""
+            array, logical = to_numpy(tensor)
+            if tensor.device.type == "cpu" and array.size and array.ctypes.data == tensor.data_ptr():
+                array = array.copy()
+            return lambda: self._store(name, array, logical, attrs)
+        self._thread.submit(prepare)
+
+    def _store(self, name, array, logical, attrs):
+        """On the writer thread."""
+        try:
+            if self.reference_mode:
+                self._writer.reference(name, array)
+            else:
+                self._writer.tap(name, array, dtype=logical, **attrs)
+        except ValueError:
+            raise
+        except Exception as e:
+            raise OSError(f"rank {self.rank}: writing tap '{name}' to {self._writer.path}.tmp failed: {e}") from e
 
     def _record(self, path, value, inputs=False):
         """A module call's output (or, before it runs, its inputs: `<path>:in`)."""
@@ -200,6 +222,7 @@ class Capture:
             self._writer = ReferenceDump(path, **self.root_attrs)
         else:
             self._writer = RankDump(self.out, self.mesh, self.rank, **self.root_attrs)
+        self._thread = BackgroundWriter()
         try:
             for path, module in self.model.named_modules():
                 path = path or ROOT_NAME
@@ -227,9 +250,18 @@ class Capture:
         self._handles = []
         if self in _active:
             _active.remove(self)
+        thread, self._thread = self._thread, None
+        error = None
+        if thread is not None:
+            try:
+                thread.close()  # the last tap written, or the failed write's error
+            except BaseException as e:
+                error = e
         writer, self._writer = self._writer, None
         if writer is not None:
-            writer.abandon() if failed else writer.close()
+            writer.abandon() if failed or error else writer.close()
+        if error is not None and not failed:  # else the block's own exception is the one to see
+            raise error
 
     @property
     def path(self):

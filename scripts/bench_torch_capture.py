@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Overhead of `diffcheck.torch.capture` on the forward of the tensor-parallel
+example (examples/tp_block.py): per round, one uninstrumented forward and one
+captured forward (hooks, every module's output written, the rank file created,
+closed and renamed), alternated so both see the same machine; the figure is
+the median over rounds of the captured/uninstrumented ratio of the slowest
+rank's time.
+
+    /usr/bin/python3 scripts/bench_torch_capture.py [--size example|medium|large] [-n 2] [--rounds 9]
+
+Sizes (tokens = B x S, hidden D, heads, FFN): example 2x16, 64, 8, 256 (the
+example as it ships: a forward of a millisecond, so fixed costs dominate);
+medium 2x512, 1024, 16, 4096; large 4x1024, 2048, 16, 8192. Needs python3-torch.
+"""
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+SIZES = {"example": (2, 16, 64, 8, 256), "medium": (2, 512, 1024, 16, 4096), "large": (4, 1024, 2048, 16, 8192)}
+
+
+def rank_main(rank, n, a, init, out_dir, results):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=n)
+    import tp_block
+    import diffcheck.torch as dct
+    tp_block.B, tp_block.S, tp_block.D, tp_block.HEADS, tp_block.FFN = SIZES[a.size]
+    w, x = tp_block.full_weights()
+    block = tp_block.Block(w, n, rank).float()
+    x = x.float()
+
+    def timed(fn):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the job waits for its slowest rank
+        return dt.item()
+
+    def plain():
+        with torch.no_grad():
+            block(x)
+
+    def captured():
+        with torch.no_grad(), dct.capture(block, out=f"{out_dir}/tp", mesh=f"tp={n}", layouts=tp_block.LAYOUTS):
+            block(x)
+
+    for _ in range(2):  # warm-up: allocator, BLAS, the file system
+        timed(plain)
+        timed(captured)
+    rows = []
+    for r in range(a.rounds):
+        pair = [timed(plain), timed(captured)] if r % 2 == 0 else [timed(captured), timed(plain)][::-1]
+        rows.append(pair)
+    if rank == 0:
+        size = os.path.getsize(f"{out_dir}/tp.rank0.h5")
+        results.put((rows, size))
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=sorted(SIZES), default="medium")
+    ap.add_argument("-n", type=int, default=2, help="tp ranks (processes over gloo; default 2)")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--dir", default=None, help="where the rank files go (default: a temporary directory)")
+    a = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        out_dir = a.dir or tmp
+        mp.spawn(rank_main, args=(a.n, a, "file://" + os.path.join(tmp, "rendezvous"), out_dir, results),
+                 nprocs=a.n)
+        rows, size = results.get()
+    ratios = [c / p for p, c in rows]
+    print(f"size {a.size} {SIZES[a.size]}, tp={a.n}, {a.rounds} rounds; rank 0 writes {size / 2 ** 20:.1f} MiB per forward")
+    print(f"uninstrumented forward: median {statistics.median(p for p, _ in rows) * 1e3:.1f} ms")
+    print(f"captured forward:       median {statistics.median(c for _, c in rows) * 1e3:.1f} ms")
+    print(f"ratio captured/uninstrumented: median {statistics.median(ratios):.3f} "
+          f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+
+
+if __name__ == "__main__":
+    main()
