@@ -4,7 +4,9 @@ example (examples/tp_block.py): per round, one uninstrumented forward and one
 captured forward (hooks, every module's output written, the rank file created,
 closed and renamed), alternated so both see the same machine; the figure is
 the median over rounds of the captured/uninstrumented ratio of the slowest
-rank's time.
+rank's time. Before each timed forward the page cache is synced to disk, so
+that a capture's writeback does not slow the next forward; the time of that
+sync after a capture is reported too (what making the taps durable adds).
 
     /usr/bin/python3 scripts/bench_torch_capture.py [--size example|medium|large] [-n 2] [--rounds 9]
 
@@ -19,9 +21,15 @@ import sys
 import tempfile
 import time
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+# One BLAS thread per rank, as under scripts/mpi_env.sh: torch.set_num_threads
+# alone leaves OpenBLAS's own threads, and ranks x threads over the cores
+# make every figure noise. Set before torch loads OpenBLAS.
+for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
@@ -56,13 +64,23 @@ def rank_main(rank, n, a, init, out_dir, results):
         with torch.no_grad(), dct.capture(block, out=f"{out_dir}/tp", mesh=f"tp={n}", layouts=tp_block.LAYOUTS):
             block(x)
 
+    def settled(fn):
+        """fn's time, after the page cache has gone to disk: a captured
+        forward's writeback must not land in the next forward's time."""
+        os.sync()
+        return timed(fn)
+
     for _ in range(2):  # warm-up: allocator, BLAS, the file system
-        timed(plain)
-        timed(captured)
+        settled(plain)
+        settled(captured)
     rows = []
-    for r in range(a.rounds):
-        pair = [timed(plain), timed(captured)] if r % 2 == 0 else [timed(captured), timed(plain)][::-1]
-        rows.append(pair)
+    for r in range(a.rounds):  # pairs, in alternating order
+        if r % 2 == 0:
+            p, c = settled(plain), settled(captured)
+        else:
+            c = settled(captured)
+            p = settled(plain)
+        rows.append((p, c, timed(os.sync)))  # what making this forward's taps durable costs on top
     if rank == 0:
         size = os.path.getsize(f"{out_dir}/tp.rank0.h5")
         results.put((rows, size))
@@ -83,12 +101,18 @@ def main():
         mp.spawn(rank_main, args=(a.n, a, "file://" + os.path.join(tmp, "rendezvous"), out_dir, results),
                  nprocs=a.n)
         rows, size = results.get()
-    ratios = [c / p for p, c in rows]
+    if os.environ.get("BENCH_ROWS"):
+        print("\n".join(f"{p * 1e3:8.1f} {c * 1e3:8.1f} {s * 1e3:7.1f}" for p, c, s in rows))
+    ratios = [c / p for p, c, _ in rows]
+    durable = [(c + s) / p for p, c, s in rows]
     print(f"size {a.size} {SIZES[a.size]}, tp={a.n}, {a.rounds} rounds; rank 0 writes {size / 2 ** 20:.1f} MiB per forward")
-    print(f"uninstrumented forward: median {statistics.median(p for p, _ in rows) * 1e3:.1f} ms")
-    print(f"captured forward:       median {statistics.median(c for _, c in rows) * 1e3:.1f} ms")
+    print(f"uninstrumented forward: median {statistics.median(r[0] for r in rows) * 1e3:.1f} ms")
+    print(f"captured forward:       median {statistics.median(r[1] for r in rows) * 1e3:.1f} ms "
+          f"(+ {statistics.median(r[2] for r in rows) * 1e3:.1f} ms to sync its taps to disk)")
     print(f"ratio captured/uninstrumented: median {statistics.median(ratios):.3f} "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+    print(f"ratio with the taps synced to disk: median {statistics.median(durable):.3f} "
+          f"(min {min(durable):.3f}, max {max(durable):.3f})")
 
 
 if __name__ == "__main__":

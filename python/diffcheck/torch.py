@@ -25,6 +25,7 @@ matches is replicated. See docs/torch.md.
 import fnmatch
 import os
 
+import numpy as np
 import torch
 
 from diffcheck import __version__
@@ -111,6 +112,7 @@ class Capture:
         self.axes = set(mesh_axes(mesh)) if mesh else set()
         self.root_attrs = {"producer": f"diffcheck.torch {__version__}", "dtype": self._model_dtype(), **root_attrs}
         self._writer, self._thread, self._handles, self._calls, self._step = None, None, [], {}, ""
+        self._staging = None  # see _staged
 
     # -- naming -------------------------------------------------------------
 
@@ -175,9 +177,20 @@ class Capture:
             as an all-reduce does)."""
             array, logical = to_numpy(tensor)
             if tensor.device.type == "cpu" and array.size and array.ctypes.data == tensor.data_ptr():
-                array = array.copy()
+                array = self._staged(array)
             return lambda: self._store(name, array, logical, attrs)
         self._thread.submit(prepare)
+
+    def _staged(self, array):
+        """A copy of `array` in the capture's one staging buffer: the writer
+        thread writes one tap at a time, so one buffer, reused, serves every
+        tap (fresh memory per tap costs its page faults every time)."""
+        if self._staging is None or self._staging.nbytes < array.nbytes:
+            self._staging = None
+            self._staging = np.empty(array.nbytes, np.uint8)
+        copy = self._staging[:array.nbytes].view(array.dtype).reshape(array.shape)
+        np.copyto(copy, array)
+        return copy
 
     def _store(self, name, array, logical, attrs):
         """On the writer thread."""
@@ -257,7 +270,7 @@ class Capture:
                 thread.close()  # the last tap written, or the failed write's error
             except BaseException as e:
                 error = e
-        writer, self._writer = self._writer, None
+        writer, self._writer, self._staging = self._writer, None, None
         if writer is not None:
             writer.abandon() if failed or error else writer.close()
         if error is not None and not failed:  # else the block's own exception is the one to see
