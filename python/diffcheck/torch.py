@@ -231,8 +231,7 @@ class Capture:
 
     def __enter__(self):
         if self.reference_mode:
-            path = self.out if self.out.endswith(".h5") else self.out + ".h5"
-            self._writer = ReferenceDump(path, **self.root_attrs)
+            self._writer = ReferenceDump(self.path, **self.root_attrs)
         else:
             self._writer = RankDump(self.out, self.mesh, self.rank, **self.root_attrs)
         self._thread = BackgroundWriter()
