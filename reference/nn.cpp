@@ -2,11 +2,14 @@
 
 #include <cblas.h>
 
+#include <chrono>
 #include <cmath>
+#include <type_traits>
 #include <xtensor/xadapt.hpp>
 #include <xtensor/xmath.hpp>
 
 #include "harness/core/error.h"
+#include "harness/core/work_counter.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -26,6 +29,7 @@ void gemm_nt<float>(std::size_t n, std::size_t m, std::size_t k, const float* x,
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m),
               static_cast<int>(k), 1.0f, x, static_cast<int>(k), w, static_cast<int>(k), 0.0f, y,
               static_cast<int>(m));
+  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), false);
 }
 template <>
 void gemm_nt<double>(std::size_t n, std::size_t m, std::size_t k, const double* x, const double* w,
@@ -33,24 +37,29 @@ void gemm_nt<double>(std::size_t n, std::size_t m, std::size_t k, const double* 
   cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m),
               static_cast<int>(k), 1.0, x, static_cast<int>(k), w, static_cast<int>(k), 0.0, y,
               static_cast<int>(m));
+  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), true);
 }
 
 void gemm_tn(std::size_t m, std::size_t n, std::size_t k, const float* a, const float* b, float* y) {
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a, int(m), b,
               int(n), 0.0f, y, int(n));
+  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), false);
 }
 void gemm_tn(std::size_t m, std::size_t n, std::size_t k, const double* a, const double* b, double* y) {
   cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, a, int(m), b,
               int(n), 0.0, y, int(n));
+  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), true);
 }
 
 void gemm_nn(std::size_t m, std::size_t n, std::size_t k, const float* a, const float* b, float* y) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a, int(k), b,
               int(n), 0.0f, y, int(n));
+  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), false);
 }
 void gemm_nn(std::size_t m, std::size_t n, std::size_t k, const double* a, const double* b, double* y) {
   cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, a, int(k), b,
               int(n), 0.0, y, int(n));
+  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), true);
 }
 
 }  // namespace
@@ -76,6 +85,27 @@ BasicTensor<T> matmul_tn(const BasicTensor<T>& a, const BasicTensor<T>& b) {
 }
 
 void set_blas_threads(int n) { openblas_set_num_threads(n); }
+
+double gemm_rate(bool float64, double seconds) {
+  constexpr int n = 768;
+  const auto run = [&](auto zero) {
+    using T = decltype(zero);
+    std::vector<T> a(std::size_t(n) * n, T(0.5)), b(a), c(a.size());
+    const auto t0 = std::chrono::steady_clock::now();
+    int calls = 0;
+    double elapsed = 0;
+    do {
+      if constexpr (std::is_same_v<T, float>)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+      else
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0, a.data(), n, b.data(), n, 0.0, c.data(), n);
+      ++calls;
+      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } while (elapsed < seconds || calls < 2);
+    return 2.0 * n * n * double(n) * calls / elapsed / 1e9;
+  };
+  return float64 ? run(0.0) : run(0.0f);
+}
 
 template <class T>
 BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& w, const BasicTensor<T>& b) {

@@ -36,4 +36,9 @@ RefTensor to_ref(const BasicTensor<T>& x);
 // Each BLAS call uses this many threads; one per rank when ranks outnumber cores.
 void set_blas_threads(int n);
 
+// This process's GEMM rate in GFLOP/s (square GEMMs of a size BLAS runs near
+// its peak, repeated for about `seconds`), float32 or float64: the yardstick
+// of a run's --profile. Not counted as work (core/work_counter.h).
+double gemm_rate(bool float64, double seconds);
+
 }  // namespace dc::ref

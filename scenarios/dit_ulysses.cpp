@@ -162,6 +162,7 @@ class DitUlysses final : public Scenario {
   // the ranks (TapRecorder's rule).
   void record_reference(RunContext& ctx, const WanSizes& z, std::size_t dp,
                         const std::vector<HeadChunk>& chunks) const {
+    if (ctx.taps.references_cached()) return;  // read from the reference cache
     const ReferenceClock clock(ctx.taps);
     const auto samples = ctx.taps.my_reference_rows(dp);
     if (samples.empty()) return;

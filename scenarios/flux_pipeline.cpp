@@ -45,6 +45,9 @@ class FluxPipeline final : public Scenario {
   }
   std::vector<std::string> sizes() const override { return {"default", "tiny"}; }
   bool is_pipeline() const override { return true; }
+  // Not yet: in the forced mode each step starts from the reference's latents,
+  // so the sharded loop needs values the reference computes.
+  bool reference_cacheable() const override { return false; }
   std::vector<std::string> mesh_axes() const override { return {"dp", "cfg", "ring", "sp"}; }
   std::vector<FlagSpec> flags() const override {
     return {{"cfg_combine", FlagType::string, "allgather",

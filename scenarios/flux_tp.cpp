@@ -143,6 +143,7 @@ class FluxTp final : public Scenario {
   // reference work, also at dp = 1, and holds only its rows' activations.
   void record_reference(RunContext& ctx, const FluxSizes& z, const Comm& tp_comm, std::size_t b,
                         std::size_t i, std::size_t dp, const ref::RopeTable& rope) const {
+    if (ctx.taps.references_cached()) return;  // read from the reference cache
     const ReferenceClock clock(ctx.taps);
     const std::size_t n = z.tokens(), d = z.dim, tp = static_cast<std::size_t>(tp_comm.size());
     const auto packed = ref::packed_columns(z, tp);

@@ -197,6 +197,7 @@ class UspAttention final : public Scenario {
   // its ring rank has seen by then: blocks r, r-1, ..., r-t (mod ring).
   void record_reference(RunContext& ctx, const WanSizes& z, std::size_t dp, std::size_t ring,
                         const std::vector<HeadChunk>& chunks) const {
+    if (ctx.taps.references_cached()) return;  // read from the reference cache
     const ReferenceClock clock(ctx.taps);
     const auto samples = ctx.taps.my_reference_rows(dp);
     if (samples.empty()) return;

@@ -100,6 +100,10 @@ void TapRecorder::reference_row(const std::string& name, std::size_t n, std::siz
 void TapRecorder::reference_block(const std::string& name, const Shape& global, std::vector<std::size_t> start,
                                   RefTensor block) {
   validate_tap_name(name);
+  if (references_cached_)
+    fail("rank {}: reference of tap '{}' computed although the run's references came from the reference cache: "
+         "the scenario's reference code must begin with `if (ctx.taps.references_cached()) return;`",
+         rank_, name);
   const auto where = [&] {
     std::string s;
     for (auto x : start) s += fmt::format("{}{}", s.empty() ? "" : ",", x);

@@ -17,6 +17,7 @@
 #include "harness/core/mesh.h"
 #include "harness/core/perturbation.h"
 #include "harness/core/tensor.h"
+#include "harness/core/work_counter.h"
 
 namespace dc {
 
@@ -88,6 +89,18 @@ class TapRecorder {
   void on_tap(std::function<void(const std::string&)> f) { on_tap_ = std::move(f); }
   void add_reference_seconds(double s) { reference_seconds_ += s; }
 
+  // The references came from the reference cache (capture/reference_cache.h):
+  // the scenario must skip computing them (its reference code starts with
+  // `if (ctx.taps.references_cached()) return;`), and recording one more
+  // is an error that names the scenario's missing check.
+  bool references_cached() const { return references_cached_; }
+  void set_references_cached(bool cached) { references_cached_ = cached; }
+
+  // FLOPs of the GEMMs this rank ran for references (core/work_counter.h),
+  // counted like reference_seconds.
+  double reference_flops() const { return reference_flops_; }
+  void add_reference_flops(double f) { reference_flops_ += f; }
+
   const std::vector<TapRecord>& records() const { return records_; }
   const std::map<std::string, ReferencePart>& references() const { return references_; }
   const Mesh& mesh() const { return mesh_; }
@@ -102,6 +115,8 @@ class TapRecorder {
   std::vector<TapRecord> records_;
   std::map<std::string, ReferencePart> references_;
   double reference_seconds_ = 0;
+  double reference_flops_ = 0;
+  bool references_cached_ = false;
   std::function<void(const std::string&)> on_tap_;
 };
 
@@ -110,9 +125,11 @@ class TapRecorder {
 // generated inputs stays out of it: core/perturbation.h).
 class ReferenceClock {
  public:
-  explicit ReferenceClock(TapRecorder& taps) : taps_(taps), t0_(std::chrono::steady_clock::now()) {}
+  explicit ReferenceClock(TapRecorder& taps)
+      : taps_(taps), t0_(std::chrono::steady_clock::now()), flops0_(work::gemm_flops(true) + work::gemm_flops(false)) {}
   ~ReferenceClock() {
     taps_.add_reference_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
+    taps_.add_reference_flops(work::gemm_flops(true) + work::gemm_flops(false) - flops0_);
   }
   ReferenceClock(const ReferenceClock&) = delete;
   ReferenceClock& operator=(const ReferenceClock&) = delete;
@@ -120,6 +137,7 @@ class ReferenceClock {
  private:
   TapRecorder& taps_;
   std::chrono::steady_clock::time_point t0_;
+  double flops0_;
   ExactInputs exact_;
 };
 

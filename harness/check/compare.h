@@ -142,6 +142,8 @@ struct CompareResult {
   // Phases of the run that produced the result, in seconds (run reports
   // only; JSON "timings"): e.g. sharded_s, reference_s, write_s, check_s.
   std::vector<std::pair<std::string, double>> timings;
+  std::string reference_source;  // run reports only: "reference: from the cache (...)" or "... computed ..."
+  std::vector<std::pair<std::string, double>> profile;  // run reports with --profile (run/profile.h)
   // Taps marked as images, judged on the first process (empty elsewhere).
   std::vector<ImageVerdict> images;
   bool pass() const { return !first_divergence.has_value(); }

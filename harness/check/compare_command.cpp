@@ -89,6 +89,8 @@ int check_and_report(const ActivationSet& set, const ReportOptions& opts,
   const std::string& source = set.source;
   const auto t0 = std::chrono::steady_clock::now();
   CompareResult res = compare(set, opts.compare);
+  res.reference_source = opts.reference_source;
+  res.profile = opts.profile;
   if (!opts.timings.empty()) {
     res.timings = opts.timings;
     res.timings.emplace_back("check_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -21,6 +21,10 @@ struct ReportOptions {
   // A run's phase times (see CompareResult::timings); when given, the check's
   // own time is added as check_s.
   std::vector<std::pair<std::string, double>> timings;
+  // A run's: where its references came from (the reference cache or computed;
+  // console line and JSON "reference_source"), and its profile (JSON "profile").
+  std::string reference_source;
+  std::vector<std::pair<std::string, double>> profile;
 };
 
 // Reads `source` (run file, rank file or prefix), checks it, prints the console

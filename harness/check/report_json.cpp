@@ -111,6 +111,11 @@ class JsonReporter final : public Reporter {
         if ((*it)["tap"] == j["images"].back()["tap"] && (*it)["item"] == 0) j["final_image"] = *it;
     }
     j["tolerance_fallbacks"] = res.tolerance_fallbacks;  // taps the tolerance table did not name
+    if (!res.reference_source.empty()) j["reference_source"] = res.reference_source;
+    if (!res.profile.empty()) {
+      j["profile"] = json::object();
+      for (const auto& [name, v] : res.profile) j["profile"][name] = v;
+    }
     if (!res.timings.empty()) {
       j["timings"] = json::object();
       for (const auto& [name, s] : res.timings) j["timings"][name] = s;

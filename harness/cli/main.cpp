@@ -92,6 +92,19 @@ int main(int argc, char** argv) {
   app.add_option("--calibration-runs", run.calibration_runs, "Runs of the noise-floor measurement (--tolerance calibrated)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--reference-cache", run.reference_cache.dir,
+                 "Directory of the reference cache: a run whose references (scenario, size, seed, dtype, mesh, flags, "
+                 "this build) were computed before reads them from there instead; 'off' disables [default: "
+                 "$DIFFCHECK_REFERENCE_CACHE, else results/cache]");
+  app.add_option_function<std::string>(
+      "--reference-cache-size",
+      [&run](const std::string& v) { run.reference_cache.max_bytes = parse_size(v, "--reference-cache-size"); },
+      "Bound of the reference cache (e.g. 4G; a bare number is MiB): least recently used entries are removed "
+      "beyond it [default: 16G]");
+  app.add_flag("--profile", run.profile,
+               "Print the run's profile after the report: per phase (sharded block, references, write, check) its "
+               "seconds, GEMM GFLOP, GFLOP/s and fraction of this machine's GEMM peak (measured on every rank just "
+               "before the run), MB/s of the write");
 
   auto* compare = app.add_subcommand("compare", "Check an activation file (run file, rank file or rank-file prefix) without running anything");
   std::string source, reference;
@@ -331,6 +344,8 @@ int main(int argc, char** argv) {
     dc::ref::set_blas_threads(per_rank);
   }
   if (run.report.compare.threads == 0) run.report.compare.threads = threads_per_process();
+  if (run.reference_cache.dir.empty()) run.reference_cache.dir = dc::default_reference_cache_dir();
+  run.measure_gemm_peak = [] { return dc::GemmPeak{dc::ref::gemm_rate(false, 0.3), dc::ref::gemm_rate(true, 0.3)}; };
   dc::progress::install_crash_handlers(rank);
   int status = dc::kExitPass;
   try {

@@ -26,13 +26,13 @@ int threads_per_process() {
   return std::max(1, static_cast<int>(cores) / local);
 }
 
-std::size_t parse_size(const std::string& text) {
+std::size_t parse_size(const std::string& text, const std::string& option) {
   std::size_t used = 0;
   double v = 0;
   try {
     v = std::stod(text, &used);
   } catch (const std::exception&) {
-    throw CLI::ValidationError("--memory-budget", "'" + text + "' is not a size (e.g. 128M, 2G)");
+    throw CLI::ValidationError(option, "'" + text + "' is not a size (e.g. 128M, 2G)");
   }
   std::string unit = text.substr(used);
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -41,7 +41,7 @@ std::size_t parse_size(const std::string& text) {
                  : unit == "K" || unit == "KB" || unit == "KIB"             ? 1 << 10
                                                                             : -1;
   if (scale < 0 || !(v > 0))
-    throw CLI::ValidationError("--memory-budget", "'" + text + "' is not a size (e.g. 128M, 2G)");
+    throw CLI::ValidationError(option, "'" + text + "' is not a size (e.g. 128M, 2G)");
   return static_cast<std::size_t>(v * scale);
 }
 

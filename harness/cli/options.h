@@ -19,7 +19,7 @@ int launcher_size();
 // Cores per process of this host (OpenMPI says how many share it).
 int threads_per_process();
 // "128", "128M", "512MiB", "2G": a size in bytes; a bare number means MiB.
-std::size_t parse_size(const std::string& text);
+std::size_t parse_size(const std::string& text, const std::string& option = "--memory-budget");
 
 // --json/--html/--junit, --atol/--rtol, --tolerances, memory and threads.
 // `tolerances_file` receives --tolerances FILE.

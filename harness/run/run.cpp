@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include <unistd.h>
 
@@ -20,6 +21,8 @@
 #include "harness/core/files.h"
 #include "harness/core/flags.h"
 #include "harness/core/interrupt.h"
+#include "harness/core/memory.h"
+#include "harness/core/work_counter.h"
 #include "harness/core/progress.h"
 #include "harness/core/watchdog.h"
 #include "harness/run/calibrate.h"
@@ -147,6 +150,12 @@ RunOptions agree_on_options(const Comm& world, RunOptions opts) {
        [](RunOptions& o, const std::string& v) { o.timeout_seconds = std::stod(v); }},
       {"chaos", [](const RunOptions& o) { return o.chaos; },
        [](RunOptions& o, const std::string& v) { o.chaos = v; }},
+      {"reference_cache", [](const RunOptions& o) { return o.reference_cache.dir; },
+       [](RunOptions& o, const std::string& v) { o.reference_cache.dir = v; }},
+      {"reference_cache_bytes", [](const RunOptions& o) { return std::to_string(o.reference_cache.max_bytes); },
+       [](RunOptions& o, const std::string& v) { o.reference_cache.max_bytes = std::stoull(v); }},
+      {"profile", [](const RunOptions& o) { return std::string(o.profile ? "1" : "0"); },
+       [](RunOptions& o, const std::string& v) { o.profile = v == "1"; }},
   };
   const char sep = '\x1f';  // unit separator: in no option value
   std::string mine;
@@ -270,6 +279,27 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Everything a run's references depend on, for the reference cache's key
+// (the cache adds the build): not the fault, its scale, the tolerances or
+// where the run file goes. The mesh is in it because each rank keeps the
+// reference boxes it computed, and which boxes those are follows the mesh.
+std::string reference_key(const Scenario& s, const RunOptions& o, const Mesh& mesh, const FlagValues& flags,
+                          DType dtype) {
+  return fmt::format("scenario {}\nsize {}\nseed {}\ndtype {}\nmesh {}\nflags {}\npipeline steps={} reference_mode={} "
+                     "tap_blocks={}\n",
+                     s.name(), o.size, o.seed, dtype_name(dtype), mesh.str(), flags.str(), o.pipeline.steps,
+                     o.pipeline.reference_mode, o.pipeline.tap_blocks);
+}
+
+// The run file's size, counted once (on rank 0).
+double run_file_bytes(int rank, const std::string& out) {
+  std::error_code ec;
+  const auto n = rank == 0 ? std::filesystem::file_size(out, ec) : 0;
+  return ec ? 0.0 : double(n);
+}
+
+double gemm_work() { return work::gemm_flops(false) + work::gemm_flops(true); }
+
 }  // namespace
 
 int run_scenario(const RunOptions& given) {
@@ -312,12 +342,35 @@ int run_scenario(const RunOptions& given) {
   spdlog::info("scenario {} mesh {} dtype {} flags [{}] fault '{}' -> {}", scenario.name(),
                mesh.str(), dtype_name(dtype), flags.str(), opts.fault, out);
 
-  auto t0 = std::chrono::steady_clock::now();
+  GemmPeak peak;
+  if (opts.profile && opts.measure_gemm_peak) {
+    world.barrier();  // every rank at once: ranks that share cores share the peak
+    peak = opts.measure_gemm_peak();
+  }
+
   TapRecorder taps(mesh, rank, dtype);
+  // References from the cache when an earlier run computed them (every rank
+  // reads its own boxes; all agree on hit or miss).
+  const ReferenceCache cache(scenario.reference_cacheable() ? opts.reference_cache : ReferenceCacheSettings{},
+                             reference_key(scenario, opts, mesh, flags, dtype));
+  const auto tl = std::chrono::steady_clock::now();
+  const ReferenceCacheOutcome cached = cache.load(world, taps);
+  const double load_s = seconds_since(tl);
+  double load_bytes = 0;
+  if (cached.hit) {
+    for (const auto& [name, part] : taps.references())
+      for (const auto& b : part.blocks) load_bytes += double(b.data.size() * sizeof(double));
+    taps.set_references_cached(true);
+    if (rank == 0) spdlog::info("references of {} taps read from the reference cache {} in {:.3f}s", taps.references().size(), cache.entry_dir(), load_s);
+  }
+
+  auto t0 = std::chrono::steady_clock::now();
+  const double work0 = gemm_work(), work64_0 = work::gemm_flops(true);
   chaos.arm(taps, world, rank);
   RunContext ctx{mesh, world, taps, flags, opts.fault, dtype, opts.seed, opts.size, opts.pipeline, opts.fault_scale};
   interrupt::set_phase("running the scenario");
   try {
+    const RetainFreedMemory keep_memory;  // the scenario's GB-sized temporaries reuse memory (core/memory.h)
     scenario.run(ctx);
   } catch (const InputError&) {
     throw;
@@ -331,6 +384,12 @@ int run_scenario(const RunOptions& given) {
   }
   chaos.warn_if_unused(rank);
   const double ran = seconds_since(t0);
+  const double run_work = gemm_work() - work0, run_work64 = work::gemm_flops(true) - work64_0;
+  // A computed reference goes to the cache on a thread of its own (no MPI),
+  // beside the run file's write and the check; joined before the run ends.
+  std::jthread storing;
+  if (cache.settings().enabled() && !cached.hit && !interrupt::stopping())
+    storing = std::jthread([&cache, &taps, rank] { cache.store(rank, taps); });
   spdlog::info("scenario ran in {:.3f}s ({:.3f}s of it references), {} taps", ran,
                taps.reference_seconds(), taps.records().size());
   // The sharded block's own time is the slowest rank's, references apart
@@ -357,6 +416,17 @@ int run_scenario(const RunOptions& given) {
   ReportOptions report = opts.report;
   report.compare.processes = &world;
   report.timings = {{"sharded_s", sharded_s}, {"reference_s", reference_s}, {"write_s", write_s}};
+  if (cache.settings().enabled()) report.reference_source = cached.summary();
+  // The profile: the sharded block's work is all float32 (bfloat16 is
+  // emulated in float), the references' all float64.
+  const double ref_work = taps.reference_flops();
+  std::vector<Phase> phases{
+      {"sharded", ran - taps.reference_seconds(), run_work - ref_work - (run_work64 - ref_work), run_work64 - ref_work, 0, ""},
+      {"references", cached.hit ? load_s : taps.reference_seconds() + load_s, 0, cached.hit ? 0 : ref_work, load_bytes,
+       cached.hit ? "read from the reference cache" : (cache.settings().enabled() ? "computed; cached" : "computed")},
+      {"write", write_s, 0, 0, run_file_bytes(rank, out), "run file"}};
+  const RunProfile profile = combine_profile(world, phases, peak);
+  if (opts.profile) report.profile = profile_numbers(profile);
   std::optional<ToleranceTable> calibrated;
   if (opts.tolerance == "calibrated") {
     interrupt::set_phase("calibrating the tolerances");
@@ -380,11 +450,19 @@ int run_scenario(const RunOptions& given) {
   try {
     status = check_and_report(recorded_activations(world, taps, info, out), report, t2);
     spdlog::info("checked {} in {:.3f}s", out, seconds_since(t2));
+    RunProfile whole = profile;
+    whole.phases.push_back({"check", world.max_double(seconds_since(t2)), 0, 0, 0, ""});
+    if (rank == 0) {
+      const std::string table = profile_table(whole);
+      if (opts.profile) std::fputs(table.c_str(), stdout), std::fflush(stdout);
+      spdlog::info("{}", table);
+    }
   } catch (const std::exception& e) {
     fail("rank {}: comparison of '{}' failed: {}", rank, out, e.what());
   }
   interrupt::verdict_reached();
   interrupt::set_phase("finishing");
+  if (storing.joinable()) storing.join();
   watchdog.reset();
   world.barrier();
   // Every rank's file is gone; on hosts that do not share the directory each

@@ -5,8 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "harness/capture/reference_cache.h"
 #include "harness/check/compare_command.h"
 #include "harness/core/pipeline_options.h"
+#include "harness/run/profile.h"
 
 namespace dc {
 
@@ -40,6 +42,14 @@ struct RunOptions {
   // ":during=write|check" (once the run file's temporary exists / as the
   // check starts).
   std::string chaos;
+  // Where references are kept between runs (capture/reference_cache.h); the
+  // cli fills it (--reference-cache, $DIFFCHECK_REFERENCE_CACHE, results/cache).
+  ReferenceCacheSettings reference_cache;
+  // --profile: print the per-phase profile after the report (it is in the
+  // info log always), with this machine's GEMM peak measured by
+  // `measure_gemm_peak` (the cli's: BLAS lives in reference/).
+  bool profile = false;
+  MeasureGemmPeak measure_gemm_peak;
 };
 
 // Collective over MPI_COMM_WORLD. Returns the exit status (0 pass, 1 mismatch)

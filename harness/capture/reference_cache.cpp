@@ -1,0 +1,335 @@
+#include "harness/capture/reference_cache.h"
+
+#include <fmt/format.h>
+#include <link.h>
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <system_error>
+#include <vector>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness/capture/tap.h"
+#include "harness/core/error.h"
+
+namespace dc {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[8] = {'D', 'C', 'R', 'E', 'F', 'C', '0', '1'};
+
+std::string hex64(std::uint64_t v) { return fmt::format("{:016x}", v); }
+
+// The GNU build-id note of the main program, from its program headers.
+int find_build_id(struct dl_phdr_info* info, std::size_t, void* out) {
+  if (info->dlpi_name && info->dlpi_name[0]) return 0;  // a shared library: not the executable
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const auto& ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_NOTE) continue;
+    const char* p = reinterpret_cast<const char*>(info->dlpi_addr + ph.p_vaddr);
+    const char* end = p + ph.p_memsz;
+    while (p + sizeof(ElfW(Nhdr)) <= end) {
+      const auto* n = reinterpret_cast<const ElfW(Nhdr)*>(p);
+      const char* name = p + sizeof(ElfW(Nhdr));
+      const char* desc = name + ((n->n_namesz + 3) & ~3u);
+      if (n->n_type == NT_GNU_BUILD_ID && n->n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0 &&
+          desc + n->n_descsz <= end) {
+        auto* s = static_cast<std::string*>(out);
+        for (unsigned k = 0; k < n->n_descsz; ++k) *s += fmt::format("{:02x}", static_cast<unsigned char>(desc[k]));
+        return 1;
+      }
+      p = desc + ((n->n_descsz + 3) & ~3u);
+    }
+  }
+  return 0;
+}
+
+std::string hash_of_executable() {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen("/proc/self/exe", "rb"), std::fclose);
+  if (!f) return "unknown-build";
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  std::vector<char> buf(1 << 20);
+  std::size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0) XXH3_64bits_update(st, buf.data(), n);
+  const auto h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return "exe-" + hex64(h);
+}
+
+// A file written through a checksum: every byte goes to the file and the hash.
+class HashedWriter {
+ public:
+  explicit HashedWriter(std::FILE* f) : f_(f), st_(XXH3_createState()) { XXH3_64bits_reset(st_); }
+  ~HashedWriter() { XXH3_freeState(st_); }
+  void put(const void* p, std::size_t n) {
+    XXH3_64bits_update(st_, p, n);
+    if (std::fwrite(p, 1, n, f_) != n) ok_ = false;
+  }
+  void u64(std::uint64_t v) { put(&v, sizeof v); }
+  void str(const std::string& s) {
+    u64(s.size());
+    put(s.data(), s.size());
+  }
+  void dims(const std::vector<std::size_t>& d) {
+    u64(d.size());
+    for (auto x : d) u64(x);
+  }
+  // The checksum of everything before it, not itself hashed.
+  bool finish() {
+    const std::uint64_t h = XXH3_64bits_digest(st_);
+    if (std::fwrite(&h, 1, sizeof h, f_) != sizeof h) ok_ = false;
+    return ok_;
+  }
+
+ private:
+  std::FILE* f_;
+  XXH3_state_t* st_;
+  bool ok_ = true;
+};
+
+// The reading side: sizes are checked against what is left of the file
+// before anything is allocated, so a damaged length cannot ask for terabytes.
+class HashedReader {
+ public:
+  HashedReader(std::FILE* f, std::uint64_t size) : f_(f), left_(size), st_(XXH3_createState()) {
+    XXH3_64bits_reset(st_);
+  }
+  ~HashedReader() { XXH3_freeState(st_); }
+  void get(void* p, std::size_t n) {
+    if (n > left_ || std::fread(p, 1, n, f_) != n) throw Error("truncated");
+    left_ -= n;
+    XXH3_64bits_update(st_, p, n);
+  }
+  std::uint64_t u64() {
+    std::uint64_t v;
+    get(&v, sizeof v);
+    return v;
+  }
+  std::uint64_t count(std::uint64_t item_bytes) {
+    const std::uint64_t n = u64();
+    if (item_bytes && n > left_ / item_bytes) throw Error("a length beyond the file's end");
+    return n;
+  }
+  std::string str() {
+    std::string s(count(1), '\0');
+    get(s.data(), s.size());
+    return s;
+  }
+  std::vector<std::size_t> dims() {
+    std::vector<std::size_t> d(count(8));
+    for (auto& x : d) x = u64();
+    return d;
+  }
+  bool checksum_matches() {
+    const std::uint64_t want = XXH3_64bits_digest(st_);
+    std::uint64_t got;
+    if (left_ != 0 || std::fread(&got, 1, sizeof got, f_) != sizeof got) return false;
+    return got == want;
+  }
+  std::uint64_t left() const { return left_; }
+
+ private:
+  std::FILE* f_;
+  std::uint64_t left_;
+  XXH3_state_t* st_;
+};
+
+using ReferenceMap = std::map<std::string, ReferencePart>;
+
+// Reads one rank's file; throws Error (a short reason) when it is not a whole
+// file of this key.
+ReferenceMap read_entry_file(const std::string& path, const std::string& key_text, int rank) {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
+  if (!f) throw Error(errno == ENOENT ? "no entry" : fmt::format("cannot open: {}", std::strerror(errno)));
+  struct stat st {};
+  if (fstat(fileno(f.get()), &st) != 0 || st.st_size < 16) throw Error("truncated");
+  HashedReader in(f.get(), static_cast<std::uint64_t>(st.st_size) - sizeof(std::uint64_t));
+  char magic[sizeof kMagic];
+  in.get(magic, sizeof magic);
+  if (std::memcmp(magic, kMagic, sizeof kMagic) != 0) throw Error("not a diffcheck reference-cache file");
+  if (in.str() != key_text) throw Error("another key (a hash collision)");
+  if (in.u64() != static_cast<std::uint64_t>(rank)) throw Error("another rank's file");
+  ReferenceMap refs;
+  const std::uint64_t parts = in.count(8);
+  for (std::uint64_t p = 0; p < parts; ++p) {
+    std::string name = in.str();
+    ReferencePart part;
+    part.global = in.dims();
+    const std::uint64_t blocks = in.count(8);
+    for (std::uint64_t b = 0; b < blocks; ++b) {
+      ReferenceBlock block;
+      block.start = in.dims();
+      Shape shape = in.dims();
+      const std::size_t n = numel(shape);
+      if (n > in.left() / sizeof(double)) throw Error("a block beyond the file's end");
+      block.data = RefTensor(std::move(shape));
+      in.get(block.data.ptr(), n * sizeof(double));
+      part.blocks.push_back(std::move(block));
+    }
+    refs.emplace(std::move(name), std::move(part));
+  }
+  if (!in.checksum_matches()) throw Error("checksum mismatch (damaged)");
+  return refs;
+}
+
+std::uint64_t tree_bytes(const fs::path& p) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code e2;
+    if (it->is_regular_file(e2)) total += it->file_size(e2);
+  }
+  return total;
+}
+
+}  // namespace
+
+std::string ReferenceCacheOutcome::summary() const {
+  if (hit) return fmt::format("reference: from the cache ({})", entry);
+  if (entry.empty()) return "reference: computed (no cache)";
+  return fmt::format("reference: computed ({}), stored in the cache ({})", reason, entry);
+}
+
+std::string default_reference_cache_dir() {
+  if (const char* env = std::getenv("DIFFCHECK_REFERENCE_CACHE"); env && *env)
+    return std::string(env) == "off" ? "off" : fs::absolute(env).lexically_normal().string();
+  return (fs::current_path() / "results" / "cache").string();
+}
+
+const std::string& executable_build_id() {
+  static const std::string id = [] {
+    std::string s;
+    dl_iterate_phdr(find_build_id, &s);
+    return s.empty() ? hash_of_executable() : "gnu-" + s;
+  }();
+  return id;
+}
+
+ReferenceCache::ReferenceCache(ReferenceCacheSettings settings, std::string key_text)
+    : settings_(std::move(settings)),
+      key_text_("diffcheck reference cache 1\nbuild " + executable_build_id() + "\n" + std::move(key_text)) {
+  if (settings_.enabled())
+    entry_ = (fs::path(settings_.dir) / hex64(XXH3_64bits(key_text_.data(), key_text_.size()))).string();
+}
+
+std::string ReferenceCache::rank_file(int rank) const { return fmt::format("{}/rank{}.ref", entry_, rank); }
+
+ReferenceCacheOutcome ReferenceCache::load(const Comm& world, TapRecorder& taps) const {
+  ReferenceCacheOutcome out;
+  if (!settings_.enabled()) return out;
+  out.entry = entry_;
+  std::string mine;  // this rank's reason for a miss
+  ReferenceMap refs;
+  try {
+    refs = read_entry_file(rank_file(world.rank()), key_text_, world.rank());
+  } catch (const std::exception& e) {
+    mine = e.what();
+    refs.clear();
+  }
+  if (!mine.empty() && mine != "no entry")
+    spdlog::warn("rank {}: reference cache entry {}: {}: computing the references again", world.rank(),
+                 rank_file(world.rank()), mine);
+  // Every rank must take the same path: the references' computation has collectives.
+  const auto reasons = world.all_gather_strings(mine);
+  for (std::size_t r = 0; r < reasons.size(); ++r) {
+    if (reasons[r].empty()) continue;
+    out.reason = reasons[r] == "no entry" ? "not in the cache" : fmt::format("entry damaged on rank {}: {}", r, reasons[r]);
+    if (reasons[r] != "no entry") break;
+  }
+  if (!out.reason.empty()) return out;
+  for (auto& [name, part] : refs)
+    for (auto& block : part.blocks) taps.reference_block(name, part.global, std::move(block.start), std::move(block.data));
+  out.hit = true;
+  if (world.rank() == 0) {
+    std::error_code ec;
+    fs::last_write_time(entry_, fs::file_time_type::clock::now(), ec);  // most recently used
+  }
+  return out;
+}
+
+void ReferenceCache::store(int rank, const TapRecorder& taps) const {
+  if (!settings_.enabled()) return;
+  std::string problem;
+  std::error_code ec;
+  fs::create_directories(entry_, ec);
+  const std::string path = rank_file(rank);
+  const std::string tmp = fmt::format("{}.tmp.{}.{:x}", path, getpid(), std::random_device{}());
+  if (ec) {
+    problem = fmt::format("cannot make {}: {}", entry_, ec.message());
+  } else if (std::FILE* f = std::fopen(tmp.c_str(), "wb")) {
+    HashedWriter w(f);
+    w.put(kMagic, sizeof kMagic);
+    w.str(key_text_);
+    w.u64(static_cast<std::uint64_t>(rank));
+    w.u64(taps.references().size());
+    for (const auto& [name, part] : taps.references()) {
+      w.str(name);
+      w.dims(part.global);
+      w.u64(part.blocks.size());
+      for (const auto& b : part.blocks) {
+        w.dims(b.start);
+        w.dims(b.data.shape);
+        w.put(b.data.ptr(), b.data.size() * sizeof(double));
+      }
+    }
+    const bool ok = w.finish();
+    if (std::fclose(f) != 0 || !ok) {
+      problem = fmt::format("cannot write {}: {}", tmp, std::strerror(errno));
+      fs::remove(tmp, ec);
+    } else {
+      fs::rename(tmp, path, ec);
+      if (ec) problem = fmt::format("cannot rename {} to {}: {}", tmp, path, ec.message());
+    }
+  } else {
+    problem = fmt::format("cannot create {}: {}", tmp, std::strerror(errno));
+  }
+  if (!problem.empty()) spdlog::warn("rank {}: reference cache: {} (the run goes on)", rank, problem);
+  if (rank == 0) {
+    const int removed = evict_reference_cache(settings_.dir, settings_.max_bytes, entry_);
+    if (removed) spdlog::info("reference cache {}: removed {} least recently used entries", settings_.dir, removed);
+  }
+}
+
+int evict_reference_cache(const std::string& dir, std::uint64_t max_bytes, const std::string& keep) {
+  struct Entry {
+    fs::path path;
+    fs::file_time_type used;
+    std::uint64_t bytes;
+  };
+  std::vector<Entry> entries;
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code e2;
+    if (!it->is_directory(e2)) continue;
+    Entry e{it->path(), fs::last_write_time(it->path(), e2), tree_bytes(it->path())};
+    if (e2) continue;  // removed meanwhile by another run
+    total += e.bytes;
+    entries.push_back(std::move(e));
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.used < b.used; });
+  int removed = 0;
+  for (const auto& e : entries) {
+    if (total <= max_bytes) break;
+    if (fs::path(keep) == e.path) continue;
+    std::error_code e2;
+    fs::remove_all(e.path, e2);  // another evictor may be removing it too
+    total -= e.bytes;
+    ++removed;
+  }
+  return removed;
+}
+
+}  // namespace dc
