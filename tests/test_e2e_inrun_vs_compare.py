@@ -25,9 +25,10 @@ def scenarios():
 
 
 def strip(report):
-    """What a run adds to its report: its phase times."""
+    """What a run adds to its report: its phase times, where its references came from."""
     report = dict(report)
-    report.pop("timings", None)
+    for k in ("timings", "reference_source", "profile"):
+        report.pop(k, None)
     return report
 
 

@@ -80,7 +80,7 @@ class Rig:
 
 def strip(report):
     report = dict(report)
-    for k in ("timings", "source"):
+    for k in ("timings", "source", "reference_source", "profile"):
         report.pop(k, None)
     return report
 

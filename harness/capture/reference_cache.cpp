@@ -217,9 +217,8 @@ const std::string& executable_build_id() {
   return id;
 }
 
-ReferenceCache::ReferenceCache(ReferenceCacheSettings settings, std::string key_text)
-    : settings_(std::move(settings)),
-      key_text_("diffcheck reference cache 1\nbuild " + executable_build_id() + "\n" + std::move(key_text)) {
+ReferenceCache::ReferenceCache(ReferenceCacheSettings settings, std::string key_text, const std::string& build)
+    : settings_(std::move(settings)), key_text_("diffcheck reference cache 1\nbuild " + build + "\n" + std::move(key_text)) {
   if (settings_.enabled())
     entry_ = (fs::path(settings_.dir) / hex64(XXH3_64bits(key_text_.data(), key_text_.size()))).string();
 }
@@ -296,10 +295,57 @@ void ReferenceCache::store(int rank, const TapRecorder& taps) const {
     problem = fmt::format("cannot create {}: {}", tmp, std::strerror(errno));
   }
   if (!problem.empty()) spdlog::warn("rank {}: reference cache: {} (the run goes on)", rank, problem);
-  if (rank == 0) {
-    const int removed = evict_reference_cache(settings_.dir, settings_.max_bytes, entry_);
-    if (removed) spdlog::info("reference cache {}: removed {} least recently used entries", settings_.dir, removed);
+}
+
+std::optional<std::string> ReferenceCache::load_text(const std::string& name) const {
+  if (!settings_.enabled()) return std::nullopt;
+  const std::string path = fmt::format("{}/{}", entry_, name);
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
+  if (!f) return std::nullopt;
+  try {
+    struct stat st {};
+    if (fstat(fileno(f.get()), &st) != 0 || st.st_size < 16) throw Error("truncated");
+    HashedReader in(f.get(), static_cast<std::uint64_t>(st.st_size) - sizeof(std::uint64_t));
+    char magic[sizeof kMagic];
+    in.get(magic, sizeof magic);
+    if (std::memcmp(magic, kMagic, sizeof kMagic) != 0) throw Error("not a diffcheck reference-cache file");
+    if (in.str() != key_text_) throw Error("another key (a hash collision)");
+    std::string text = in.str();
+    if (!in.checksum_matches()) throw Error("checksum mismatch (damaged)");
+    std::error_code ec;
+    fs::last_write_time(entry_, fs::file_time_type::clock::now(), ec);
+    return text;
+  } catch (const std::exception& e) {
+    spdlog::warn("reference cache entry {}: {}: measuring again", path, e.what());
+    return std::nullopt;
   }
+}
+
+void ReferenceCache::store_text(const std::string& name, const std::string& text) const {
+  if (!settings_.enabled()) return;
+  std::error_code ec;
+  fs::create_directories(entry_, ec);
+  const std::string path = fmt::format("{}/{}", entry_, name);
+  const std::string tmp = fmt::format("{}.tmp.{}.{:x}", path, getpid(), std::random_device{}());
+  std::FILE* f = ec ? nullptr : std::fopen(tmp.c_str(), "wb");
+  bool ok = f != nullptr;
+  if (f) {
+    HashedWriter w(f);
+    w.put(kMagic, sizeof kMagic);
+    w.str(key_text_);
+    w.str(text);
+    ok = w.finish();
+    ok = std::fclose(f) == 0 && ok;
+    if (ok) fs::rename(tmp, path, ec), ok = !ec;
+    if (!ok) fs::remove(tmp, ec);
+  }
+  if (!ok) spdlog::warn("reference cache: cannot write {} (the run goes on)", path);
+}
+
+void ReferenceCache::evict() const {
+  if (!settings_.enabled()) return;
+  const int removed = evict_reference_cache(settings_.dir, settings_.max_bytes, entry_);
+  if (removed) spdlog::info("reference cache {}: removed {} least recently used entries", settings_.dir, removed);
 }
 
 int evict_reference_cache(const std::string& dir, std::uint64_t max_bytes, const std::string& keep) {

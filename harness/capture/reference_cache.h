@@ -16,6 +16,7 @@
 // least recently used entries are removed until DIR holds at most the bound.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "harness/core/comm.h"
@@ -51,7 +52,9 @@ struct ReferenceCacheOutcome {
 
 class ReferenceCache {
  public:
-  ReferenceCache(ReferenceCacheSettings settings, std::string key_text);
+  // `build`: which executable computes the references (tests give others).
+  ReferenceCache(ReferenceCacheSettings settings, std::string key_text,
+                 const std::string& build = executable_build_id());
 
   const std::string& entry_dir() const { return entry_; }
   const ReferenceCacheSettings& settings() const { return settings_; }
@@ -63,10 +66,18 @@ class ReferenceCache {
   ReferenceCacheOutcome load(const Comm& world, TapRecorder& taps) const;
 
   // Writes the boxes this rank holds (no MPI: it may run on a thread beside
-  // the run file's write); rank 0 then removes least recently used entries
-  // beyond the bound (never this one). Failures only warn: the cache is an
-  // optimisation, and an entry some rank failed to write is a miss next time.
+  // the run file's write). Failures only warn: the cache is an optimisation,
+  // and an entry some rank failed to write is a miss next time.
   void store(int rank, const TapRecorder& taps) const;
+  // A text kept under this key (e.g. a calibration's noise floors), with the
+  // same key check and checksum; read and written by one process. Empty when
+  // absent or damaged (a warning says which).
+  std::optional<std::string> load_text(const std::string& name) const;
+  void store_text(const std::string& name, const std::string& text) const;
+
+  // Once every rank's store is done (one process, e.g. rank 0): removes least
+  // recently used entries beyond the bound, never this one.
+  void evict() const;
 
  private:
   std::string rank_file(int rank) const;

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 
 #include <unistd.h>
@@ -139,6 +140,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   cal->add_option("-o,--out", co.out, "Tolerance file to write (JSON)")->required();
   cal->add_option("--mpirun", cal_mpirun, "MPI launcher for -n > 1")->capture_default_str();
+  cal->add_option("--reference-cache", co.cache.dir,
+                  "Reuse floors measured before for the same request and build, and keep these ('off' disables; "
+                  "default: $DIFFCHECK_REFERENCE_CACHE, else results/cache)");
 
   auto* sweep = app.add_subcommand("sweep-mesh", "Run a scenario on every mesh shape N ranks can form over its axes (each a child mpirun with a time limit); exit 1 if any mesh fails");
   dc::SweepMeshOptions sw;
@@ -205,6 +209,15 @@ int main(int argc, char** argv) {
   swp->add_option("--junit", so.junit_path, "Also write a JUnit XML report (one test case per profile)");
   swp->add_option("--html", so.html_path, "Also write a self-contained HTML page: the leaderboard with bars");
 
+  // The trials of sweep-mesh, bisect and sweep share one reference cache
+  // (their runs differ mostly in faults and flags): the one of their working
+  // directory unless given, passed to every trial through the environment.
+  std::string trial_cache;
+  for (auto* sub : {sweep, bis, swp})
+    sub->add_option("--reference-cache", trial_cache,
+                    "Reference cache of the trials' runs ('off' disables; default: $DIFFCHECK_REFERENCE_CACHE, else "
+                    "results/cache of the working directory)");
+
   auto* list = app.add_subcommand("list", "List scenarios with their flags, faults and default meshes");
   bool list_json = false;
   list->add_flag("--json", list_json, "Print the list as JSON");
@@ -220,6 +233,9 @@ int main(int argc, char** argv) {
   // Only scenario runs do linear algebra; elsewhere OpenBLAS's idle worker
   // threads would just spin against the checker's own threads.
   if (*list || *sweep || *bis || *swp || *compare) dc::ref::set_blas_threads(1);
+  if (!trial_cache.empty())
+    setenv("DIFFCHECK_REFERENCE_CACHE",
+           trial_cache == "off" ? "off" : std::filesystem::absolute(trial_cache).lexically_normal().c_str(), 1);
   if (*list) {
     dc::setup_logging(-1);
     return list_json ? list_scenarios_json() : list_scenarios();
@@ -289,6 +305,7 @@ int main(int argc, char** argv) {
     {
       dc::setup_logging(dc::Comm::world().rank());
       if (!std::getenv("OPENBLAS_NUM_THREADS")) dc::ref::set_blas_threads(threads_per_process());
+      if (co.cache.dir.empty()) co.cache.dir = dc::default_reference_cache_dir();
       try {
         status = dc::calibrate_scenario(co);
       } catch (const dc::InputError& e) {

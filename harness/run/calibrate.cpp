@@ -47,8 +47,27 @@ std::string calibration_mesh(const Scenario& s, const std::string& size) {
   return mesh.str();
 }
 
-Floors measure_noise_floors(const Comm& world, const NoiseFloorRequest& r) {
+Floors measure_noise_floors(const Comm& world, const NoiseFloorRequest& r, bool* from_cache) {
   if (r.runs < 1) input_error("--calibration-runs must be at least 1");
+  if (from_cache) *from_cache = false;
+  // The floors depend on what the runs compute, and on nothing of the sharded run's mesh.
+  const ReferenceCache cache(
+      r.cache, fmt::format("noise floors\nscenario {}\nsize {}\nseed {}\ndtype {}\nflags {}\nmesh {}\npipeline "
+                           "steps={} reference_mode={} tap_blocks={}\nruns {}\n",
+                           r.scenario->name(), r.size, r.seed, dtype_name(r.dtype), r.flags.str(),
+                           calibration_mesh(*r.scenario, r.size), r.pipeline.steps, r.pipeline.reference_mode,
+                           r.pipeline.tap_blocks, r.runs));
+  if (r.cache.enabled()) {
+    std::string found;
+    if (world.rank() == 0)
+      if (auto text = cache.load_text("floors.txt")) found = "hit\n" + *text;
+    found = world.broadcast_string(found, 0);
+    if (!found.empty()) {
+      if (world.rank() == 0) spdlog::info("noise floors read from the reference cache {}", cache.entry_dir());
+      if (from_cache) *from_cache = true;
+      return decode_floors(found.substr(4));
+    }
+  }
   const Mesh one = Mesh::parse(calibration_mesh(*r.scenario, r.size));
   const Comm self = world.split(Mesh::parse(fmt::format("rank={}", world.size())), {});
   Floors mine;
@@ -60,6 +79,10 @@ Floors measure_noise_floors(const Comm& world, const NoiseFloorRequest& r) {
   }
   Floors all;
   for (const auto& text : world.all_gather_strings(encode_floors(mine))) merge_floors(all, decode_floors(text));
+  if (r.cache.enabled() && world.rank() == 0) {
+    cache.store_text("floors.txt", encode_floors(all));
+    cache.evict();
+  }
   return all;
 }
 
@@ -89,7 +112,7 @@ int calibrate_scenario(const CalibrateOptions& opts) {
   if (opts.out.empty()) input_error("calibrate: give the tolerance file to write with -o FILE");
   check_size_and_pipeline(*s, opts.size, opts.pipeline);
   NoiseFloorRequest r{s, parse_dtype(opts.dtype), opts.seed, opts.size,
-                      FlagValues::resolve(s->flags(), opts.flags, s->name()), opts.pipeline, opts.runs};
+                      FlagValues::resolve(s->flags(), opts.flags, s->name()), opts.pipeline, opts.runs, opts.cache};
   if (world.rank() == 0)
     spdlog::info("calibrating {} ({} {}, flags [{}]): {} one-device runs over {} ranks", s->name(), opts.size,
                  opts.dtype, r.flags.str(), opts.runs, world.size());

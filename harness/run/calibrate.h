@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/capture/reference_cache.h"
 #include "harness/check/noise_floor.h"
 #include "harness/core/comm.h"
 #include "harness/core/dtype.h"
@@ -33,13 +34,17 @@ struct NoiseFloorRequest {
   FlagValues flags;
   PipelineOptions pipeline;
   int runs = kDefaultCalibrationRuns;
+  // Floors measured before for the same request (and build) are read from
+  // here instead (capture/reference_cache.h); disabled by default.
+  ReferenceCacheSettings cache;
 };
 
 // The one-device mesh the floors are measured on.
 std::string calibration_mesh(const Scenario& s, const std::string& size);
 
-// Collective over `world`: every rank returns the same floors.
-Floors measure_noise_floors(const Comm& world, const NoiseFloorRequest& r);
+// Collective over `world`: every rank returns the same floors. `from_cache`
+// (if given) says whether they were read from the cache.
+Floors measure_noise_floors(const Comm& world, const NoiseFloorRequest& r, bool* from_cache = nullptr);
 
 // The provenance of floors measured for `r`.
 CalibrationInfo calibration_info(const NoiseFloorRequest& r);
@@ -53,6 +58,7 @@ struct CalibrateOptions {
   PipelineOptions pipeline;
   int runs = kDefaultCalibrationRuns;
   std::string out;  // the tolerance file
+  ReferenceCacheSettings cache;
 };
 
 // `diffcheck calibrate` (collective over MPI_COMM_WORLD): measures the floors,

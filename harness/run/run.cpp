@@ -431,10 +431,14 @@ int run_scenario(const RunOptions& given) {
   if (opts.tolerance == "calibrated") {
     interrupt::set_phase("calibrating the tolerances");
     const auto tc = std::chrono::steady_clock::now();
-    const NoiseFloorRequest req{&scenario, dtype, opts.seed, opts.size, flags, opts.pipeline, opts.calibration_runs};
-    const ToleranceFile measured{calibration_info(req), measure_noise_floors(world, req)};
+    const NoiseFloorRequest req{&scenario, dtype,         opts.seed,           opts.size,
+                                flags,     opts.pipeline, opts.calibration_runs, opts.reference_cache};
+    bool from_cache = false;
+    const ToleranceFile measured{calibration_info(req), measure_noise_floors(world, req, &from_cache)};
     calibrated = tolerance_table(measured, ToleranceSource::calibrated,
-                                 fmt::format("calibrated in this run ({} one-device runs)", opts.calibration_runs));
+                                 fmt::format("calibrated {}({} one-device runs)",
+                                             from_cache ? "earlier, read from the reference cache " : "in this run ",
+                                             opts.calibration_runs));
     report.timings.emplace_back("calibrate_s", seconds_since(tc));
     spdlog::info("calibrated the tolerances of {} taps in {:.3f}s", calibrated->taps.size(), seconds_since(tc));
   }
@@ -465,6 +469,7 @@ int run_scenario(const RunOptions& given) {
   if (storing.joinable()) storing.join();
   watchdog.reset();
   world.barrier();
+  if (rank == 0 && cache.settings().enabled() && !cached.hit) cache.evict();  // every rank's file is in
   // Every rank's file is gone; on hosts that do not share the directory each
   // has its own (empty) watch directory to remove.
   std::error_code ec;
