@@ -26,6 +26,7 @@ ap.add_argument("--diffcheck", default=os.path.join(HERE, "..", "build", "diffch
 ap.add_argument("--floor-source", default=os.path.join(HERE, "..", "..", "shared", "bench", "flux1dev_gemm_floor.c"))
 ap.add_argument("--warm", action="store_true",
                 help="run diffcheck once first with a fresh reference cache, so the timed runs read their references")
+ap.add_argument("--no-profile", action="store_true", help="for builds before --profile existed")
 ap.add_argument("args", nargs=argparse.REMAINDER, help="extra diffcheck arguments after --")
 a = ap.parse_args()
 extra = a.args[1:] if a.args[:1] == ["--"] else a.args
@@ -36,7 +37,7 @@ floor = os.path.join(work, "floor")
 subprocess.run(["mpicc", "-O2", "-o", floor, a.floor_source, "-lopenblas"], check=True)
 cmd_floor = ["mpirun", "-n", "4", floor]
 cmd_dc = ["mpirun", "-n", "4", a.diffcheck, "--scenario", "flux_tp", "--size", "flux1-dev", "--mesh", "tp=4",
-          "--profile", "--out", os.path.join(work, "run.h5")]
+          "--out", os.path.join(work, "run.h5")] + ([] if a.no_profile else ["--profile"])
 if a.warm:
     cmd_dc += ["--reference-cache", os.path.join(work, "cache")]
 cmd_dc += extra

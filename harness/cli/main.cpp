@@ -21,6 +21,7 @@
 #include "harness/core/interrupt.h"
 #include "harness/core/progress.h"
 #include "harness/core/log.h"
+#include "harness/core/memory.h"
 #include "harness/run/calibrate.h"
 #include "harness/run/run.h"
 #include "harness/run/scenario.h"
@@ -348,8 +349,10 @@ int main(int argc, char** argv) {
     return status;
   }
 
-  // Run mode: every rank of the job runs this. Ctrl-C and SIGTERM are
-  // handled from the first moment, MPI's start-up included.
+  // Run mode: every rank of the job runs this. Huge pages for the
+  // scenario's big tensors (core/memory.h: re-executes this program once).
+  dc::exec_with_huge_pages(argv);
+  // Ctrl-C and SIGTERM are handled from the first moment, MPI's start-up included.
   dc::interrupt::install(rank0, rank0 == 0, launcher_size() > 1);
   dc::Comm::init(&argc, &argv);
   int rank = rank0;

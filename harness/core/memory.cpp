@@ -1,6 +1,11 @@
 #include "harness/core/memory.h"
 
 #include <malloc.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
 
 namespace dc {
 namespace {
@@ -8,6 +13,20 @@ namespace {
 constexpr int kDefaultMmapMax = 65536;
 constexpr int kDefaultTrimThreshold = 128 * 1024;
 }  // namespace
+
+void exec_with_huge_pages(char** argv) {
+  if (const char* off = std::getenv("DIFFCHECK_HUGEPAGES"); off && std::string(off) == "0") return;
+  const char* given = std::getenv("GLIBC_TUNABLES");
+  std::string tunables = given ? given : "";
+  if (tunables.find("glibc.malloc.hugetlb") != std::string::npos) return;
+  std::ifstream mode("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string modes;
+  if (!std::getline(mode, modes) || modes.find("[never]") != std::string::npos) return;
+  tunables += std::string(tunables.empty() ? "" : ":") + "glibc.malloc.hugetlb=1";
+  if (setenv("GLIBC_TUNABLES", tunables.c_str(), 1) != 0) return;
+  execv("/proc/self/exe", argv);
+  // Not re-executed (no /proc?): go on with small pages.
+}
 
 RetainFreedMemory::RetainFreedMemory() {
   mallopt(M_MMAP_MAX, 0);                 // every block from the heap ...
