@@ -20,7 +20,8 @@ namespace dc {
 // references 10.7 -> 1.9 s, the run file's write 15.5 -> 6.2 s. Tunables are
 // read when a process starts, so this re-executes the program with the
 // tunable added to GLIBC_TUNABLES (same pid, before MPI or any thread
-// exists). Does nothing when the tunable is already set (by us or the user),
+// exists). The caller decides when the tensors are big enough to gain.
+// Does nothing when the tunable is already set (by us or the user),
 // when the kernel's THP mode is "never", or with DIFFCHECK_HUGEPAGES=0.
 // Returns only when it does not re-execute.
 void exec_with_huge_pages(char** argv);
