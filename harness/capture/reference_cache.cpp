@@ -148,18 +148,33 @@ class HashedReader {
 
 using ReferenceMap = std::map<std::string, ReferencePart>;
 
+// Every file of an entry starts alike: magic, then the key text (compared, so
+// a hash collision is a miss); it ends in the checksum.
+std::uint64_t checked_length(std::FILE* f) {
+  struct stat st {};
+  if (fstat(fileno(f), &st) != 0 || st.st_size < 16) throw Error("truncated");
+  return static_cast<std::uint64_t>(st.st_size) - sizeof(std::uint64_t);
+}
+
+void read_header(HashedReader& in, const std::string& key_text) {
+  char magic[sizeof kMagic];
+  in.get(magic, sizeof magic);
+  if (std::memcmp(magic, kMagic, sizeof kMagic) != 0) throw Error("not a diffcheck reference-cache file");
+  if (in.str() != key_text) throw Error("another key (a hash collision)");
+}
+
+void write_header(HashedWriter& w, const std::string& key_text) {
+  w.put(kMagic, sizeof kMagic);
+  w.str(key_text);
+}
+
 // Reads one rank's file; throws Error (a short reason) when it is not a whole
 // file of this key.
 ReferenceMap read_entry_file(const std::string& path, const std::string& key_text, int rank) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
   if (!f) throw Error(errno == ENOENT ? "no entry" : fmt::format("cannot open: {}", std::strerror(errno)));
-  struct stat st {};
-  if (fstat(fileno(f.get()), &st) != 0 || st.st_size < 16) throw Error("truncated");
-  HashedReader in(f.get(), static_cast<std::uint64_t>(st.st_size) - sizeof(std::uint64_t));
-  char magic[sizeof kMagic];
-  in.get(magic, sizeof magic);
-  if (std::memcmp(magic, kMagic, sizeof kMagic) != 0) throw Error("not a diffcheck reference-cache file");
-  if (in.str() != key_text) throw Error("another key (a hash collision)");
+  HashedReader in(f.get(), checked_length(f.get()));
+  read_header(in, key_text);
   if (in.u64() != static_cast<std::uint64_t>(rank)) throw Error("another rank's file");
   ReferenceMap refs;
   const std::uint64_t parts = in.count(8);
@@ -269,8 +284,7 @@ void ReferenceCache::store(int rank, const TapRecorder& taps) const {
     problem = fmt::format("cannot make {}: {}", entry_, ec.message());
   } else if (std::FILE* f = std::fopen(tmp.c_str(), "wb")) {
     HashedWriter w(f);
-    w.put(kMagic, sizeof kMagic);
-    w.str(key_text_);
+    write_header(w, key_text_);
     w.u64(static_cast<std::uint64_t>(rank));
     w.u64(taps.references().size());
     for (const auto& [name, part] : taps.references()) {
@@ -303,13 +317,8 @@ std::optional<std::string> ReferenceCache::load_text(const std::string& name) co
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
   if (!f) return std::nullopt;
   try {
-    struct stat st {};
-    if (fstat(fileno(f.get()), &st) != 0 || st.st_size < 16) throw Error("truncated");
-    HashedReader in(f.get(), static_cast<std::uint64_t>(st.st_size) - sizeof(std::uint64_t));
-    char magic[sizeof kMagic];
-    in.get(magic, sizeof magic);
-    if (std::memcmp(magic, kMagic, sizeof kMagic) != 0) throw Error("not a diffcheck reference-cache file");
-    if (in.str() != key_text_) throw Error("another key (a hash collision)");
+    HashedReader in(f.get(), checked_length(f.get()));
+    read_header(in, key_text_);
     std::string text = in.str();
     if (!in.checksum_matches()) throw Error("checksum mismatch (damaged)");
     std::error_code ec;
@@ -331,8 +340,7 @@ void ReferenceCache::store_text(const std::string& name, const std::string& text
   bool ok = f != nullptr;
   if (f) {
     HashedWriter w(f);
-    w.put(kMagic, sizeof kMagic);
-    w.str(key_text_);
+    write_header(w, key_text_);
     w.str(text);
     ok = w.finish();
     ok = std::fclose(f) == 0 && ok;

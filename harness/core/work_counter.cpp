@@ -8,10 +8,7 @@ std::atomic<double> g_flops[2]{0.0, 0.0};
 }
 
 void add_gemm_flops(double flops, bool float64) {
-  auto& c = g_flops[float64 ? 1 : 0];
-  double seen = c.load(std::memory_order_relaxed);
-  while (!c.compare_exchange_weak(seen, seen + flops, std::memory_order_relaxed)) {
-  }
+  g_flops[float64 ? 1 : 0].fetch_add(flops, std::memory_order_relaxed);
 }
 
 double gemm_flops(bool float64) { return g_flops[float64 ? 1 : 0].load(std::memory_order_relaxed); }
