@@ -84,6 +84,23 @@ BasicTensor<T> matmul_tn(const BasicTensor<T>& a, const BasicTensor<T>& b) {
   return y;
 }
 
+template <>
+void gemm_strided<float>(bool b_transposed, std::size_t m, std::size_t n, std::size_t k, const float* a,
+                         std::size_t lda, const float* b, std::size_t ldb, float* c, std::size_t ldc) {
+  if (!m || !n) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
+              1.0f, a, int(lda), b, int(ldb), 0.0f, c, int(ldc));
+  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), false);
+}
+template <>
+void gemm_strided<double>(bool b_transposed, std::size_t m, std::size_t n, std::size_t k, const double* a,
+                          std::size_t lda, const double* b, std::size_t ldb, double* c, std::size_t ldc) {
+  if (!m || !n) return;
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
+              1.0, a, int(lda), b, int(ldb), 0.0, c, int(ldc));
+  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), true);
+}
+
 void set_blas_threads(int n) { openblas_set_num_threads(n); }
 
 double gemm_rate(bool float64, double seconds) {

@@ -21,6 +21,14 @@ BasicTensor<T> matmul_tn(const BasicTensor<T>& a, const BasicTensor<T>& b);
 template <class T>
 BasicTensor<T> matmul_nn(const BasicTensor<T>& a, const BasicTensor<T>& b);
 
+// c[m,n] = a[m,k] · b (b[k,n], or b[n,k]ᵀ when b_transposed), row-major with
+// leading dimensions: a head of a [tokens, heads, D] tensor is a strided view
+// (pointer at column h*D, leading dimension heads*D), so attention needs no
+// per-head copies. Through BLAS, counted as work (core/work_counter.h).
+template <class T>
+void gemm_strided(bool b_transposed, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda,
+                  const T* b, std::size_t ldb, T* c, std::size_t ldc);
+
 template <class T>
 BasicTensor<T> silu(const BasicTensor<T>& x);
 template <class T>

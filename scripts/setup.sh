@@ -23,7 +23,7 @@ PACKAGES=(
   libhdf5-openmpi-dev hdf5-tools
   libgtest-dev
   libxtensor-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
-  libopenblas-dev librandom123-dev libpng-dev libxxhash-dev
+  libopenblas-dev librandom123-dev libpng-dev libxxhash-dev libsleef-dev
   python3 python3-h5py python3-numpy python3-torch
 )
 ((test_tools)) && PACKAGES+=(clang libclang-rt-14-dev chromium python3-junitparser libxml2-utils)

@@ -32,40 +32,48 @@ class DitUlysses(E2ETest):
             return f["taps/out"][...]
 
     def test_every_flag_combination_passes_and_chunks_agree_bitwise(self):
-        # Every combination at 4 ranks; at 16 none and all of them; 1 and 3
-        # head chunks, all of 1-4 for none and all at 4 ranks (every
-        # combination and chunk count with DIFFCHECK_E2E_FULL=1, the nightly variant).
+        # Every combination at 4 ranks: none and all of them with 1-4 head
+        # chunks (bitwise equal), the others with 3; at 16 all of them with 1
+        # and 3. Every combination and chunk count at 4 and 16 ranks with
+        # DIFFCHECK_E2E_FULL=1 (the nightly variant).
         for n in (4, 16):
             for k in range(len(BOOLS) + 1):
                 ends = k in (0, len(BOOLS))
-                if n == 16 and not FULL and not ends:
+                if n == 16 and not FULL and k != len(BOOLS):
                     continue
                 for on in itertools.combinations(BOOLS, k):
                     outs = {}
-                    for chunks in (1, 2, 3, 4) if FULL or (n == 4 and ends) else (1, 3):
+                    if FULL or (n == 4 and ends):
+                        counts = (1, 2, 3, 4)
+                    else:
+                        counts = (1, 3) if n == 16 else (3,)
+                    for chunks in counts:
                         with self.subTest(ranks=n, flags=on, chunks=chunks):
                             res = self.mpirun(n, "--scenario", "dit_ulysses", *flag_args(on, chunks))
                             self.assertExit(res, 0)
                             outs[chunks] = self.out_tap()
                     for chunks in outs:
-                        self.assertTrue(np.array_equal(outs[1], outs[chunks]),
-                                        f"out differs between 1 and {chunks} chunks, {n} ranks, {on}")
+                        self.assertTrue(np.array_equal(outs[counts[0]], outs[chunks]),
+                                        f"out differs between {counts[0]} and {chunks} chunks, {n} ranks, {on}")
 
     def test_bfloat16_and_flash_blocks(self):
-        for fb in (64, 48, 7):
+        for fb in (64, 48, 7) if FULL else (64, 7):
             with self.subTest(flash_block=fb):
                 res = self.mpirun(16, "--scenario", "dit_ulysses", "--dtype", "bfloat16",
                                   *flag_args(BOOLS, 3), "--flag", f"flash_block={fb}")
                 self.assertExit(res, 0)
 
     def test_read_before_wait_needs_both_overlap_flags(self):
-        # Without both flags the fault does nothing: at 16 ranks nightly, 4 by default.
-        for on in ((), ("async_a2a",), ("overlap",), ("async_a2a", "fuse_qkv_a2a")):
+        # Without both flags the fault does nothing: at 16 ranks nightly, 4 by
+        # default. With both it is caught, in float32 (bfloat16 too nightly;
+        # e2e_inrun_vs_compare runs it in bfloat16 by default).
+        quiet = ((), ("async_a2a",), ("overlap",), ("async_a2a", "fuse_qkv_a2a"))
+        for on in quiet if FULL else quiet[1:3]:
             with self.subTest(flags=on):
                 res = self.mpirun(16 if FULL else 4, "--scenario", "dit_ulysses", *flag_args(on, 2),
                                   "--inject", "a2a_read_before_wait")
                 self.assertExit(res, 0)
-        for dtype in ("float32", "bfloat16"):
+        for dtype in ("float32", "bfloat16") if FULL else ("float32",):
             with self.subTest(dtype=dtype):
                 res = self.mpirun(16, "--scenario", "dit_ulysses", "--dtype", dtype,
                                   *flag_args(("async_a2a", "overlap"), 2), "--inject", "a2a_read_before_wait")
@@ -89,11 +97,11 @@ class DitUlysses(E2ETest):
                           "--inject", "a2a_send_reuse")
         self.assertExit(res, 0)
 
+    @unittest.skipUnless(FULL, "nightly (DIFFCHECK_E2E_FULL=1): a sweep over every 16-rank mesh")
     def test_faults_take_effect_where_documented(self):
         # The nightly matrix found these two documented as "sp > 1": both fire
         # at sp = 1, and the send-buffer reuse needs two head chunks (not at sp = 16).
-        # The read-before-wait sweep nightly only: its 16-rank runs are above.
-        faults = (("a2a_read_before_wait", ("async_a2a", "overlap")),) if FULL else ()
+        faults = (("a2a_read_before_wait", ("async_a2a", "overlap")),)
         for fault, needs in faults + (("a2a_send_reuse", ("async_a2a", "overlap")),):
             with self.subTest(fault=fault):
                 res = self.diffcheck("sweep-mesh", "--scenario", "dit_ulysses", "-n", "16", "--inject", fault,

@@ -36,8 +36,10 @@ class UspAttention(E2ETest):
             return f["taps/" + name][...]
 
     def test_clean_on_every_split_and_dtype(self):
+        # float32 on every split; bfloat16 on every split nightly, on the
+        # default 16-rank mesh by default.
         for n, mesh in MESHES:
-            for dtype in ("float32", "bfloat16"):
+            for dtype in ("float32", "bfloat16") if FULL or mesh == "dp=1,ring=4,sp=4" else ("float32",):
                 with self.subTest(mesh=mesh, dtype=dtype):
                     res = self.mpirun(n, "--scenario", "usp_attention", "--mesh", mesh, "--dtype", dtype)
                     self.assertExit(res, 0)
@@ -77,8 +79,8 @@ class UspAttention(E2ETest):
                 self.assertFalse(taps["ring/chunk0/step1/out"]["pass"])  # merges are not
 
     def test_lse_offset_output_error_grows_with_the_ring(self):
-        # Every mesh nightly; by default the ring degrees at dp = 1 and ring = 1 at both ends of dp.
-        quick = [] if FULL else [a for r, sp, dp in ((1, 16, 1), (1, 1, 16), (2, 8, 1), (4, 4, 1), (8, 2, 1), (16, 1, 1))
+        # Every mesh nightly; by default the ring degrees at dp = 1.
+        quick = [] if FULL else [a for r, sp, dp in ((1, 16, 1), (2, 8, 1), (4, 4, 1), (8, 2, 1), (16, 1, 1))
                                  for a in ("--mesh", f"dp={dp},ring={r},sp={sp}")]
         res = self.diffcheck("sweep-mesh", "--scenario", "usp_attention", "-n", "16", "--inject", "lse_offset",
                              "--show-tap", "attn/out", "--json", self.path("sweep.json"), *quick)
@@ -91,8 +93,8 @@ class UspAttention(E2ETest):
             self.assertEqual(r["first_divergence"], "ring/chunk0/step0/lse", r)
             sizes = dict(kv.split("=") for kv in r["mesh"].split(","))
             err[(int(sizes["dp"]), int(sizes["ring"]))] = r["err_over_tol"]["attn/out"]
-        self.assertEqual(len(rows), 15 if FULL else 6)
-        for dp in (1, 2, 4, 8, 16) if FULL else (1, 16):
+        self.assertEqual(len(rows), 15 if FULL else 5)
+        for dp in (1, 2, 4, 8, 16) if FULL else (1,):
             self.assertLess(err[(dp, 1)], 1.0)  # ring = 1: only the LSE shows the offset
         self.assertLess(err[(1, 2)], err[(1, 4)])
         self.assertLess(err[(1, 4)], err[(1, 8)])
@@ -102,7 +104,7 @@ class UspAttention(E2ETest):
     def test_ring_kv_reuse_needs_overlap(self):
         res = self.mpirun(16, "--scenario", "usp_attention", "--inject", "ring_kv_reuse")
         self.assertExit(res, 0)
-        for dtype in ("float32", "bfloat16"):
+        for dtype in ("float32", "bfloat16") if FULL else ("float32",):
             res = self.mpirun(16, "--scenario", "usp_attention", "--dtype", dtype, *flags(ring_overlap=True),
                               "--inject", "ring_kv_reuse")
             self.assertExit(res, 1)

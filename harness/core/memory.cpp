@@ -30,7 +30,7 @@ void exec_with_huge_pages(char** argv) {
 
 RetainFreedMemory::RetainFreedMemory() {
   mallopt(M_MMAP_MAX, 0);                 // every block from the heap ...
-  mallopt(M_TRIM_THRESHOLD, 0x7fffffff);  // ... and freed blocks kept there
+  mallopt(M_TRIM_THRESHOLD, -1);  // ... and freed blocks kept there (-1: never trimmed)
 }
 
 RetainFreedMemory::~RetainFreedMemory() {
