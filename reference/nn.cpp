@@ -21,25 +21,6 @@ auto view(const BasicTensor<T>& t) {
   return xt::adapt(t.data.data(), t.data.size(), xt::no_ownership(), std::vector<std::size_t>{t.data.size()});
 }
 
-template <class T>
-void gemm_nt(std::size_t n, std::size_t m, std::size_t k, const T* x, const T* w, T* y);
-template <>
-void gemm_nt<float>(std::size_t n, std::size_t m, std::size_t k, const float* x, const float* w,
-                    float* y) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m),
-              static_cast<int>(k), 1.0f, x, static_cast<int>(k), w, static_cast<int>(k), 0.0f, y,
-              static_cast<int>(m));
-  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), false);
-}
-template <>
-void gemm_nt<double>(std::size_t n, std::size_t m, std::size_t k, const double* x, const double* w,
-                     double* y) {
-  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m),
-              static_cast<int>(k), 1.0, x, static_cast<int>(k), w, static_cast<int>(k), 0.0, y,
-              static_cast<int>(m));
-  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), true);
-}
-
 void gemm_tn(std::size_t m, std::size_t n, std::size_t k, const float* a, const float* b, float* y) {
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a, int(m), b,
               int(n), 0.0f, y, int(n));
@@ -47,17 +28,6 @@ void gemm_tn(std::size_t m, std::size_t n, std::size_t k, const float* a, const 
 }
 void gemm_tn(std::size_t m, std::size_t n, std::size_t k, const double* a, const double* b, double* y) {
   cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, a, int(m), b,
-              int(n), 0.0, y, int(n));
-  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), true);
-}
-
-void gemm_nn(std::size_t m, std::size_t n, std::size_t k, const float* a, const float* b, float* y) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a, int(k), b,
-              int(n), 0.0f, y, int(n));
-  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), false);
-}
-void gemm_nn(std::size_t m, std::size_t n, std::size_t k, const double* a, const double* b, double* y) {
-  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, a, int(k), b,
               int(n), 0.0, y, int(n));
   work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), true);
 }
@@ -70,7 +40,7 @@ BasicTensor<T> matmul_nn(const BasicTensor<T>& a, const BasicTensor<T>& b) {
     fail("matmul_nn: {} and {} do not chain", shape_str(a.shape), shape_str(b.shape));
   const std::size_t m = a.shape[0], k = a.shape[1], n = b.shape[1];
   BasicTensor<T> y({m, n});
-  if (m && n && k) gemm_nn(m, n, k, a.ptr(), b.ptr(), y.ptr());
+  if (k) gemm_strided<T>(false, m, n, k, a.ptr(), k, b.ptr(), n, y.ptr(), n);
   return y;
 }
 
@@ -84,21 +54,18 @@ BasicTensor<T> matmul_tn(const BasicTensor<T>& a, const BasicTensor<T>& b) {
   return y;
 }
 
-template <>
-void gemm_strided<float>(bool b_transposed, std::size_t m, std::size_t n, std::size_t k, const float* a,
-                         std::size_t lda, const float* b, std::size_t ldb, float* c, std::size_t ldc) {
+template <class T>
+void gemm_strided(bool b_transposed, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda,
+                  const T* b, std::size_t ldb, T* c, std::size_t ldc) {
   if (!m || !n) return;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
-              1.0f, a, int(lda), b, int(ldb), 0.0f, c, int(ldc));
-  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), false);
-}
-template <>
-void gemm_strided<double>(bool b_transposed, std::size_t m, std::size_t n, std::size_t k, const double* a,
-                          std::size_t lda, const double* b, std::size_t ldb, double* c, std::size_t ldc) {
-  if (!m || !n) return;
-  cblas_dgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
-              1.0, a, int(lda), b, int(ldb), 0.0, c, int(ldc));
-  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), true);
+  const auto tb = b_transposed ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), 0.0f,
+                c, int(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, tb, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), 0.0, c,
+                int(ldc));
+  work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), std::is_same_v<T, double>);
 }
 
 void set_blas_threads(int n) { openblas_set_num_threads(n); }
@@ -135,7 +102,7 @@ BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& w, const Ba
   Shape out_shape = x.shape;
   out_shape.back() = m;
   BasicTensor<T> y(out_shape);
-  if (n && m && k) gemm_nt<T>(n, m, k, x.ptr(), w.ptr(), y.ptr());
+  if (k) gemm_strided<T>(true, n, m, k, x.ptr(), k, w.ptr(), k, y.ptr(), m);
   if (b.size())
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t j = 0; j < m; ++j) y.data[i * m + j] += b.data[j];
@@ -187,7 +154,9 @@ RefTensor to_ref(const BasicTensor<T>& x) {
   template BasicTensor<T> gelu_tanh(const BasicTensor<T>&);                                    \
   template BasicTensor<T> add(const BasicTensor<T>&, const BasicTensor<T>&);                   \
   template BasicTensor<T> cast<T>(const BasicTensor<double>&);                                 \
-  template RefTensor to_ref(const BasicTensor<T>&);
+  template RefTensor to_ref(const BasicTensor<T>&);                                            \
+  template void gemm_strided(bool, std::size_t, std::size_t, std::size_t, const T*, std::size_t, const T*,  \
+                             std::size_t, T*, std::size_t);
 DC_INSTANTIATE(float)
 DC_INSTANTIATE(double)
 #undef DC_INSTANTIATE
