@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "harness/core/interrupt.h"
 #include "harness/core/mpi_settings.h"
@@ -165,6 +167,37 @@ TEST(MpiSettings, SharedMemoryGoesToTheSessionDirectoryUnlessTheUserChose) {
   fs::remove_all(home);
   keep_shared_memory_in_session_directory();
   EXPECT_EQ(std::getenv("OMPI_MCA_btl_vader_backing_directory"), nullptr);
+}
+
+TEST(MpiSettings, Ob1OnOneHostUnlessTheUserChoseOrTheJobSpansHosts) {
+  const std::string home = fresh("home_pml");
+  setenv("HOME", home.c_str(), 1);
+  const char* launcher_vars[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_RANK", "PMI_RANK",
+                                 "PMI_SIZE", "SLURM_STEP_ID", "SLURM_PROCID", "OMPI_MCA_pml"};
+  auto chosen = [&](std::vector<std::pair<const char*, const char*>> env) {
+    for (const char* v : launcher_vars) unsetenv(v);
+    for (auto [k, v] : env) setenv(k, v, 1);
+    prefer_shared_memory_on_one_host();
+    const char* pml = std::getenv("OMPI_MCA_pml");
+    return std::string(pml ? pml : "(none)");
+  };
+  EXPECT_EQ(chosen({{"OMPI_COMM_WORLD_SIZE", "16"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "16"}}), "ob1");
+  EXPECT_EQ(chosen({}), "ob1");  // a singleton
+  EXPECT_EQ(chosen({{"OMPI_COMM_WORLD_SIZE", "16"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "8"}}), "(none)");  // two hosts
+  EXPECT_EQ(chosen({{"OMPI_COMM_WORLD_SIZE", "16"}}), "(none)");
+  EXPECT_EQ(chosen({{"SLURM_PROCID", "3"}}), "(none)");  // srun: hosts unknown
+  EXPECT_EQ(chosen({{"PMIX_RANK", "0"}}), "(none)");
+  EXPECT_EQ(chosen({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}, {"OMPI_MCA_pml", "ucx"}}),
+            "ucx");  // the environment or mpirun --mca
+  fs::create_directories(home + "/.openmpi");
+  std::ofstream(home + "/.openmpi/mca-params.conf") << "pml_ucx_verbose = 1\npml = ^ucx,cm\n";
+  EXPECT_EQ(chosen({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}), "ob1");  // excludes only
+  std::ofstream(home + "/.openmpi/mca-params.conf") << "pml = ^ob1\n";
+  EXPECT_EQ(chosen({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}), "(none)");
+  std::ofstream(home + "/.openmpi/mca-params.conf") << "  pml=ucx\n";
+  EXPECT_EQ(chosen({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}), "(none)");
+  for (const char* v : launcher_vars) unsetenv(v);
+  fs::remove_all(home);
 }
 
 }  // namespace

@@ -8,18 +8,29 @@
 namespace dc {
 namespace {
 
-// Whether an OpenMPI parameter file (the system's or the user's) sets `name`.
-bool set_in_parameter_file(const std::string& name) {
+// The values an OpenMPI parameter file (the system's, then the user's) gives
+// `name` ("name = value" lines; '#' starts a comment).
+std::vector<std::string> parameter_file_values(const std::string& name) {
   std::vector<std::string> files = {"/etc/openmpi/openmpi-mca-params.conf"};
   if (const char* home = std::getenv("HOME")) files.push_back(std::string(home) + "/.openmpi/mca-params.conf");
+  std::vector<std::string> values;
   for (const auto& path : files) {
     std::ifstream in(path);
     for (std::string line; std::getline(in, line);) {
       const auto at = line.find_first_not_of(" \t");
-      if (at != std::string::npos && line[at] != '#' && line.compare(at, name.size(), name) == 0) return true;
+      if (at == std::string::npos || line[at] == '#' || line.compare(at, name.size(), name) != 0) continue;
+      const auto eq = line.find_first_not_of(" \t", at + name.size());
+      if (eq == std::string::npos || line[eq] != '=') continue;  // another parameter with this prefix
+      const auto v = line.find_first_not_of(" \t", eq + 1);
+      const auto end = line.find_last_not_of(" \t\r");
+      values.push_back(v == std::string::npos || end < v ? "" : line.substr(v, end - v + 1));
     }
   }
-  return false;
+  return values;
+}
+
+bool user_chose(const char* param) {
+  return std::getenv((std::string("OMPI_MCA_") + param).c_str()) || !parameter_file_values(param).empty();
 }
 
 }  // namespace
@@ -31,10 +42,29 @@ bool set_in_parameter_file(const std::string& name) {
 // one too), they go with the job. The user's own choice (environment,
 // mpirun --mca, parameter file) stands.
 void keep_shared_memory_in_session_directory() {
-  const char* param = "btl_vader_backing_directory";
   const char* session = std::getenv("OMPI_MCA_orte_jobfam_session_dir");
-  if (!session || std::getenv("OMPI_MCA_btl_vader_backing_directory") || set_in_parameter_file(param)) return;
+  if (!session || user_chose("btl_vader_backing_directory")) return;
   setenv("OMPI_MCA_btl_vader_backing_directory", session, 0);
+}
+
+void prefer_shared_memory_on_one_host() {
+  if (std::getenv("OMPI_MCA_pml")) return;
+  // A parameter file's choice stands, unless it only excludes others (Debian's
+  // own file says "pml = ^ucx"), which ob1 honours.
+  for (const auto& v : parameter_file_values("pml"))
+    if (v.empty() || v[0] != '^' || v.find("ob1") != std::string::npos) return;
+  const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  bool one_host = false;
+  if (world) {
+    one_host = local && std::string(local) == world;
+  } else {
+    // No mpirun: a singleton, unless another launcher started this process.
+    one_host = true;
+    for (const char* var : {"PMIX_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_STEP_ID", "SLURM_PROCID"})
+      if (std::getenv(var)) one_host = false;
+  }
+  if (one_host) setenv("OMPI_MCA_pml", "ob1", 0);
 }
 
 }  // namespace dc
