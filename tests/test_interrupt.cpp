@@ -169,21 +169,25 @@ TEST(MpiSettings, SharedMemoryGoesToTheSessionDirectoryUnlessTheUserChose) {
   EXPECT_EQ(std::getenv("OMPI_MCA_btl_vader_backing_directory"), nullptr);
 }
 
-TEST(MpiSettings, Ob1OnOneHostUnlessTheUserChoseOrTheJobSpansHosts) {
+TEST(MpiSettings, Ob1AndNoPciDiscoveryOnOneHostUnlessTheUserChoseOrTheJobSpansHosts) {
   const std::string home = fresh("home_pml");
   setenv("HOME", home.c_str(), 1);
   const char* launcher_vars[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_RANK", "PMI_RANK",
-                                 "PMI_SIZE", "SLURM_STEP_ID", "SLURM_PROCID", "OMPI_MCA_pml"};
+                                 "PMI_SIZE", "SLURM_STEP_ID", "SLURM_PROCID", "OMPI_MCA_pml", "HWLOC_COMPONENTS"};
   auto chosen = [&](std::vector<std::pair<const char*, const char*>> env) {
     for (const char* v : launcher_vars) unsetenv(v);
     for (auto [k, v] : env) setenv(k, v, 1);
-    prefer_shared_memory_on_one_host();
+    lighten_start_up_on_one_host();
     const char* pml = std::getenv("OMPI_MCA_pml");
     return std::string(pml ? pml : "(none)");
   };
   EXPECT_EQ(chosen({{"OMPI_COMM_WORLD_SIZE", "16"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "16"}}), "ob1");
+  EXPECT_STREQ(std::getenv("HWLOC_COMPONENTS"), "-pci,-linuxio");
   EXPECT_EQ(chosen({}), "ob1");  // a singleton
   EXPECT_EQ(chosen({{"OMPI_COMM_WORLD_SIZE", "16"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "8"}}), "(none)");  // two hosts
+  EXPECT_EQ(std::getenv("HWLOC_COMPONENTS"), nullptr);
+  EXPECT_EQ(chosen({{"HWLOC_COMPONENTS", "-mine"}}), "ob1");
+  EXPECT_STREQ(std::getenv("HWLOC_COMPONENTS"), "-mine");
   EXPECT_EQ(chosen({{"OMPI_COMM_WORLD_SIZE", "16"}}), "(none)");
   EXPECT_EQ(chosen({{"SLURM_PROCID", "3"}}), "(none)");  // srun: hosts unknown
   EXPECT_EQ(chosen({{"PMIX_RANK", "0"}}), "(none)");

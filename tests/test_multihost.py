@@ -187,10 +187,16 @@ class MultiHost(unittest.TestCase):
     def test_shared_output_uses_mpiio(self):
         rig = self.rigs[2]
         out_dir = os.path.join(rig.shared, "mh_shared")
-        self.check_matches(rig, ["--scenario", "timestep_broadcast", "--inject", "timestep_temp_broadcast"], out_dir)
-        p = rig.run("h1", ["env", "DIFFCHECK_LOG=info", "mpirun", "--host", rig.hosts(8), "-n", "16", EXE,
-                           "--scenario", "timestep_broadcast", "--out", os.path.join(out_dir, "log.h5")])
+        self.check_matches(rig, ["--scenario", "timestep_broadcast", "--inject", "timestep_temp_broadcast",
+                                 "--store", "mpiio"], out_dir)
+        log = ["mpirun", "--host", rig.hosts(8), "-n", "16", EXE, "--scenario", "timestep_broadcast",
+               "--out", os.path.join(out_dir, "log.h5")]
+        # --store auto: MPI-IO for a run file above DIFFCHECK_GATHER_MAX_MIB, rank 0 for a small one.
+        p = rig.run("h1", ["env", "DIFFCHECK_LOG=info", "DIFFCHECK_GATHER_MAX_MIB=0", *log])
         self.assertIn("shared by all ranks: run file written with MPI-IO", p.stderr)
+        p = rig.run("h1", ["env", "DIFFCHECK_LOG=info", *log])
+        self.assertIn("shared by all ranks: run file written by rank 0", p.stderr)
+        self.assertIn("at most DIFFCHECK_GATHER_MAX_MIB: gathered", p.stderr)
 
     def test_mpiio_on_node_local_storage_is_refused(self):
         rig = self.rigs[2]

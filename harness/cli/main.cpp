@@ -67,8 +67,8 @@ int main(int argc, char** argv) {
   app.add_option("--store", run.store,
                  "How the run file is written: mpiio (every rank writes its rows, parallel HDF5; needs the output "
                  "directory shared by all hosts), gather (rank 0 writes, the others send their rows over MPI in "
-                 "bounded pieces; for node-local directories), auto (mpiio when every rank sees the directory, "
-                 "else gather)")
+                 "bounded pieces; for node-local directories and small files), auto (mpiio when every rank sees "
+                 "the directory and the file is above DIFFCHECK_GATHER_MAX_MIB, default 256; else gather)")
       ->check(CLI::IsMember({"auto", "mpiio", "gather"}))
       ->capture_default_str();
   if (const char* t = std::getenv("DIFFCHECK_TIMEOUT")) run.timeout_seconds = std::atof(t);

@@ -91,7 +91,7 @@ MPI_Comm CommAccess::native(const Comm& c) { return c.impl_->comm; }
 
 void Comm::init(int* argc, char*** argv) {
   keep_shared_memory_in_session_directory();
-  prefer_shared_memory_on_one_host();
+  lighten_start_up_on_one_host();
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

@@ -17,7 +17,8 @@ void keep_shared_memory_in_session_directory();
 // 0.13 s instead of 0.35 s. The host test: mpirun's OMPI_COMM_WORLD_LOCAL_SIZE
 // equal to its OMPI_COMM_WORLD_SIZE, or no launcher at all (a singleton).
 // Under another launcher (srun, PMIx without mpirun's variables) nothing is
-// chosen. Called by Comm::init.
-void prefer_shared_memory_on_one_host();
+// chosen. Also hwloc's PCI discovery is left out there (HWLOC_COMPONENTS,
+// unless set). Called by Comm::init.
+void lighten_start_up_on_one_host();
 
 }  // namespace dc
