@@ -397,13 +397,17 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
       file.release();
       Comm::abort(2);
     }
-    if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0)
-      fail("rank {}: HDF5 cannot flush '{}': {}", rank, tmp, h5::last_error());
+    const bool flushed = H5Fflush(file.get(), H5F_SCOPE_GLOBAL) >= 0;
+    // Written with MPI-IO, a flush that failed here may not have failed on
+    // the others, whose close would wait for this rank: end the job (main).
+    if (!flushed && mode == WriteMode::collective)
+      fail("rank {}: HDF5 cannot flush '{}': {}; nothing was written to '{}'", rank, tmp, h5::last_error(), path);
+    if (!flushed) close_error = "cannot flush: " + h5::last_error();
     taps_group.reset();
     // Closing writes the last metadata: a full disk shows here. No rank
     // renames a file that any rank could not close.
-    closed = H5Fclose(file.release()) >= 0;
-    if (!closed) close_error = h5::last_error();
+    closed = H5Fclose(file.release()) >= 0 && flushed;
+    if (!closed && flushed) close_error = h5::last_error();
   } else {
     if (created) created();
     send_rows_and_boxes(world, taps, manifest);
