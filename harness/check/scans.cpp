@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "harness/check/compare.h"  // ulp_distance
@@ -10,6 +11,22 @@ namespace dc {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Two doubles, as GCC's vector extension (an SSE2 register on x86-64, no
+// intrinsics): summation lanes {0, 1} and {2, 3} are one pair each.
+// Comparisons give per-lane masks (all ones where true). Lane k of an add is
+// the same IEEE operation as the scalar one, so sums keep their bits.
+using Pair = double __attribute__((vector_size(16)));
+using Mask = long long __attribute__((vector_size(16)));
+
+[[gnu::always_inline]] inline Pair load2(const double* p) {
+  Pair v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+[[gnu::always_inline]] inline Pair splat(double v) { return Pair{v, v}; }
+[[gnu::always_inline]] inline Pair abs2(Pair v) { return (Pair)((Mask)v & ~(Mask)splat(-0.0)); }
+[[gnu::always_inline]] inline bool any(Mask m) { return (m[0] | m[1]) != 0; }
 
 bool same_value(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 
@@ -67,22 +84,21 @@ void scan_reference(const double* x, const double* ref, std::size_t n, const Tol
   std::size_t worst = 0;
   long long fails = 0;
   bool nan_error = false;
-  auto element = [&](std::size_t i, double& e_acc, double& r_acc) {
+  constexpr double kMargin = 1 - 1e-12;  // covers the rounding of the products below
+  // The bookkeeping of one element beyond the sums and max_abs: the maxima
+  // of the relative error and of err/tol (the first index of the largest),
+  // and failures.
+  auto bookkeep = [&](std::size_t i) {
     const double r = ref[i], err = std::abs(x[i] - r), bound = tol.atol + tol.rtol * std::abs(r);
-    e_acc += err * err;
-    r_acc += r * r;
-    max_abs = std::max(max_abs, err);  // a NaN error leaves it unchanged
-    // Divisions only for elements that may raise a maximum (the margin covers
-    // the rounding of the product).
-    if (r != 0 && err > max_rel * std::abs(r) * (1 - 1e-12))
-      max_rel = std::max(max_rel, err / std::abs(r));
+    // Divisions only for elements that may raise a maximum.
+    if (r != 0 && err > max_rel * std::abs(r) * kMargin) max_rel = std::max(max_rel, err / std::abs(r));
     // Fails, NaN included; an infinite error fails even against an infinite
     // bound (an Inf in the reference must not excuse a finite value).
     if (!(err <= bound) || err == kInf) {
       ++fails;
       nan_error = nan_error || std::isnan(err);
     }
-    if (i == 0 || err > worst_ratio * bound * (1 - 1e-12) || std::isnan(err)) {
+    if (i == 0 || err > worst_ratio * bound * kMargin || std::isnan(err)) {
       double ratio = std::isnan(err) ? kInf : bound > 0 ? err / bound : err > 0 ? kInf : 0.0;
       if (ratio > worst_ratio) {
         worst_ratio = ratio;
@@ -90,50 +106,87 @@ void scan_reference(const double* x, const double* ref, std::size_t n, const Tol
       }
     }
   };
-  // One summation unit at a time (see ChunkPlan), each in four independent
-  // lanes kept in registers so no add waits on another; a unit's sum goes
-  // into the exact sum.
+  // One summation unit at a time (see ChunkPlan), its squares in four
+  // independent lanes (element i in lane (i - unit start) % 4) so no add
+  // waits on another; a unit's sum goes into the exact sum.
   for (std::size_t at = 0; at < n;) {
     const std::size_t end = at + std::min(n - at, plan.unit_left(first + at));
-    double e0 = 0, e1 = 0, e2 = 0, e3 = 0, r0 = 0, r1 = 0, r2 = 0, r3 = 0;
+    double e[4] = {0, 0, 0, 0}, rr[4] = {0, 0, 0, 0};
     const std::size_t end4 = at + (end - at) / 4 * 4;
     // A unit equal to its reference (every x - ref exactly 0: no NaN, no
     // Inf) moves no maximum, failure or error sum, and only a chunk's first
     // element can be its worst (ratio 0): only the reference's squares are
     // left, summed in the same lanes as below, so the result is bit-identical.
     // One branch-free compare pass instead of the per-element bookkeeping.
-    bool identical = true;
-    for (std::size_t i = at; i < end; ++i) identical &= (x[i] - ref[i] == 0);
+    Mask differs{0, 0};  // x - ref != 0, NaN included
+    for (std::size_t i = at; i < end4; i += 2) differs |= load2(x + i) - load2(ref + i) != 0;
+    bool identical = !any(differs);
+    for (std::size_t i = end4; i < end; ++i) identical &= (x[i] - ref[i] == 0);
     if (identical) {
+      Pair r01{0, 0}, r23{0, 0};
       for (std::size_t i = at; i < end4; i += 4) {
-        r0 += ref[i] * ref[i];
-        r1 += ref[i + 1] * ref[i + 1];
-        r2 += ref[i + 2] * ref[i + 2];
-        r3 += ref[i + 3] * ref[i + 3];
+        const Pair a = load2(ref + i), b = load2(ref + i + 2);
+        r01 += a * a;
+        r23 += b * b;
       }
-      for (std::size_t i = end4; i < end; ++i) r0 += ref[i] * ref[i];
+      rr[0] = r01[0], rr[1] = r01[1], rr[2] = r23[0], rr[3] = r23[1];
+      for (std::size_t i = end4; i < end; ++i) rr[0] += ref[i] * ref[i];
       if (at == 0) {
         worst_ratio = std::max(worst_ratio, 0.0);
         worst = 0;
       }
-      if (!s.ref_sq.add_partial((r0 + r1) + (r2 + r3)))
+      if (!s.ref_sq.add_partial((rr[0] + rr[1]) + (rr[2] + rr[3])))
         for (std::size_t i = at; i < end; ++i) s.ref_sq.add_value(ref[i]);
       at = end;
       continue;
     }
-    for (std::size_t i = at; i < end4; i += 4) {
-      element(i, e0, r0);
-      element(i + 1, e1, r1);
-      element(i + 2, e2, r2);
-      element(i + 3, e3, r3);
+    // Blocks of 16: a branch-free pass takes the sums and max_abs and asks
+    // whether any element might fail or raise max_rel or err/tol, against
+    // the maxima as they stand at the block's start. They only grow, and only
+    // such an element grows them, so a block where none might is one where
+    // the bookkeeping would do nothing; only the others get it, in order.
+    constexpr std::size_t kBlock = 16;
+    Pair e01{0, 0}, e23{0, 0}, r01{0, 0}, r23{0, 0}, m01 = splat(max_abs), m23 = m01;
+    const Pair atol = splat(tol.atol), rtol = splat(tol.rtol), inf = splat(kInf), zero = splat(0.0);
+    std::size_t i = at;
+    for (; i + kBlock <= end4; i += kBlock) {
+      const Pair rel_gate = splat(max_rel * kMargin), worst_gate = splat(worst_ratio * kMargin);
+      Mask loud{i == 0 ? -1LL : 0, 0};
+      auto lanes = [&](const double* xp, const double* rp, Pair& ev, Pair& rv, Pair& m) {
+        const Pair r = load2(rp), err = abs2(load2(xp) - r), ar = abs2(r);
+        const Pair bound = atol + rtol * ar;
+        ev += err * err;
+        rv += r * r;
+        m = m < err ? err : m;  // a NaN error leaves it unchanged
+        loud |= ~(err <= bound) | (err == inf) | ((r != zero) & (err > rel_gate * ar)) | (err > worst_gate * bound);
+      };
+      for (std::size_t j = 0; j < kBlock; j += 4) {
+        lanes(x + i + j, ref + i + j, e01, r01, m01);
+        lanes(x + i + j + 2, ref + i + j + 2, e23, r23, m23);
+      }
+      if (any(loud))
+        for (std::size_t j = 0; j < kBlock; ++j) bookkeep(i + j);
     }
-    for (std::size_t i = end4; i < end; ++i) element(i, e0, r0);
+    e[0] = e01[0], e[1] = e01[1], e[2] = e23[0], e[3] = e23[1];
+    rr[0] = r01[0], rr[1] = r01[1], rr[2] = r23[0], rr[3] = r23[1];
+    const Pair m = m01 < m23 ? m23 : m01;
+    max_abs = std::max(m[0], m[1]);
+    auto element = [&](std::size_t idx, double& e_acc, double& r_acc) {
+      const double r = ref[idx], err = std::abs(x[idx] - r);
+      e_acc += err * err;
+      r_acc += r * r;
+      max_abs = std::max(max_abs, err);
+      bookkeep(idx);
+    };
+    for (; i < end4; i += 4)
+      for (int k = 0; k < 4; ++k) element(i + k, e[k], rr[k]);
+    for (; i < end; ++i) element(i, e[0], rr[0]);
     // A unit whose squares overflowed (values beyond ~1e154) is added again
     // value by value, scaled (see SquareSum): rare, and never on clean data.
-    if (!s.err_sq.add_partial((e0 + e1) + (e2 + e3)))
-      for (std::size_t i = at; i < end; ++i) s.err_sq.add_value(std::abs(x[i] - ref[i]));
-    if (!s.ref_sq.add_partial((r0 + r1) + (r2 + r3)))
-      for (std::size_t i = at; i < end; ++i) s.ref_sq.add_value(ref[i]);
+    if (!s.err_sq.add_partial((e[0] + e[1]) + (e[2] + e[3])))
+      for (std::size_t j = at; j < end; ++j) s.err_sq.add_value(std::abs(x[j] - ref[j]));
+    if (!s.ref_sq.add_partial((rr[0] + rr[1]) + (rr[2] + rr[3])))
+      for (std::size_t j = at; j < end; ++j) s.ref_sq.add_value(ref[j]);
     at = end;
   }
   s.n_fail += fails;

@@ -1,0 +1,193 @@
+// The reference scan against the plain per-element loop it replaced (kept
+// here as the oracle): the same failures, maxima, worst element and sums, to
+// the bit, on data with exact matches, small and large errors, NaN, Inf and
+// zeros in the reference, at lengths around the 16-element blocks and with
+// several summation units.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "harness/check/scans.h"
+
+namespace dc {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+void oracle_scan_reference(const double* x, const double* ref, std::size_t n, const Tolerance& tol,
+                    const TapPlan& p, const BlockGroup& g, std::size_t first, const ChunkPlan& plan,
+                    TapStats& s) {
+  double worst_ratio = -1, max_abs = 0, max_rel = 0;
+  std::size_t worst = 0;
+  long long fails = 0;
+  bool nan_error = false;
+  auto element = [&](std::size_t i, double& e_acc, double& r_acc) {
+    const double r = ref[i], err = std::abs(x[i] - r), bound = tol.atol + tol.rtol * std::abs(r);
+    e_acc += err * err;
+    r_acc += r * r;
+    max_abs = std::max(max_abs, err);  // a NaN error leaves it unchanged
+    // Divisions only for elements that may raise a maximum (the margin covers
+    // the rounding of the product).
+    if (r != 0 && err > max_rel * std::abs(r) * (1 - 1e-12))
+      max_rel = std::max(max_rel, err / std::abs(r));
+    // Fails, NaN included; an infinite error fails even against an infinite
+    // bound (an Inf in the reference must not excuse a finite value).
+    if (!(err <= bound) || err == kInf) {
+      ++fails;
+      nan_error = nan_error || std::isnan(err);
+    }
+    if (i == 0 || err > worst_ratio * bound * (1 - 1e-12) || std::isnan(err)) {
+      double ratio = std::isnan(err) ? kInf : bound > 0 ? err / bound : err > 0 ? kInf : 0.0;
+      if (ratio > worst_ratio) {
+        worst_ratio = ratio;
+        worst = i;
+      }
+    }
+  };
+  // One summation unit at a time (see ChunkPlan), each in four independent
+  // lanes kept in registers so no add waits on another; a unit's sum goes
+  // into the exact sum.
+  for (std::size_t at = 0; at < n;) {
+    const std::size_t end = at + std::min(n - at, plan.unit_left(first + at));
+    double e0 = 0, e1 = 0, e2 = 0, e3 = 0, r0 = 0, r1 = 0, r2 = 0, r3 = 0;
+    const std::size_t end4 = at + (end - at) / 4 * 4;
+    // A unit equal to its reference (every x - ref exactly 0: no NaN, no
+    // Inf) moves no maximum, failure or error sum, and only a chunk's first
+    // element can be its worst (ratio 0): only the reference's squares are
+    // left, summed in the same lanes as below, so the result is bit-identical.
+    // One branch-free compare pass instead of the per-element bookkeeping.
+    bool identical = true;
+    for (std::size_t i = at; i < end; ++i) identical &= (x[i] - ref[i] == 0);
+    if (identical) {
+      for (std::size_t i = at; i < end4; i += 4) {
+        r0 += ref[i] * ref[i];
+        r1 += ref[i + 1] * ref[i + 1];
+        r2 += ref[i + 2] * ref[i + 2];
+        r3 += ref[i + 3] * ref[i + 3];
+      }
+      for (std::size_t i = end4; i < end; ++i) r0 += ref[i] * ref[i];
+      if (at == 0) {
+        worst_ratio = std::max(worst_ratio, 0.0);
+        worst = 0;
+      }
+      if (!s.ref_sq.add_partial((r0 + r1) + (r2 + r3)))
+        for (std::size_t i = at; i < end; ++i) s.ref_sq.add_value(ref[i]);
+      at = end;
+      continue;
+    }
+    for (std::size_t i = at; i < end4; i += 4) {
+      element(i, e0, r0);
+      element(i + 1, e1, r1);
+      element(i + 2, e2, r2);
+      element(i + 3, e3, r3);
+    }
+    for (std::size_t i = end4; i < end; ++i) element(i, e0, r0);
+    // A unit whose squares overflowed (values beyond ~1e154) is added again
+    // value by value, scaled (see SquareSum): rare, and never on clean data.
+    if (!s.err_sq.add_partial((e0 + e1) + (e2 + e3)))
+      for (std::size_t i = at; i < end; ++i) s.err_sq.add_value(std::abs(x[i] - ref[i]));
+    if (!s.ref_sq.add_partial((r0 + r1) + (r2 + r3)))
+      for (std::size_t i = at; i < end; ++i) s.ref_sq.add_value(ref[i]);
+    at = end;
+  }
+  s.n_fail += fails;
+  s.any_nan_error = s.any_nan_error || nan_error;
+  s.max_abs = std::max(s.max_abs, max_abs);
+  s.max_rel = std::max(s.max_rel, max_rel);
+  s.n_total += static_cast<long long>(n);
+  if (n == 0) return;
+  s.owner_err_ratio.push_back({g.owner, worst_ratio});
+  // Within a block, local row-major order is global order, so the first worst
+  // element of the chunk is also its lowest global index.
+  s.offer_reference({worst_ratio,
+                     global_flat_index(p.tap->local_shape, p.global, g.block, first + worst),
+                     g.owner, x[worst], ref[worst]});
+}
+
+void expect_same_number(double a, double b, const char* what) {
+  if (std::isnan(b))
+    EXPECT_TRUE(std::isnan(a)) << what;
+  else
+    EXPECT_EQ(a, b) << what;
+}
+
+struct Case {
+  std::vector<double> x, ref;
+};
+
+// Mostly equal values, with runs of small errors, a few large ones and specials.
+Case make_case(std::size_t n, unsigned seed, bool specials) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal;
+  std::uniform_real_distribution<double> u;
+  Case c;
+  for (std::size_t i = 0; i < n; ++i) {
+    double r = normal(rng);
+    if (u(rng) < 0.02) r = 0;
+    double x = r;
+    const double pick = u(rng);
+    if (pick < 0.3)
+      x = r + 1e-7 * normal(rng);
+    else if (pick < 0.32)
+      x = r + normal(rng);
+    if (specials && u(rng) < 0.01) x = u(rng) < 0.5 ? NAN : (u(rng) < 0.5 ? kInf : -kInf);
+    if (specials && u(rng) < 0.005) r = kInf;
+    c.x.push_back(x);
+    c.ref.push_back(r);
+  }
+  return c;
+}
+
+TEST(ScanReference, SameAsThePerElementLoop) {
+  const Mesh mesh = Mesh::parse("dp=1");
+  Tolerance tols[4];
+  tols[0].atol = 1e-5;
+  tols[1].rtol = 1e-3;
+  tols[3].atol = tols[3].rtol = 1e-6;
+  for (std::size_t n : {1, 3, 4, 15, 16, 17, 31, 32, 33, 100, 1000, 4099}) {
+    for (std::size_t unit : {1, 7, 64, 100000}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        for (const Tolerance& tol : tols) {
+          SCOPED_TRACE(testing::Message() << "n " << n << " unit " << unit << " variant " << variant << " atol "
+                                          << tol.atol << " rtol " << tol.rtol);
+          Case c = make_case(n, static_cast<unsigned>(n * 31 + unit + variant), variant == 2);
+          if (variant == 1) c.x = c.ref;  // identical units
+          TapData t;
+          t.name = "y";
+          t.layout = Layout::parse("", "");
+          t.local_shape = {n};
+          t.reference_shape = Shape{n};
+          const TapPlan p = plan_tap(t, mesh);
+          const ChunkPlan plan({n}, n, unit);
+          for (std::size_t first : {std::size_t{0}}) {
+            TapStats got, want;
+            scan_reference(c.x.data(), c.ref.data(), n, tol, p, p.groups[0], first, plan, got);
+            oracle_scan_reference(c.x.data(), c.ref.data(), n, tol, p, p.groups[0], first, plan, want);
+            EXPECT_EQ(got.n_fail, want.n_fail);
+            EXPECT_EQ(got.n_total, want.n_total);
+            EXPECT_EQ(got.any_nan_error, want.any_nan_error);
+            expect_same_number(got.max_abs, want.max_abs, "max_abs");
+            expect_same_number(got.max_rel, want.max_rel, "max_rel");
+            expect_same_number(SquareSum::sqrt_ratio(got.err_sq, got.ref_sq),
+                               SquareSum::sqrt_ratio(want.err_sq, want.ref_sq), "error sum");
+            expect_same_number(got.ref_sq.rms(n), want.ref_sq.rms(n), "reference sum");
+            ASSERT_EQ(got.ref_worst.has_value(), want.ref_worst.has_value());
+            if (want.ref_worst) {
+              expect_same_number(got.ref_worst->ratio, want.ref_worst->ratio, "worst ratio");
+              EXPECT_EQ(got.ref_worst->global_flat, want.ref_worst->global_flat);
+              expect_same_number(got.ref_worst->value, want.ref_worst->value, "worst value");
+            }
+            ASSERT_EQ(got.owner_err_ratio.size(), want.owner_err_ratio.size());
+            for (std::size_t k = 0; k < got.owner_err_ratio.size(); ++k)
+              expect_same_number(got.owner_err_ratio[k].value, want.owner_err_ratio[k].value, "owner ratio");
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dc
