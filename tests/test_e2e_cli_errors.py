@@ -1,5 +1,6 @@
 """Bad command lines under mpirun: each exits 2 with one clear message from
 rank 0, never a hang or an abort trace."""
+import os
 import subprocess
 
 from e2e import EXE, MPIEXEC, E2ETest
@@ -32,6 +33,13 @@ class CliErrors(E2ETest):
     def run_cmd_timeout(self, args, timeout):
         proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         return proc
+
+    def test_o_is_short_for_out(self):
+        # As for compare and calibrate; a run refused "-o" ("arguments were not expected").
+        out = self.path("short.h5")
+        res = self.run_cmd([EXE, "--scenario", "timestep_broadcast", "-o", out])
+        self.assertExit(res, 0)
+        self.assertTrue(os.path.exists(out), msg=str(res))
 
     def test_mesh_naming_some_axes_means_size_1_for_the_others(self):
         # flux_tp has axes dp,tp: "tp=4" was refused ("needs exactly the axes dp and tp").

@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   app.add_option("--inject", run.fault, "Inject a fault by name (see 'diffcheck list')");
   app.add_option("--size", run.size, "Problem size preset of the scenario")->capture_default_str();
   add_pipeline_options(app, run.pipeline);
-  app.add_option("--out", run.out, "Run file to write (default results/<scenario>.h5)");
+  app.add_option("-o,--out", run.out, "Run file to write (default results/<scenario>.h5)");
   app.add_option("--store", run.store,
                  "How the run file is written: mpiio (every rank writes its rows, parallel HDF5; needs the output "
                  "directory shared by all hosts), gather (rank 0 writes, the others send their rows over MPI in "
