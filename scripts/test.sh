@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: set up (if needed), build, run ctest — in three trees:
 #   build/           everything (unit, MPI at 1-16 ranks, end-to-end drivers)
-#   build-sanitize/  the unit and MPI tests under ASan+UBSan (DIFFCHECK_SANITIZE)
+#   build-sanitize/  the unit tests and the MPI tests at 1, 4 and 16 ranks under
+#                    ASan+UBSan (DIFFCHECK_SANITIZE)
 #   build-fuzz/      30 s of libFuzzer per target (clang; scripts/fuzz.sh)
 # The full nightly matrix (ctest label nightly, scripts/nightly.sh) is left out.
 # With arguments, only build/'s ctest runs, with them (e.g. -L nightly, -R flux).
@@ -37,7 +38,7 @@ sanitized() {
     cmake --build build-sanitize -j "$jobs" --target unit_tests mpi_tests >/dev/null &&
     (cd build-sanitize && ctest --output-on-failure -j "$jobs")
 }
-step "unit and MPI tests under ASan+UBSan (build-sanitize/)" sanitized
+step "unit tests and MPI tests (1, 4, 16 ranks) under ASan+UBSan (build-sanitize/)" sanitized
 
 fuzzed() {
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -DDIFFCHECK_FUZZ=ON -DDIFFCHECK_BENCH=OFF \
