@@ -118,17 +118,36 @@ void scan_reference(const double* x, const double* ref, std::size_t n, const Tol
     // element can be its worst (ratio 0): only the reference's squares are
     // left, summed in the same lanes as below, so the result is bit-identical.
     // One branch-free compare pass instead of the per-element bookkeeping.
-    Mask differs{0, 0};  // x - ref != 0, NaN included
-    for (std::size_t i = at; i < end4; i += 2) differs |= load2(x + i) - load2(ref + i) != 0;
-    bool identical = !any(differs);
-    for (std::size_t i = end4; i < end; ++i) identical &= (x[i] - ref[i] == 0);
-    if (identical) {
-      Pair r01{0, 0}, r23{0, 0};
-      for (std::size_t i = at; i < end4; i += 4) {
-        const Pair a = load2(ref + i), b = load2(ref + i + 2);
+    // Tested 16 elements at a time, so a unit that differs (as most do when
+    // any element does) is left after its first differing block; the
+    // reference's squares are summed on the way, for a unit that turns out
+    // identical.
+    bool identical = true;
+    Pair r01{0, 0}, r23{0, 0};
+    std::size_t i0 = at;
+    for (; i0 + 16 <= end4; i0 += 16) {
+      Mask differs{0, 0};  // x - ref != 0, NaN included
+      for (std::size_t j = 0; j < 16; j += 4) {
+        const Pair a = load2(ref + i0 + j), b = load2(ref + i0 + j + 2);
+        differs |= (load2(x + i0 + j) - a != 0) | (load2(x + i0 + j + 2) - b != 0);
         r01 += a * a;
         r23 += b * b;
       }
+      if (any(differs)) {
+        identical = false;
+        break;
+      }
+    }
+    if (identical) {
+      for (std::size_t i = i0; i < end4; i += 4) {
+        const Pair a = load2(ref + i), b = load2(ref + i + 2);
+        identical = identical && !any((load2(x + i) - a != 0) | (load2(x + i + 2) - b != 0));
+        r01 += a * a;
+        r23 += b * b;
+      }
+      for (std::size_t i = end4; identical && i < end; ++i) identical = x[i] - ref[i] == 0;
+    }
+    if (identical) {
       rr[0] = r01[0], rr[1] = r01[1], rr[2] = r23[0], rr[3] = r23[1];
       for (std::size_t i = end4; i < end; ++i) rr[0] += ref[i] * ref[i];
       if (at == 0) {
@@ -146,7 +165,8 @@ void scan_reference(const double* x, const double* ref, std::size_t n, const Tol
     // such an element grows them, so a block where none might is one where
     // the bookkeeping would do nothing; only the others get it, in order.
     constexpr std::size_t kBlock = 16;
-    Pair e01{0, 0}, e23{0, 0}, r01{0, 0}, r23{0, 0}, m01 = splat(max_abs), m23 = m01;
+    Pair e01{0, 0}, e23{0, 0}, m01 = splat(max_abs), m23 = m01;
+    r01 = r23 = Pair{0, 0};  // the test above summed only part of the unit
     const Pair atol = splat(tol.atol), rtol = splat(tol.rtol), inf = splat(kInf), zero = splat(0.0);
     std::size_t i = at;
     for (; i + kBlock <= end4; i += kBlock) {
