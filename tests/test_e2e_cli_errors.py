@@ -41,6 +41,14 @@ class CliErrors(E2ETest):
         self.assertExit(res, 0)
         self.assertTrue(os.path.exists(out), msg=str(res))
 
+    def test_bad_gather_limit_is_a_usage_error(self):
+        for bad in ("-5", "64M", "x"):
+            with self.subTest(bad):
+                res = self.run_cmd(["env", f"DIFFCHECK_GATHER_MAX_MIB={bad}", MPIEXEC, "-n", "2", EXE, "--scenario",
+                                    "timestep_broadcast", "--out", self.path("g.h5")])
+                self.assertExit(res, 2)
+                self.assertIn("DIFFCHECK_GATHER_MAX_MIB", res.err)
+
     def test_mesh_naming_some_axes_means_size_1_for_the_others(self):
         # flux_tp has axes dp,tp: "tp=4" was refused ("needs exactly the axes dp and tp").
         for given, full in (("tp=4", "dp=1,tp=4"), ("dp=4", "dp=4,tp=1")):

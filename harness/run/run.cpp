@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -151,14 +152,15 @@ std::uint64_t gather_limit_bytes() {
   if (const char* v = std::getenv("DIFFCHECK_GATHER_MAX_MIB"); v && *v) {
     char* end = nullptr;
     const unsigned long long n = std::strtoull(v, &end, 10);
-    if (*end != '\0') input_error("DIFFCHECK_GATHER_MAX_MIB='{}': a whole number of MiB expected", v);
+    if (*end != '\0' || !std::isdigit(static_cast<unsigned char>(*v)))
+      input_error("DIFFCHECK_GATHER_MAX_MIB='{}': a whole number of MiB expected", v);
     mib = n;
   }
   return mib << 20;
 }
 
-// What the run file holds: the taps' rows and the reference boxes of every rank.
-long long run_file_bytes(const Comm& world, const TapRecorder& taps) {
+// What the run file will hold: the taps' rows and the reference boxes of every rank.
+long long bytes_to_write(const Comm& world, const TapRecorder& taps) {
   long long mine = 0;
   for (const auto& r : taps.records()) mine += static_cast<long long>(r.local.size() * sizeof(float));
   for (const auto& [name, part] : taps.references())
@@ -328,7 +330,7 @@ int run_scenario(const RunOptions& given) {
       opts.fault.empty() ? "" : " inject=" + opts.fault + (opts.fault_scale == 1.0 ? "" : fmt::format("*{:g}", opts.fault_scale));
   RunInfo info{scenario.name(), flags.str() + inject,
                dtype_name(dtype), opts.seed, fmt::format("diffcheck {}", DIFFCHECK_VERSION), opts.size};
-  const WriteMode write_mode = choose_write_mode(world, opts.store, dir_shared, run_file_bytes(world, taps), gather_max);
+  const WriteMode write_mode = choose_write_mode(world, opts.store, dir_shared, bytes_to_write(world, taps), gather_max);
   write_run_file(world, out, info, taps, write_mode, [&] { chaos.during("write", world, rank); });
   const double write_s = seconds_since(t1);
   spdlog::info("wrote {} in {:.3f}s", out, write_s);
