@@ -24,6 +24,7 @@
 //
 // This file declares the scenario; the run is flux_pipeline_run.{h,cpp} (the
 // sharded loop) and flux_pipeline_reference.cpp (its reference).
+#include <cstdlib>
 #include <fmt/format.h>
 
 #include "harness/core/error.h"
@@ -45,9 +46,16 @@ class FluxPipeline final : public Scenario {
   }
   std::vector<std::string> sizes() const override { return {"default", "tiny"}; }
   bool is_pipeline() const override { return true; }
-  // Not yet: in the forced mode each step starts from the reference's latents,
-  // so the sharded loop needs values the reference computes.
-  bool reference_cacheable() const override { return false; }
+  // The forced mode starts each step from the reference's latents: they are
+  // kept with the references (PipelineRun::reference_step). Step caching is
+  // not cacheable: the reference follows the sharded run's decisions, which a
+  // fault can change.
+  bool reference_cacheable(const FlagValues& flags) const override {
+    const std::string& t = flags.get_string("cache_threshold");
+    char* end = nullptr;
+    const double threshold = std::strtod(t.c_str(), &end);
+    return !t.empty() && *end == '\0' && threshold == 0.0;
+  }
   std::vector<std::string> mesh_axes() const override { return {"dp", "cfg", "ring", "sp"}; }
   std::vector<FlagSpec> flags() const override {
     return {{"cfg_combine", FlagType::string, "allgather",

@@ -53,7 +53,8 @@ void PipelineRun::decode_final(const Tensor& x, const RefTensor& x_ref) {
                      growth_},
                     std::move(strip));
   // The reference: the item's whole latents, gathered over ring x sp, decoded
-  // by the first rank of its group.
+  // by the first rank of its group (every rank or none: all agree on a hit).
+  if (ctx_.taps.references_cached()) return;  // read from the reference cache
   const std::vector<double> all = seq_comm_.all_gather(std::span<const double>(x_ref.data));
   if (p.c != 0 || p.r != 0 || p.s != 0) return;
   const ReferenceClock clock(ctx_.taps);

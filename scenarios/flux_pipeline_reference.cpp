@@ -19,6 +19,8 @@ RefTensor PipelineRun::reference_noise() const {
 
 RefTensor PipelineRun::reference_step(const std::string& step, const RefTensor& x, double sigma, double sigma_next,
                                        bool last) {
+  // Read from the reference cache: the latents it computed were kept there.
+  if (ctx_.taps.references_cached()) return ctx_.taps.kept_reference_value(step + "latents_out");
   const ReferenceClock clock(ctx_.taps);
   if (!w_ref_) w_ref_ = ref::make_pipeline_weights<double>(ctx_.seed, z_, ctx_.dtype);
   const Place& p = place_;
@@ -79,10 +81,12 @@ RefTensor PipelineRun::reference_step(const std::string& step, const RefTensor& 
   put_latents(step + "v", v);
   RefTensor next = ref::euler_step<double>(x, v, sigma, sigma_next, exact);
   put_latents(step + "latents_out", next);
+  ctx_.taps.keep_reference_value(step + "latents_out", next);  // the next step starts from it (forced mode)
   return next;
 }
 
 void PipelineRun::reference_final(const RefTensor& x) {
+  if (ctx_.taps.references_cached()) return;  // read from the reference cache
   put_latents("final/latents", x);
   put_latents("final/image", ref::latents_to_rgb(x));
 }

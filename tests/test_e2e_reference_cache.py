@@ -51,6 +51,36 @@ class ReferenceCache(E2ETest):
         self.assertNotIn("reference:", uncached.out)
         self.assertEqual(stable(faulty.report), stable(uncached.report))
 
+    def test_pipeline_hit_gives_the_report_of_a_miss(self):
+        # The forced mode starts every step from the reference's latents,
+        # kept in the entry: a hit skips the float64 loop and must give the
+        # same report, with a fault too, and with the decode after the loop.
+        def pipeline(*args, cache=None):
+            return self.mpirun(4, "--scenario", "flux_pipeline", "--size", "tiny", "--mesh", "cfg=2,ring=2",
+                               "--reference-cache", cache or self.cache, *args)
+        for extra in ([], ["--flag", "vae_decode=true"], ["--reference-mode", "free"]):
+            with self.subTest(extra=extra):
+                miss = pipeline(*extra)
+                self.assertExit(miss, 0)
+                self.assertIn("reference: computed (not in the cache), stored in the cache", miss.out)
+                hit = pipeline(*extra)
+                self.assertExit(hit, 0)
+                self.assertIn("reference: from the cache", hit.out)
+                self.assertEqual(stable(hit.report), stable(miss.report))
+        faulty = pipeline("--inject", "text_kv_rotated", "--fault-scale", "0.5")
+        self.assertExit(faulty, 1)
+        self.assertIn("reference: from the cache", faulty.out)
+        uncached = pipeline("--inject", "text_kv_rotated", "--fault-scale", "0.5", cache="off")
+        self.assertExit(uncached, 1)
+        self.assertEqual(stable(faulty.report), stable(uncached.report))
+        # Step caching: the reference follows the sharded run's decisions,
+        # so nothing is cached.
+        entries = len(os.listdir(self.cache))
+        stepcache = pipeline("--flag", "cache_threshold=0.3")
+        self.assertExit(stepcache, 0)
+        self.assertNotIn("reference: from the cache", stepcache.out)
+        self.assertEqual(len(os.listdir(self.cache)), entries)
+
     def test_what_the_reference_depends_on_misses(self):
         self.assertExit(self.run4(), 0)
         for change in (["--seed", "7"], ["--dtype", "bfloat16"], ["--mesh", "dp=2,tp=2"],

@@ -52,6 +52,8 @@ TapRecorder filled(double salt) {
   for (std::size_t i = 0; i < rows.size(); ++i) rows.data[i] = salt + me * 100.0 + double(i) / 3.0;
   taps.reference_rows("block/out", {std::size_t(2 * n), 3}, std::size_t(2 * me), rows);
   taps.reference("schedule", RefTensor({4}, std::vector<double>{0.1, 0.2, 0.3, salt}));
+  // A value the sharded run takes from its reference (a pipeline's latents).
+  taps.keep_reference_value("step00/latents_out", RefTensor({3}, std::vector<double>{salt, -me * 1.5, 1e-300}));
   return taps;
 }
 
@@ -66,6 +68,11 @@ void expect_same_references(const TapRecorder& a, const TapRecorder& b) {
       EXPECT_EQ(part.blocks[i].data.shape, other.blocks[i].data.shape) << name;
       EXPECT_EQ(part.blocks[i].data.data, other.blocks[i].data.data) << name;  // bitwise
     }
+  }
+  ASSERT_EQ(a.kept_reference_values().size(), b.kept_reference_values().size());
+  for (const auto& [name, value] : a.kept_reference_values()) {
+    EXPECT_EQ(value.shape, b.kept_reference_value(name).shape) << name;
+    EXPECT_EQ(value.data, b.kept_reference_value(name).data) << name;  // bitwise
   }
 }
 

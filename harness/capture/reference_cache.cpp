@@ -27,7 +27,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr char kMagic[8] = {'D', 'C', 'R', 'E', 'F', 'C', '0', '1'};
+// 02: the references are followed by the values kept for the sharded run
+// (TapRecorder::keep_reference_value).
+constexpr char kMagic[8] = {'D', 'C', 'R', 'E', 'F', 'C', '0', '2'};
 
 std::string hex64(std::uint64_t v) { return fmt::format("{:016x}", v); }
 
@@ -148,6 +150,12 @@ class HashedReader {
 
 using ReferenceMap = std::map<std::string, ReferencePart>;
 
+// What one rank's file holds.
+struct EntryFile {
+  ReferenceMap refs;
+  std::map<std::string, RefTensor> kept;
+};
+
 // Every file of an entry starts alike: magic, then the key text (compared, so
 // a hash collision is a miss); it ends in the checksum.
 std::uint64_t checked_length(std::FILE* f) {
@@ -170,13 +178,22 @@ void write_header(HashedWriter& w, const std::string& key_text) {
 
 // Reads one rank's file; throws Error (a short reason) when it is not a whole
 // file of this key.
-ReferenceMap read_entry_file(const std::string& path, const std::string& key_text, int rank) {
+RefTensor read_tensor(HashedReader& in) {
+  Shape shape = in.dims();
+  const std::size_t n = numel(shape);
+  if (n > in.left() / sizeof(double)) throw Error("a block beyond the file's end");
+  RefTensor t(std::move(shape));
+  in.get(t.ptr(), n * sizeof(double));
+  return t;
+}
+
+EntryFile read_entry_file(const std::string& path, const std::string& key_text, int rank) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
   if (!f) throw Error(errno == ENOENT ? "no entry" : fmt::format("cannot open: {}", std::strerror(errno)));
   HashedReader in(f.get(), checked_length(f.get()));
   read_header(in, key_text);
   if (in.u64() != static_cast<std::uint64_t>(rank)) throw Error("another rank's file");
-  ReferenceMap refs;
+  EntryFile out;
   const std::uint64_t parts = in.count(8);
   for (std::uint64_t p = 0; p < parts; ++p) {
     std::string name = in.str();
@@ -186,17 +203,18 @@ ReferenceMap read_entry_file(const std::string& path, const std::string& key_tex
     for (std::uint64_t b = 0; b < blocks; ++b) {
       ReferenceBlock block;
       block.start = in.dims();
-      Shape shape = in.dims();
-      const std::size_t n = numel(shape);
-      if (n > in.left() / sizeof(double)) throw Error("a block beyond the file's end");
-      block.data = RefTensor(std::move(shape));
-      in.get(block.data.ptr(), n * sizeof(double));
+      block.data = read_tensor(in);
       part.blocks.push_back(std::move(block));
     }
-    refs.emplace(std::move(name), std::move(part));
+    out.refs.emplace(std::move(name), std::move(part));
+  }
+  const std::uint64_t kept = in.count(8);
+  for (std::uint64_t k = 0; k < kept; ++k) {
+    std::string name = in.str();
+    out.kept.emplace(std::move(name), read_tensor(in));
   }
   if (!in.checksum_matches()) throw Error("checksum mismatch (damaged)");
-  return refs;
+  return out;
 }
 
 std::uint64_t tree_bytes(const fs::path& p) {
@@ -245,12 +263,12 @@ ReferenceCacheOutcome ReferenceCache::load(const Comm& world, TapRecorder& taps)
   if (!settings_.enabled()) return out;
   out.entry = entry_;
   std::string mine;  // this rank's reason for a miss
-  ReferenceMap refs;
+  EntryFile file;
   try {
-    refs = read_entry_file(rank_file(world.rank()), key_text_, world.rank());
+    file = read_entry_file(rank_file(world.rank()), key_text_, world.rank());
   } catch (const std::exception& e) {
     mine = e.what();
-    refs.clear();
+    file = {};
   }
   if (!mine.empty() && mine != "no entry")
     spdlog::warn("rank {}: reference cache entry {}: {}: computing the references again", world.rank(),
@@ -263,8 +281,9 @@ ReferenceCacheOutcome ReferenceCache::load(const Comm& world, TapRecorder& taps)
     if (reasons[r] != "no entry") break;
   }
   if (!out.reason.empty()) return out;
-  for (auto& [name, part] : refs)
+  for (auto& [name, part] : file.refs)
     for (auto& block : part.blocks) taps.reference_block(name, part.global, std::move(block.start), std::move(block.data));
+  for (auto& [name, value] : file.kept) taps.keep_reference_value(name, std::move(value));
   out.hit = true;
   if (world.rank() == 0) {
     std::error_code ec;
@@ -296,6 +315,12 @@ void ReferenceCache::store(int rank, const TapRecorder& taps) const {
         w.dims(b.data.shape);
         w.put(b.data.ptr(), b.data.size() * sizeof(double));
       }
+    }
+    w.u64(taps.kept_reference_values().size());
+    for (const auto& [name, value] : taps.kept_reference_values()) {
+      w.str(name);
+      w.dims(value.shape);
+      w.put(value.ptr(), value.size() * sizeof(double));
     }
     const bool ok = w.finish();
     if (std::fclose(f) != 0 || !ok) {

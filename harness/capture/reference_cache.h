@@ -8,7 +8,8 @@
 // dtype, mesh, flags ...) plus the build id of this executable, so neither a
 // changed input nor a rebuilt binary ever meets a stale entry. An entry is a
 // directory DIR/<hash of key>/ holding one file per rank (each rank keeps the
-// boxes it computed, capture/tap.h): written to a temporary and renamed, so a
+// boxes it computed and the values its sharded run takes from its reference,
+// capture/tap.h): written to a temporary and renamed, so a
 // reader sees a whole file or none; the key text is stored in the file and
 // compared, and an XXH3 checksum of the file is verified on every read, so a
 // damaged entry is recomputed with a warning, never trusted. Concurrent runs

@@ -130,4 +130,17 @@ void TapRecorder::reference_block(const std::string& name, const Shape& global, 
   blocks.insert(at, ReferenceBlock{std::move(start), std::move(block)});
 }
 
+void TapRecorder::keep_reference_value(const std::string& name, RefTensor value) {
+  if (!kept_.try_emplace(name, std::move(value)).second)
+    fail("rank {}: reference value '{}' kept twice", rank_, name);
+}
+
+const RefTensor& TapRecorder::kept_reference_value(const std::string& name) const {
+  auto it = kept_.find(name);
+  if (it == kept_.end())
+    fail("rank {}: reference value '{}' was never kept (the reference code that computes it must keep it)", rank_,
+         name);
+  return it->second;
+}
+
 }  // namespace dc

@@ -96,6 +96,16 @@ class TapRecorder {
   bool references_cached() const { return references_cached_; }
   void set_references_cached(bool cached) { references_cached_ = cached; }
 
+  // Values of this rank's reference that its sharded run needs (a forced
+  // pipeline starts each step from the reference's latents): kept beside the
+  // references in the reference cache, so a run that reads its references
+  // from there has them too; never written to the run file. Kept by the
+  // scenario's reference code, read back (by name) when the references were
+  // cached; a name kept twice or read but never kept is an error naming it.
+  void keep_reference_value(const std::string& name, RefTensor value);
+  const RefTensor& kept_reference_value(const std::string& name) const;
+  const std::map<std::string, RefTensor>& kept_reference_values() const { return kept_; }
+
   // FLOPs of the GEMMs this rank ran for references (core/work_counter.h),
   // counted like reference_seconds.
   double reference_flops() const { return reference_flops_; }
@@ -114,6 +124,7 @@ class TapRecorder {
   int reference_rank_;
   std::vector<TapRecord> records_;
   std::map<std::string, ReferencePart> references_;
+  std::map<std::string, RefTensor> kept_;
   double reference_seconds_ = 0;
   double reference_flops_ = 0;
   bool references_cached_ = false;

@@ -278,7 +278,7 @@ int run_scenario(const RunOptions& given) {
   TapRecorder taps(mesh, rank, dtype);
   // References from the cache when an earlier run computed them (every rank
   // reads its own boxes; all agree on hit or miss).
-  const ReferenceCache cache(scenario.reference_cacheable() ? opts.reference_cache : ReferenceCacheSettings{},
+  const ReferenceCache cache(scenario.reference_cacheable(flags) ? opts.reference_cache : ReferenceCacheSettings{},
                              reference_key(scenario, opts, mesh, flags, dtype));
   const auto tl = std::chrono::steady_clock::now();
   const ReferenceCacheOutcome cached = cache.load(world, taps);

@@ -56,10 +56,12 @@ class Scenario {
   // Throws InputError when `mesh` (already matching the world size) does not fit.
   virtual void check_mesh(const Mesh& mesh, const std::string& size) const = 0;
   virtual void run(RunContext& ctx) const = 0;
-  // Whether the run may take its references from the reference cache: the
-  // scenario's reference code is skipped then (TapRecorder::references_cached),
-  // so the sharded run must not need any value the references compute.
-  virtual bool reference_cacheable() const { return true; }
+  // Whether a run with these flags may take its references from the
+  // reference cache: the scenario's reference code is skipped then
+  // (TapRecorder::references_cached), so the references must depend on
+  // nothing the sharded run computes, and any value of them the sharded run
+  // needs must be kept with them (TapRecorder::keep_reference_value).
+  virtual bool reference_cacheable(const FlagValues&) const { return true; }
 
   // --mesh naming only some of the axes means size 1 for the others: with
   // axes dp,tp, "tp=4" is dp=1,tp=4. Axes it does not know, or given out of
