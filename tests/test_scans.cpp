@@ -2,10 +2,14 @@
 // here as the oracle): the same failures, maxima, worst element and sums, to
 // the bit, on data with exact matches, small and large errors, NaN, Inf and
 // zeros in the reference, at lengths around the 16-element blocks and with
-// several summation units.
+// several summation units; both builds of the scan (baseline, AVX2).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
 #include <limits>
 #include <random>
 
@@ -140,7 +144,19 @@ Case make_case(std::size_t n, unsigned seed, bool specials) {
   return c;
 }
 
+using ScanFn = void (*)(const double*, const double*, std::size_t, const Tolerance&, const TapPlan&,
+                       const BlockGroup&, std::size_t, const ChunkPlan&, TapStats&);
+
+// Both builds of the scan (baseline and AVX2) where this CPU runs them, and
+// the one scan_reference chooses.
+std::vector<std::pair<std::string, ScanFn>> kernels() {
+  std::vector<std::pair<std::string, ScanFn>> k{{"chosen", scan_reference}, {"portable", scan_reference_portable}};
+  if (scan_reference_avx2_available()) k.emplace_back("avx2", scan_reference_avx2);
+  return k;
+}
+
 TEST(ScanReference, SameAsThePerElementLoop) {
+  if (!scan_reference_avx2_available()) std::printf("no AVX2 on this CPU: its build of the scan is not tested\n");
   const Mesh mesh = Mesh::parse("dp=1");
   Tolerance tols[4];
   tols[0].atol = 1e-5;
@@ -161,9 +177,11 @@ TEST(ScanReference, SameAsThePerElementLoop) {
           t.reference_shape = Shape{n};
           const TapPlan p = plan_tap(t, mesh);
           const ChunkPlan plan({n}, n, unit);
-          for (std::size_t first : {std::size_t{0}}) {
+          for (const auto& [kernel_name, kernel] : kernels()) {
+            SCOPED_TRACE(kernel_name);
+            const std::size_t first = 0;
             TapStats got, want;
-            scan_reference(c.x.data(), c.ref.data(), n, tol, p, p.groups[0], first, plan, got);
+            kernel(c.x.data(), c.ref.data(), n, tol, p, p.groups[0], first, plan, got);
             oracle_scan_reference(c.x.data(), c.ref.data(), n, tol, p, p.groups[0], first, plan, want);
             EXPECT_EQ(got.n_fail, want.n_fail);
             EXPECT_EQ(got.n_total, want.n_total);

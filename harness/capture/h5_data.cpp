@@ -61,7 +61,7 @@ void pread_all(const DirectDataset& d, std::size_t first, std::size_t n, char* i
 }
 
 // Copies n elements from element `first` of the dataset into `to` as float64
-// (float32 through a per-thread staging buffer, widened in one vector loop).
+// (float32 through a per-thread staging buffer, then widened).
 void read_run(const DirectDataset& d, std::size_t first, std::size_t n, double* to,
               const std::string& what) {
   if (d.element_size == 8) return pread_all(d, first, n, reinterpret_cast<char*>(to), what);
@@ -69,7 +69,18 @@ void read_run(const DirectDataset& d, std::size_t first, std::size_t n, double* 
   if (staging.size() < n) staging.resize(n);
   pread_all(d, first, n, reinterpret_cast<char*>(staging.data()), what);
   const float* f = staging.data();
-  for (std::size_t i = 0; i < n; ++i) to[i] = static_cast<double>(f[i]);
+  // Four at a time through GCC's vector extension (two cvtps2pd with SSE2):
+  // at -O2 the plain loop stays scalar, a conversion and a store per element.
+  using Float4 = float __attribute__((vector_size(16)));
+  using Double4 = double __attribute__((vector_size(32)));
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    Float4 v;
+    std::memcpy(&v, f + i, sizeof v);
+    const Double4 w = __builtin_convertvector(v, Double4);
+    std::memcpy(to + i, &w, sizeof w);
+  }
+  for (; i < n; ++i) to[i] = static_cast<double>(f[i]);
 }
 
 // Reads the box (start, count) of a direct dataset into `out` as float64, one

@@ -19,5 +19,14 @@ void scan_replica(const double* a, const double* b, std::size_t n, int leader, i
 void scan_reference(const double* x, const double* ref, std::size_t n, const Tolerance& tol,
                     const TapPlan& p, const BlockGroup& g, std::size_t first, const ChunkPlan& plan,
                     TapStats& s);
+// The two builds scan_reference chooses between (bit-identical results; the
+// AVX2 one where the CPU has it), for tests.
+void scan_reference_portable(const double* x, const double* ref, std::size_t n, const Tolerance& tol,
+                             const TapPlan& p, const BlockGroup& g, std::size_t first, const ChunkPlan& plan,
+                             TapStats& s);
+void scan_reference_avx2(const double* x, const double* ref, std::size_t n, const Tolerance& tol,
+                         const TapPlan& p, const BlockGroup& g, std::size_t first, const ChunkPlan& plan,
+                         TapStats& s);
+bool scan_reference_avx2_available();
 
 }  // namespace dc
