@@ -207,5 +207,31 @@ TEST(ScanReference, SameAsThePerElementLoop) {
   }
 }
 
+TEST(ScanNonfinite, FindsEachNanAndInfWherever) {
+  // Every position of short and odd lengths (the vector lanes, the blocks
+  // of 8, the scalar tail), one value at a time.
+  for (std::size_t n : {1, 3, 4, 7, 8, 9, 15, 16, 17, 33}) {
+    for (std::size_t at = 0; at < n; ++at) {
+      for (double bad : {std::nan(""), kInf, -kInf}) {
+        std::vector<double> x(n, 1.5);
+        x[at] = bad;
+        TapStats s;
+        scan_nonfinite(x.data(), n, 3, 100, s);
+        EXPECT_EQ(s.nan + s.inf, 1) << "n " << n << " at " << at;
+        const auto& first = std::isnan(bad) ? s.first_nan : s.first_inf;
+        ASSERT_TRUE(first.has_value());
+        EXPECT_EQ(first->second, 100 + at);
+        EXPECT_EQ(first->first, 3);
+      }
+    }
+    TapStats clean;
+    std::vector<double> x(n, -2.0);
+    x[0] = 1e308;  // large but finite: x - x is 0
+    scan_nonfinite(x.data(), n, 0, 0, clean);
+    EXPECT_EQ(clean.nan + clean.inf, 0);
+    EXPECT_TRUE(clean.nonfinite_ranks.empty());
+  }
+}
+
 }  // namespace
 }  // namespace dc
