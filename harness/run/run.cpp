@@ -15,7 +15,6 @@
 
 #include <unistd.h>
 
-#include "harness/capture/recorded.h"
 #include "harness/capture/store.h"
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
@@ -29,6 +28,7 @@
 #include "harness/run/agree_options.h"
 #include "harness/run/calibrate.h"
 #include "harness/run/chaos.h"
+#include "harness/run/check_run.h"
 #include "harness/run/scenario.h"
 
 namespace dc {
@@ -330,19 +330,20 @@ int run_scenario(const RunOptions& given) {
       opts.fault.empty() ? "" : " inject=" + opts.fault + (opts.fault_scale == 1.0 ? "" : fmt::format("*{:g}", opts.fault_scale));
   RunInfo info{scenario.name(), flags.str() + inject,
                dtype_name(dtype), opts.seed, fmt::format("diffcheck {}", DIFFCHECK_VERSION), opts.size};
-  const WriteMode write_mode = choose_write_mode(world, opts.store, dir_shared, bytes_to_write(world, taps), gather_max);
+  const long long file_bytes = bytes_to_write(world, taps);
+  const WriteMode write_mode = choose_write_mode(world, opts.store, dir_shared, file_bytes, gather_max);
   write_run_file(world, out, info, taps, write_mode, [&] { chaos.during("write", world, rank); });
   const double write_s = seconds_since(t1);
   spdlog::info("wrote {} in {:.3f}s", out, write_s);
 
-  // The ranks check the taps where they are, in memory: each block on its
-  // owner, with only partial sums, differing replicas and reference boxes
-  // moving to it (capture/recorded.h). The set is the one the file gives
-  // when read back, and the comparator the one `diffcheck compare` runs, so
-  // a run and a later comparison of its file cannot disagree; rank 0 prints
-  // the report. The ranks agree on errors, so a failure ends every rank alike.
+  // A small file rank 0 has written is checked there, from the file; else
+  // the ranks check the taps where they are, in memory (run/check_run.h).
+  // Rank 0 prints the report; the ranks agree on errors, so a failure ends
+  // every rank alike.
+  const CheckPlace check_place = write_mode == WriteMode::gathered && static_cast<std::uint64_t>(file_bytes) <= gather_max
+                                     ? CheckPlace::rank0_file
+                                     : CheckPlace::in_memory;
   ReportOptions report = opts.report;
-  report.compare.processes = &world;
   report.timings = {{"sharded_s", sharded_s}, {"reference_s", reference_s}, {"write_s", write_s}};
   if (cache.settings().enabled()) report.reference_source = cached.summary();
   // The profile: the sharded block's work is all float32 (bfloat16 is
@@ -380,7 +381,7 @@ int run_scenario(const RunOptions& given) {
   chaos.during("check", world, rank);
   auto t2 = std::chrono::steady_clock::now();
   try {
-    status = check_and_report(recorded_activations(world, taps, info, out), report, t2);
+    status = check_run(world, taps, info, out, check_place, report, t2);
     spdlog::info("checked {} in {:.3f}s", out, seconds_since(t2));
     RunProfile whole = profile;
     whole.phases.push_back({"check", world.max_double(seconds_since(t2)), 0, 0, 0, ""});
