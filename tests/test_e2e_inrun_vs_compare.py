@@ -1,6 +1,8 @@
-"""A run checks its taps in its ranks' memory (each block on its owner, only
-partial sums, differing replicas and reference boxes moving); a later
-`diffcheck compare` reads the written file. Both must give the same report:
+"""A run whose file is written with MPI-IO checks its taps in its ranks'
+memory (each block on its owner, only partial sums, differing replicas and
+reference boxes moving); a later `diffcheck compare` reads the written file.
+(A small gathered file is checked by rank 0 from the file itself, which is
+what compare does: every other end-to-end test runs that way.) Both must give the same report:
 same verdicts, first divergence, statistics and per-rank numbers, for every
 scenario, clean and with a fault (with the flags it needs; every fault in the
 nightly variant), at 16 ranks (1, 2, 4 and 16 in the nightly variant),
@@ -42,7 +44,7 @@ def strip(report):
 
 class InRunMatchesCompare(E2ETest):
     def check(self, n, scenario, fault=None, flags=(), dtype="float32", size=None):
-        args = ["--scenario", scenario, "--dtype", dtype]
+        args = ["--scenario", scenario, "--dtype", dtype, "--store", "mpiio"]  # checked in memory
         if size:
             args += ["--size", size]
         if fault:
