@@ -205,6 +205,10 @@ def calibration(exe, cell, night, args):
     return path
 
 
+# Seconds without progress after which a cell's run is a HANG (DIFFCHECK_TIMEOUT overrides).
+CELL_WATCHDOG_S = 20
+
+
 def run_cell(exe, cell, night, args, regressions):
     cell["tolerance"] = args.tolerance
     d = os.path.join(night, cell["dir"])
@@ -234,8 +238,12 @@ def run_cell(exe, cell, night, args, regressions):
         # Interrupted, the night ends its running sweep gracefully: no trial's
         # run file, watch directory or shared memory stays behind.
         # A cell whose ranks hang (a fault that splits their paths) is a finding
-        # the run's watchdog names; a healthy cell makes progress every few seconds.
-        res = run_ended_gracefully(cmd, env=dict(os.environ, DIFFCHECK_TIMEOUT=os.environ.get("DIFFCHECK_TIMEOUT", "60")))
+        # the run's watchdog names after CELL_WATCHDOG_S without progress. A
+        # healthy cell makes progress many times a second and ends within 6 s
+        # (the slowest of a full night on 2 cores: 5.6 s); the 22 hanging cells
+        # of a night cost 22 x the limit (60 s made them 23 of the night's minutes).
+        res = run_ended_gracefully(cmd, env=dict(os.environ, DIFFCHECK_TIMEOUT=os.environ.get("DIFFCHECK_TIMEOUT",
+                                                                                             str(CELL_WATCHDOG_S))))
     except OSError as err:  # e.g. the executable being rebuilt under us
         res = subprocess.CompletedProcess(cmd, 127, "", f"cannot start {exe}: {err}")
     cell["seconds"] = round(time.monotonic() - t0, 2)
