@@ -171,7 +171,9 @@ def ratio(v):
 
 
 def tap_ratios(report_path):
-    """tap -> worst err/tol of one run report (taps with a reference)."""
+    """tap -> worst err/tol of one run report (taps with a reference): its
+    margin, the larger of the element-wise and the norm-wise ratio where a
+    calibrated tolerance has both."""
     try:
         with open(report_path) as f:
             rep = json.load(f)
@@ -181,7 +183,7 @@ def tap_ratios(report_path):
     for t in rep.get("taps", []):
         ref = t.get("reference", {})
         if ref.get("present") and "worst_ratio" in ref:
-            out[t["name"]] = ratio(ref["worst_ratio"])
+            out[t["name"]] = ratio(ref.get("margin", ref["worst_ratio"]))
     return out
 
 
