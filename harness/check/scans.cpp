@@ -30,8 +30,8 @@ using Mask = long long __attribute__((vector_size(32)));
   return v;
 }
 [[gnu::always_inline]] inline Quad splat(double v) { return Quad{v, v, v, v}; }
-[[gnu::always_inline]] inline Quad abs4(Quad v) { return (Quad)((Mask)v & ~(Mask)splat(-0.0)); }
-[[gnu::always_inline]] inline bool any(Mask m) { return ((m[0] | m[1]) | (m[2] | m[3])) != 0; }
+[[gnu::always_inline]] inline Quad abs4(const Quad& v) { return (Quad)((Mask)v & ~(Mask)splat(-0.0)); }
+[[gnu::always_inline]] inline bool any(const Mask& m) { return ((m[0] | m[1]) | (m[2] | m[3])) != 0; }
 
 bool same_value(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 
