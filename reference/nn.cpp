@@ -68,7 +68,18 @@ void gemm_strided(bool b_transposed, std::size_t m, std::size_t n, std::size_t k
   work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), std::is_same_v<T, double>);
 }
 
-void set_blas_threads(int n) { openblas_set_num_threads(n); }
+// OpenBLAS's pthread build starts its worker threads as it loads, before
+// main, and an idle worker spins on sched_yield for about 0.1 s before it
+// sleeps: a whole short command (compare) long, on one of two cores. One
+// thread wanted: the workers are stopped (OpenBLAS starts them again should
+// more be wanted later). Weak: a build without a thread server (the serial
+// OpenBLAS) has no such function.
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
+
+void set_blas_threads(int n) {
+  openblas_set_num_threads(n);
+  if (n == 1 && blas_thread_shutdown_) blas_thread_shutdown_();
+}
 
 double gemm_rate(bool float64, double seconds) {
   constexpr int n = 768;

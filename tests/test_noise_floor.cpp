@@ -28,7 +28,9 @@ TEST(Perturbation, MovesMostValuesByOneUlpAtMostAndIsDeterministic) {
       if (d == DType::bfloat16) x = round_bf16(x);
       const float y = perturb_value(p, 99, static_cast<std::uint64_t>(i), x);
       EXPECT_EQ(y, perturb_value(p, 99, static_cast<std::uint64_t>(i), x));  // a pure function
-      if (d == DType::bfloat16) EXPECT_EQ(y, round_bf16(y));              // still a bfloat16
+      if (d == DType::bfloat16) {
+        EXPECT_EQ(y, round_bf16(y));  // still a bfloat16
+      }
       const float ulp = d == DType::float32 ? std::abs(std::nextafter(x, 2 * x) - x) : std::abs(x) * 0x1p-7f;
       EXPECT_LE(std::abs(y - x), 1.01f * ulp) << x << " -> " << y;
       moved += y != x;

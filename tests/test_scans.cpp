@@ -2,9 +2,11 @@
 // here as the oracle): the same failures, maxima, worst element and sums, to
 // the bit, on data with exact matches, small and large errors, NaN, Inf and
 // zeros in the reference, at lengths around the 16-element blocks and with
-// several summation units; both builds of the scan (baseline, AVX2).
+// several summation units; both builds of the scan (baseline, AVX2), and
+// values and references stored as float32 or float64.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -144,6 +146,38 @@ Case make_case(std::size_t n, unsigned seed, bool specials) {
   return c;
 }
 
+void expect_same_stats(const TapStats& got, const TapStats& want, std::size_t n) {
+  EXPECT_EQ(got.n_fail, want.n_fail);
+  EXPECT_EQ(got.n_total, want.n_total);
+  EXPECT_EQ(got.any_nan_error, want.any_nan_error);
+  expect_same_number(got.max_abs, want.max_abs, "max_abs");
+  expect_same_number(got.max_rel, want.max_rel, "max_rel");
+  expect_same_number(SquareSum::sqrt_ratio(got.err_sq, got.ref_sq), SquareSum::sqrt_ratio(want.err_sq, want.ref_sq),
+                     "error sum");
+  expect_same_number(got.ref_sq.rms(n), want.ref_sq.rms(n), "reference sum");
+  ASSERT_EQ(got.ref_worst.has_value(), want.ref_worst.has_value());
+  if (want.ref_worst) {
+    expect_same_number(got.ref_worst->ratio, want.ref_worst->ratio, "worst ratio");
+    EXPECT_EQ(got.ref_worst->global_flat, want.ref_worst->global_flat);
+    expect_same_number(got.ref_worst->value, want.ref_worst->value, "worst value");
+    expect_same_number(got.ref_worst->reference, want.ref_worst->reference, "worst reference");
+  }
+  ASSERT_EQ(got.owner_err_ratio.size(), want.owner_err_ratio.size());
+  for (std::size_t k = 0; k < got.owner_err_ratio.size(); ++k)
+    expect_same_number(got.owner_err_ratio[k].value, want.owner_err_ratio[k].value, "owner ratio");
+}
+
+std::vector<double> through_float(std::vector<double> v) {
+  for (double& d : v) d = static_cast<float>(d);
+  return v;
+}
+
+std::vector<ScanBuild> builds() {
+  std::vector<ScanBuild> b{ScanBuild::best, ScanBuild::portable};
+  if (scan_reference_avx2_available()) b.push_back(ScanBuild::avx2);
+  return b;
+}
+
 using ScanFn = void (*)(const double*, const double*, std::size_t, const Tolerance&, const TapPlan&,
                        const BlockGroup&, std::size_t, const ChunkPlan&, TapStats&);
 
@@ -183,23 +217,36 @@ TEST(ScanReference, SameAsThePerElementLoop) {
             TapStats got, want;
             kernel(c.x.data(), c.ref.data(), n, tol, p, p.groups[0], first, plan, got);
             oracle_scan_reference(c.x.data(), c.ref.data(), n, tol, p, p.groups[0], first, plan, want);
-            EXPECT_EQ(got.n_fail, want.n_fail);
-            EXPECT_EQ(got.n_total, want.n_total);
-            EXPECT_EQ(got.any_nan_error, want.any_nan_error);
-            expect_same_number(got.max_abs, want.max_abs, "max_abs");
-            expect_same_number(got.max_rel, want.max_rel, "max_rel");
-            expect_same_number(SquareSum::sqrt_ratio(got.err_sq, got.ref_sq),
-                               SquareSum::sqrt_ratio(want.err_sq, want.ref_sq), "error sum");
-            expect_same_number(got.ref_sq.rms(n), want.ref_sq.rms(n), "reference sum");
-            ASSERT_EQ(got.ref_worst.has_value(), want.ref_worst.has_value());
-            if (want.ref_worst) {
-              expect_same_number(got.ref_worst->ratio, want.ref_worst->ratio, "worst ratio");
-              EXPECT_EQ(got.ref_worst->global_flat, want.ref_worst->global_flat);
-              expect_same_number(got.ref_worst->value, want.ref_worst->value, "worst value");
+            expect_same_stats(got, want, n);
+          }
+          // As stored: float32 or float64 values against a float32 or float64
+          // reference, each build; the oracle sees the same numbers as doubles.
+          for (std::size_t xw : {4, 8}) {
+            for (std::size_t rw : {4, 8}) {
+              for (ScanBuild build : builds()) {
+                SCOPED_TRACE(testing::Message() << "stored widths " << xw << "/" << rw << " build "
+                                                << static_cast<int>(build));
+                std::vector<double> xd = c.x, rd = c.ref;
+                if (xw == 4) xd = through_float(xd);
+                if (rw == 4) rd = through_float(rd);
+                const std::vector<float> xf(xd.begin(), xd.end()), rf(rd.begin(), rd.end());
+                const StoredValues xs{xw == 4 ? static_cast<const void*>(xf.data()) : xd.data(), xw};
+                const StoredValues rs{rw == 4 ? static_cast<const void*>(rf.data()) : rd.data(), rw};
+                TapStats got, want;
+                const bool maybe_nonfinite = scan_reference(xs, rs, n, tol, p, p.groups[0], 0, plan, got, build);
+                oracle_scan_reference(xd.data(), rd.data(), n, tol, p, p.groups[0], 0, plan, want);
+                expect_same_stats(got, want, n);
+                // The non-finite scan is skipped on its word: it must never
+                // miss a NaN or an Inf, and should clear finite data.
+                const bool has_nonfinite = std::any_of(xd.begin(), xd.end(), [](double v) { return !std::isfinite(v); });
+                if (has_nonfinite) {
+                  EXPECT_TRUE(maybe_nonfinite);
+                }
+                if (variant < 2) {
+                  EXPECT_FALSE(maybe_nonfinite);
+                }
+              }
             }
-            ASSERT_EQ(got.owner_err_ratio.size(), want.owner_err_ratio.size());
-            for (std::size_t k = 0; k < got.owner_err_ratio.size(); ++k)
-              expect_same_number(got.owner_err_ratio[k].value, want.owner_err_ratio[k].value, "owner ratio");
           }
         }
       }
@@ -215,13 +262,20 @@ TEST(ScanNonfinite, FindsEachNanAndInfWherever) {
       for (double bad : {std::nan(""), kInf, -kInf}) {
         std::vector<double> x(n, 1.5);
         x[at] = bad;
-        TapStats s;
-        scan_nonfinite(x.data(), n, 3, 100, s);
-        EXPECT_EQ(s.nan + s.inf, 1) << "n " << n << " at " << at;
-        const auto& first = std::isnan(bad) ? s.first_nan : s.first_inf;
-        ASSERT_TRUE(first.has_value());
-        EXPECT_EQ(first->second, 100 + at);
-        EXPECT_EQ(first->first, 3);
+        const std::vector<float> xf(x.begin(), x.end());
+        for (std::size_t width : {0, 4, 8}) {  // 0: the float64 entry point
+          TapStats s;
+          if (width == 0)
+            scan_nonfinite(x.data(), n, 3, 100, s);
+          else
+            scan_nonfinite(StoredValues{width == 4 ? static_cast<const void*>(xf.data()) : x.data(), width}, n, 3,
+                           100, s);
+          EXPECT_EQ(s.nan + s.inf, 1) << "n " << n << " at " << at << " width " << width;
+          const auto& first = std::isnan(bad) ? s.first_nan : s.first_inf;
+          ASSERT_TRUE(first.has_value());
+          EXPECT_EQ(first->second, 100 + at);
+          EXPECT_EQ(first->first, 3);
+        }
       }
     }
     TapStats clean;

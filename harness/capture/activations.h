@@ -63,6 +63,14 @@ class ActivationData {
   virtual void read_piece(const TapData& t, int rank, const Slab& slab, double* out) const = 0;
   // The reference of tap `t`, restricted to `slab` (global coordinates).
   virtual void read_reference(const TapData& t, const Slab& slab, double* out) const = 0;
+  // The same values as they are stored, when the source can hand them over
+  // without converting (a contiguous float32 or float64 dataset of a file):
+  // fills `out` (room for the slab as float64 is enough) and returns the
+  // bytes per element, 4 (float) or 8 (double); 0 when it cannot, and the
+  // caller reads as float64. Float32 data is scanned where it lies: no
+  // widening pass, half the memory traffic.
+  virtual std::size_t read_piece_stored(const TapData&, int, const Slab&, void*) const { return 0; }
+  virtual std::size_t read_reference_stored(const TapData&, const Slab&, void*) const { return 0; }
 
   // Distributed sources (a run's taps, still in the memory of the ranks that
   // recorded them) return the processes that hold the values; null for

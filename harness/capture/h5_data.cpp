@@ -86,10 +86,10 @@ void read_run(const DirectDataset& d, std::size_t first, std::size_t n, double* 
   for (; i < n; ++i) to[i] = static_cast<double>(f[i]);
 }
 
-// Reads the box (start, count) of a direct dataset into `out` as float64, one
-// contiguous run at a time.
+// Reads the box (start, count) of a direct dataset into `out`, one contiguous
+// run at a time: as float64 (`widen`) or as stored.
 void read_direct(const DirectDataset& d, const std::vector<hsize_t>& start,
-                 const std::vector<hsize_t>& count, double* out, const std::string& what) {
+                 const std::vector<hsize_t>& count, void* out, bool widen, const std::string& what) {
   const std::size_t nd = d.dims.size();
   std::size_t n = 1;
   for (auto c : count) n *= c;
@@ -104,7 +104,10 @@ void read_direct(const DirectDataset& d, const std::vector<hsize_t>& start,
   for (std::size_t done = 0; done < n; done += run) {
     std::size_t first = 0;
     for (std::size_t i = 0; i < nd; ++i) first += (start[i] + (i < k ? idx[i] : 0)) * stride[i];
-    read_run(d, first, run, out + done, what);
+    if (widen)
+      read_run(d, first, run, static_cast<double*>(out) + done, what);
+    else
+      pread_all(d, first, run, static_cast<char*>(out) + done * d.element_size, what);
     for (std::size_t i = k; i-- > 0;) {
       if (++idx[i] < count[i]) break;
       idx[i] = 0;
@@ -159,8 +162,11 @@ const H5Data::Open& H5Data::dataset(const std::string& file, const std::string& 
   return open_.front().second;
 }
 
-void H5Data::read(const std::string& file, const std::string& path, long long leading,
-                  const Slab& slab, double* out, const std::string& what) const {
+namespace {
+
+// The box of a dataset that a slab of a tap is: with the rank row in front
+// for a run file (`leading` >= 0).
+std::pair<std::vector<hsize_t>, std::vector<hsize_t>> dataset_box(long long leading, const Slab& slab) {
   std::vector<hsize_t> start, count;
   if (leading >= 0) {
     start.push_back(static_cast<hsize_t>(leading));
@@ -168,12 +174,35 @@ void H5Data::read(const std::string& file, const std::string& path, long long le
   }
   start.insert(start.end(), slab.start.begin(), slab.start.end());
   count.insert(count.end(), slab.count.begin(), slab.count.end());
+  return {std::move(start), std::move(count)};
+}
+
+}  // namespace
+
+std::size_t H5Data::read_stored(const std::string& file, const std::string& path, long long leading,
+                                const Slab& slab, void* out, const std::string& what) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  std::shared_ptr<const DirectDataset> direct;
+  {
+    h5::ReadGuard guard(what + ": reading values");
+    direct = dataset(file, path).direct;  // keeps the descriptor alive past an eviction
+  }
+  if (!direct) return 0;
+  lock.unlock();
+  const auto [start, count] = dataset_box(leading, slab);
+  read_direct(*direct, start, count, out, false, what);
+  return direct->element_size;
+}
+
+void H5Data::read(const std::string& file, const std::string& path, long long leading,
+                  const Slab& slab, double* out, const std::string& what) const {
+  const auto [start, count] = dataset_box(leading, slab);
   std::unique_lock<std::mutex> lock(mu_);
   h5::ReadGuard guard(what + ": reading values");
   const Open& o = dataset(file, path);
   if (auto direct = o.direct) {  // keeps the descriptor alive past an eviction
     lock.unlock();
-    read_direct(*direct, start, count, out, what);
+    read_direct(*direct, start, count, out, true, what);
     return;
   }
   hid_t ds = o.ds.get();
@@ -198,6 +227,19 @@ void H5Data::read_piece(const TapData& t, int rank, const Slab& slab, double* ou
     const std::string& file = rank_files_.at(static_cast<std::size_t>(rank));
     read(file, path, -1, slab, out, file + ": tap '" + t.name + "'");
   }
+}
+
+std::size_t H5Data::read_piece_stored(const TapData& t, int rank, const Slab& slab, void* out) const {
+  const std::string& path = taps_.at(t.data_id);
+  if (!run_path_.empty()) return read_stored(run_path_, path, rank, slab, out, run_path_ + ": tap '" + t.name + "'");
+  const std::string& file = rank_files_.at(static_cast<std::size_t>(rank));
+  return read_stored(file, path, -1, slab, out, file + ": tap '" + t.name + "'");
+}
+
+std::size_t H5Data::read_reference_stored(const TapData& t, const Slab& slab, void* out) const {
+  const auto& ref = references_.at(t.data_id);
+  if (!ref) fail("tap '{}' has no reference", t.name);
+  return read_stored(ref->first, ref->second, -1, slab, out, ref->first + ":" + ref->second);
 }
 
 void H5Data::read_reference(const TapData& t, const Slab& slab, double* out) const {

@@ -43,12 +43,18 @@ class H5Data final : public ActivationData {
 
   void read_piece(const TapData& t, int rank, const Slab& slab, double* out) const override;
   void read_reference(const TapData& t, const Slab& slab, double* out) const override;
+  std::size_t read_piece_stored(const TapData& t, int rank, const Slab& slab, void* out) const override;
+  std::size_t read_reference_stored(const TapData& t, const Slab& slab, void* out) const override;
 
  private:
   H5Data() = default;
   // `leading` is the rank row of a run file's dataset, -1 for none.
   void read(const std::string& file, const std::string& dataset, long long leading,
             const Slab& slab, double* out, const std::string& what) const;
+  // As read(), but the values as stored when the dataset is direct; 0 (and
+  // nothing read) otherwise.
+  std::size_t read_stored(const std::string& file, const std::string& dataset, long long leading,
+                          const Slab& slab, void* out, const std::string& what) const;
   struct Open {
     h5::Handle ds;
     std::shared_ptr<const DirectDataset> direct;  // null: read through HDF5

@@ -143,6 +143,27 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
     Slab slab = plan.slab(ci);
     const std::size_t n = numel(slab.count), first = plan.first_flat(ci);
     Buffers& b = bufs[static_cast<std::size_t>(k)];
+    if (g.leaders.size() == 1 && g.replicas.front().empty()) {
+      // One piece (no replica, no partial sum): scanned as stored, when the
+      // source can give it so (a float32 file: no widening pass).
+      const int l = g.leaders.front();
+      StoredValues x{b.leader.data(), set.data->read_piece_stored(t, l, slab, b.leader.data())};
+      if (x.element_size == 0) {
+        set.data->read_piece(t, l, slab, b.leader.data());
+        x.element_size = sizeof(double);
+      }
+      if (!has_ref) return scan_nonfinite(x, n, l, first, st);
+      const Slab global = to_global(slab, t.local_shape, g.block);
+      StoredValues r{b.ref.data(), set.data->read_reference_stored(t, global, b.ref.data())};
+      if (r.element_size == 0) {
+        set.data->read_reference(t, global, b.ref.data());
+        r.element_size = sizeof(double);
+      }
+      // The reference scan tells whether the values may hold a NaN or an Inf
+      // (the non-finite scan's own pass over them is then needed).
+      if (scan_reference(x, r, n, tol, p, g, first, plan, st)) scan_nonfinite(x, n, l, first, st);
+      return;
+    }
     const bool sum = has_ref && g.leaders.size() > 1;
     if (sum) std::fill_n(b.sum.begin(), n, 0.0);
     for (std::size_t li = 0; li < g.leaders.size(); ++li) {

@@ -29,6 +29,9 @@ using Mask = long long __attribute__((vector_size(32)));
   std::memcpy(&v, p, sizeof v);
   return v;
 }
+// Four floats widened (exactly): cvtps2pd on baseline x86-64, one vcvtps2pd
+// to a ymm register in the AVX2 build.
+[[gnu::always_inline]] inline Quad load4(const float* p) { return Quad{p[0], p[1], p[2], p[3]}; }
 [[gnu::always_inline]] inline Quad splat(double v) { return Quad{v, v, v, v}; }
 [[gnu::always_inline]] inline Quad abs4(const Quad& v) { return (Quad)((Mask)v & ~(Mask)splat(-0.0)); }
 [[gnu::always_inline]] inline bool any(const Mask& m) { return ((m[0] | m[1]) | (m[2] | m[3])) != 0; }
@@ -41,7 +44,8 @@ namespace {
 
 // x - x is 0 for finite x and NaN otherwise: a branch-free first look, in
 // independent lanes so the adds do not wait on each other.
-[[gnu::always_inline]] inline bool all_finite_body(const double* x, std::size_t n) {
+template <class X>
+[[gnu::always_inline]] inline bool all_finite_body(const X* x, std::size_t n) {
   Quad a = splat(0.0), b = a;
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -50,17 +54,18 @@ namespace {
     b += v - v;
   }
   double rest = 0;
-  for (; i < n; ++i) rest += x[i] - x[i];
+  for (; i < n; ++i) rest += double(x[i]) - double(x[i]);
   const Quad t = a + b;
   return (t[0] + t[1]) + (t[2] + t[3]) + rest == 0;
 }
 
-bool all_finite_portable(const double* x, std::size_t n) { return all_finite_body(x, n); }
-[[gnu::target("avx2")]] bool all_finite_avx2(const double* x, std::size_t n) { return all_finite_body(x, n); }
+template <class X>
+bool all_finite_portable(const X* x, std::size_t n) { return all_finite_body(x, n); }
+template <class X>
+[[gnu::target("avx2")]] bool all_finite_avx2(const X* x, std::size_t n) { return all_finite_body(x, n); }
 
-}  // namespace
-
-void scan_nonfinite(const double* x, std::size_t n, int rank, std::size_t first, TapStats& s) {
+template <class X>
+void scan_nonfinite_typed(const X* x, std::size_t n, int rank, std::size_t first, TapStats& s) {
   if (scan_reference_avx2_available() ? all_finite_avx2(x, n) : all_finite_portable(x, n)) return;
   long long count = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -78,6 +83,19 @@ void scan_nonfinite(const double* x, std::size_t n, int rank, std::size_t first,
   if (count == 0) return;
   s.nonfinite_ranks.push_back(rank);
   s.rank_nonfinite.push_back({rank, static_cast<double>(count)});
+}
+
+}  // namespace
+
+void scan_nonfinite(const double* x, std::size_t n, int rank, std::size_t first, TapStats& s) {
+  scan_nonfinite_typed(x, n, rank, first, s);
+}
+
+void scan_nonfinite(StoredValues x, std::size_t n, int rank, std::size_t first, TapStats& s) {
+  if (x.element_size == 4)
+    scan_nonfinite_typed(static_cast<const float*>(x.data), n, rank, first, s);
+  else
+    scan_nonfinite_typed(static_cast<const double*>(x.data), n, rank, first, s);
 }
 
 void scan_replica(const double* a, const double* b, std::size_t n, int leader, int rank,
@@ -100,14 +118,18 @@ void scan_replica(const double* a, const double* b, std::size_t n, int leader, i
 
 namespace {
 
-// The reference scan, inlined into a baseline and an AVX2 function (below).
-[[gnu::always_inline]] inline void scan_reference_body(const double* x, const double* ref, std::size_t n,
+// The reference scan, inlined into a baseline and an AVX2 function (below),
+// for each stored width of the values and of the reference. Every element is
+// widened to double before any arithmetic (exactly), so the widths give the
+// same results bit for bit.
+template <class X, class R>
+[[gnu::always_inline]] inline bool scan_reference_body(const X* x, const R* ref, std::size_t n,
                                                        const Tolerance& tol, const TapPlan& p, const BlockGroup& g,
                                                        std::size_t first, const ChunkPlan& plan, TapStats& s) {
   double worst_ratio = -1, max_abs = 0, max_rel = 0;
   std::size_t worst = 0;
   long long fails = 0;
-  bool nan_error = false;
+  bool nan_error = false, maybe_nonfinite = false;
   constexpr double kMargin = 1 - 1e-12;  // covers the rounding of the products below
   // The bookkeeping of one element beyond the sums and max_abs: the maxima
   // of the relative error and of err/tol (the first index of the largest),
@@ -167,11 +189,11 @@ namespace {
         identical = identical && !any(load4(x + i) - a != 0);
         r4 += a * a;
       }
-      for (std::size_t i = end4; identical && i < end; ++i) identical = x[i] - ref[i] == 0;
+      for (std::size_t i = end4; identical && i < end; ++i) identical = double(x[i]) - double(ref[i]) == 0;
     }
     if (identical) {
       rr[0] = r4[0], rr[1] = r4[1], rr[2] = r4[2], rr[3] = r4[3];
-      for (std::size_t i = end4; i < end; ++i) rr[0] += ref[i] * ref[i];
+      for (std::size_t i = end4; i < end; ++i) rr[0] += double(ref[i]) * double(ref[i]);
       if (at == 0) {
         worst_ratio = std::max(worst_ratio, 0.0);
         worst = 0;
@@ -220,8 +242,12 @@ namespace {
     for (; i < end; ++i) element(i, e[0], rr[0]);
     // A unit whose squares overflowed (values beyond ~1e154) is added again
     // value by value, scaled (see SquareSum): rare, and never on clean data.
-    if (!s.err_sq.add_partial((e[0] + e[1]) + (e[2] + e[3])))
-      for (std::size_t j = at; j < end; ++j) s.err_sq.add_value(std::abs(x[j] - ref[j]));
+    // A NaN or Inf value makes its error, and the unit's sum of squares,
+    // non-finite; a finite sum clears the unit of both at no cost.
+    const double unit_err_sq = (e[0] + e[1]) + (e[2] + e[3]);
+    maybe_nonfinite = maybe_nonfinite || !std::isfinite(unit_err_sq);
+    if (!s.err_sq.add_partial(unit_err_sq))
+      for (std::size_t j = at; j < end; ++j) s.err_sq.add_value(std::abs(double(x[j]) - double(ref[j])));
     if (!s.ref_sq.add_partial((rr[0] + rr[1]) + (rr[2] + rr[3])))
       for (std::size_t j = at; j < end; ++j) s.ref_sq.add_value(ref[j]);
     at = end;
@@ -231,29 +257,74 @@ namespace {
   s.max_abs = std::max(s.max_abs, max_abs);
   s.max_rel = std::max(s.max_rel, max_rel);
   s.n_total += static_cast<long long>(n);
-  if (n == 0) return;
+  if (n == 0) return false;
   s.owner_err_ratio.push_back({g.owner, worst_ratio});
   // Within a block, local row-major order is global order, so the first worst
   // element of the chunk is also its lowest global index.
   s.offer_reference({worst_ratio,
                      global_flat_index(p.tap->local_shape, p.global, g.block, first + worst),
                      g.owner, x[worst], ref[worst]});
+  return maybe_nonfinite;
 }
 
 }  // namespace
 
-void scan_reference_portable(const double* x, const double* ref, std::size_t n, const Tolerance& tol,
-                             const TapPlan& p, const BlockGroup& g, std::size_t first, const ChunkPlan& plan,
-                             TapStats& s) {
-  scan_reference_body(x, ref, n, tol, p, g, first, plan, s);
+namespace {
+
+template <class X, class R>
+bool scan_reference_portable_typed(const X* x, const R* ref, std::size_t n, const Tolerance& tol,
+                                   const TapPlan& p, const BlockGroup& g, std::size_t first,
+                                   const ChunkPlan& plan, TapStats& s) {
+  return scan_reference_body(x, ref, n, tol, p, g, first, plan, s);
 }
 
 // The same code for AVX2 (one 4-lane register where the baseline uses two):
 // an x86-64 target attribute, chosen at run time.
-[[gnu::target("avx2")]] void scan_reference_avx2(const double* x, const double* ref, std::size_t n,
-                                                 const Tolerance& tol, const TapPlan& p, const BlockGroup& g,
-                                                 std::size_t first, const ChunkPlan& plan, TapStats& s) {
-  scan_reference_body(x, ref, n, tol, p, g, first, plan, s);
+template <class X, class R>
+[[gnu::target("avx2")]] bool scan_reference_avx2_typed(const X* x, const R* ref, std::size_t n,
+                                                       const Tolerance& tol, const TapPlan& p,
+                                                       const BlockGroup& g, std::size_t first,
+                                                       const ChunkPlan& plan, TapStats& s) {
+  return scan_reference_body(x, ref, n, tol, p, g, first, plan, s);
+}
+
+template <class X, class R>
+bool scan_reference_typed(const X* x, const R* ref, std::size_t n, const Tolerance& tol, const TapPlan& p,
+                          const BlockGroup& g, std::size_t first, const ChunkPlan& plan, TapStats& s,
+                          ScanBuild build) {
+  const bool avx2 = build == ScanBuild::avx2 || (build == ScanBuild::best && scan_reference_avx2_available());
+  return avx2 ? scan_reference_avx2_typed(x, ref, n, tol, p, g, first, plan, s)
+              : scan_reference_portable_typed(x, ref, n, tol, p, g, first, plan, s);
+}
+
+template <class X>
+bool scan_reference_of(const X* x, StoredValues ref, std::size_t n, const Tolerance& tol, const TapPlan& p,
+                       const BlockGroup& g, std::size_t first, const ChunkPlan& plan, TapStats& s,
+                       ScanBuild build) {
+  if (ref.element_size == 4)
+    return scan_reference_typed(x, static_cast<const float*>(ref.data), n, tol, p, g, first, plan, s, build);
+  return scan_reference_typed(x, static_cast<const double*>(ref.data), n, tol, p, g, first, plan, s, build);
+}
+
+}  // namespace
+
+bool scan_reference(StoredValues x, StoredValues ref, std::size_t n, const Tolerance& tol, const TapPlan& p,
+                    const BlockGroup& g, std::size_t first, const ChunkPlan& plan, TapStats& s, ScanBuild build) {
+  if (x.element_size == 4)
+    return scan_reference_of(static_cast<const float*>(x.data), ref, n, tol, p, g, first, plan, s, build);
+  return scan_reference_of(static_cast<const double*>(x.data), ref, n, tol, p, g, first, plan, s, build);
+}
+
+void scan_reference_portable(const double* x, const double* ref, std::size_t n, const Tolerance& tol,
+                             const TapPlan& p, const BlockGroup& g, std::size_t first, const ChunkPlan& plan,
+                             TapStats& s) {
+  scan_reference_typed(x, ref, n, tol, p, g, first, plan, s, ScanBuild::portable);
+}
+
+void scan_reference_avx2(const double* x, const double* ref, std::size_t n, const Tolerance& tol,
+                         const TapPlan& p, const BlockGroup& g, std::size_t first, const ChunkPlan& plan,
+                         TapStats& s) {
+  scan_reference_typed(x, ref, n, tol, p, g, first, plan, s, ScanBuild::avx2);
 }
 
 bool scan_reference_avx2_available() {
@@ -264,10 +335,7 @@ bool scan_reference_avx2_available() {
 void scan_reference(const double* x, const double* ref, std::size_t n, const Tolerance& tol,
                     const TapPlan& p, const BlockGroup& g, std::size_t first, const ChunkPlan& plan,
                     TapStats& s) {
-  if (scan_reference_avx2_available())
-    scan_reference_avx2(x, ref, n, tol, p, g, first, plan, s);
-  else
-    scan_reference_portable(x, ref, n, tol, p, g, first, plan, s);
+  scan_reference_typed(x, ref, n, tol, p, g, first, plan, s, ScanBuild::best);
 }
 
 }  // namespace dc
