@@ -1,11 +1,14 @@
 // Comparator verdicts on hand-built activation sets.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
+#include <thread>
 
 #include "harness/check/compare.h"
 #include "harness/check/report.h"
+#include "harness/core/progress.h"
 
 namespace {
 
@@ -64,6 +67,16 @@ TEST(Compare, CleanSetPasses) {
   EXPECT_TRUE(res.taps[0].replica.applies);
   EXPECT_TRUE(res.taps[0].reference.present);
   EXPECT_EQ(res.taps[0].reference.max_abs, 0.0);
+}
+
+TEST(Compare, CheckingIsProgressForTheWatchdog) {
+  // A run's rank 0 may check the run file alone while the other ranks wait
+  // for its verdict: its checking must show as progress (core/progress.h).
+  const double before = progress::snapshot().last_change;
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  auto res = compare(set_of({sharded_tap("a", 0)}), {});
+  EXPECT_TRUE(res.pass());
+  EXPECT_GT(progress::snapshot().last_change, before + 0.015);
 }
 
 TEST(Compare, NaNAndInfAreCountedWithFirstRankAndIndex) {

@@ -15,6 +15,7 @@
 #include "harness/check/tap_stats.h"
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
+#include "harness/core/progress.h"
 
 namespace dc {
 
@@ -40,8 +41,10 @@ TapStats run_item_list(const std::vector<std::size_t>& items, int threads_wanted
   std::mutex error_mu;
   auto loop = [&](int k) {
     try {
-      for (std::size_t j; !stop && (j = next++) < items.size();)
+      for (std::size_t j; !stop && (j = next++) < items.size();) {
+        progress::working();  // a long check is progress for the run's watchdog
         work(items[j], parts[static_cast<std::size_t>(k)], k);
+      }
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mu);
       if (!error) error = std::current_exception();

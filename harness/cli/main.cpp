@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
                  "(exit 1) naming the collective each rank is in; 0 disables [default: 300, or DIFFCHECK_TIMEOUT]")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--chaos", run.chaos,
-                 "Testing aid: a process fault on one rank: crash@R, hang@R or desync@R (an extra collective), "
+                 "Testing aid: a process fault on one rank: crash@R, hang@R, desync@R (an extra collective) or slow@R "
+                 "(3 s of work with progress but no collective: no hang), "
                  "optionally :after=TAP (default: after its first tap) or :during=write|check (once the run file's "
                  "temporary exists / as the check starts)");
   add_report_options(app, run.report, run.tolerances_file);

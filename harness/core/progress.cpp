@@ -118,6 +118,8 @@ void recorded_tap(const std::string& name) {
   g_state.last_change = now();
 }
 
+void working() { g_state.last_change = now(); }
+
 Snapshot snapshot() {
   Snapshot s;
   s.collective = g_state.collective.load();

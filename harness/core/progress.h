@@ -12,6 +12,10 @@ namespace dc::progress {
 long long entered_collective(const char* op, const std::string& group);
 // Called by the tap recorder.
 void recorded_tap(const std::string& name);
+// Called from any thread while the rank works through a long step with no
+// collective or tap in it (checking a run file's chunks): the watchdog sees
+// it alive, and the ranks waiting for it do not make a hang.
+void working();
 
 struct Snapshot {
   long long collective = 0;  // number of the last collective entered (0: none yet)

@@ -127,6 +127,10 @@ void Watchdog::loop() {
       all[r] = *s;
       if (now() - s->last_change >= timeout_) stuck.push_back(r);
     }
+    // A rank that still makes progress (rank 0 checking the run file while
+    // the others wait for its verdict) is no hang: the time runs from the
+    // last progress of any rank.
+    if (stuck.size() + silent.size() < static_cast<std::size_t>(world_)) continue;
     // The lowest rank that is stuck or silent speaks (silent: its record is
     // missing, e.g. a full disk kept it from being written).
     std::vector<int> candidates = stuck;
@@ -142,7 +146,7 @@ void Watchdog::loop() {
       }
       continue;
     }
-    std::string msg = fmt::format("diffcheck [rank {}] HANG: no progress for {:.0f} s (--timeout {:.0f})\n", rank_,
+    std::string msg = fmt::format("diffcheck [rank {}] HANG: no progress for {:.0f} s (--timeout {:g})\n", rank_,
                                   stalled, timeout_);
     long long front = 0;
     for (const auto& [r, s] : all) front = std::max(front, s.collective);

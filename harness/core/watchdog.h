@@ -1,6 +1,6 @@
 // The run's watchdog: a thread per rank that writes where the rank is (see
 // progress.h) to DIR/rank<R> twice a second. When no rank has made progress
-// for the time limit, the lowest such rank reads every rank's file, prints
+// for the time limit (ranks waiting for one that still works are no hang), the lowest such rank reads every rank's file, prints
 // which rank the others wait for — "rank 3 never entered collective #57
 // (all_to_all on 'sp'); ranks 0-2, 4-15 wait in it" — and ends its process
 // with status 1, so the launcher ends the job: a hang of the code under test

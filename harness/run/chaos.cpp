@@ -10,6 +10,7 @@
 #include "harness/capture/tap.h"
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
+#include "harness/core/progress.h"
 
 namespace dc {
 
@@ -17,7 +18,7 @@ Chaos::Chaos(const std::string& spec, int world_size) : spec_(spec) {
   if (spec.empty()) return;
   auto usage = [&] {
     input_error(
-        "--chaos '{}': expected crash@RANK, hang@RANK or desync@RANK, optionally :after=TAP or "
+        "--chaos '{}': expected crash@RANK, hang@RANK, desync@RANK or slow@RANK, optionally :after=TAP or "
         ":during=write|check (RANK < {})",
         spec, world_size);
   };
@@ -39,6 +40,7 @@ Chaos::Chaos(const std::string& spec, int world_size) : spec_(spec) {
   kind_ = kind == "crash"    ? Kind::crash
           : kind == "hang"   ? Kind::hang
           : kind == "desync" ? Kind::desync
+          : kind == "slow"   ? Kind::slow
                              : Kind::none;
   if (kind_ == Kind::none || rest.empty() || rest.find_first_not_of("0123456789") != std::string::npos) usage();
   rank_ = std::stoi(rest);
@@ -52,6 +54,13 @@ void Chaos::act(const std::string& where, Comm& world) {
   if (kind_ == Kind::hang)
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   if (kind_ == Kind::desync) world.barrier();  // a collective nobody else calls
+  if (kind_ == Kind::slow) {  // alive and working, as a long check of the run file is
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (std::chrono::steady_clock::now() < end) {
+      progress::working();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
 }
 
 void Chaos::arm(TapRecorder& taps, Comm& world, int rank) {

@@ -1,6 +1,7 @@
 // --chaos KIND@RANK[:after=TAP|:during=write|check]: a fault of the harness
 // itself injected into one rank (a crash, a hang, a collective nobody else
-// calls), to show that the watchdog, the crash handler and the stop handler
+// calls) or a slow rank (3 s of work that shows progress but enters no
+// collective, while the others wait: not a hang), to show that the watchdog, the crash handler and the stop handler
 // report and clean up what they should (tests/test_e2e_chaos.py,
 // tests/test_e2e_interrupt.py).
 #pragma once
@@ -28,7 +29,7 @@ class Chaos {
  private:
   void act(const std::string& where, Comm& world);
 
-  enum class Kind { none, crash, hang, desync } kind_ = Kind::none;
+  enum class Kind { none, crash, hang, desync, slow } kind_ = Kind::none;
   std::string spec_;
   int rank_ = -1;
   std::string after_;   // empty: the first tap
