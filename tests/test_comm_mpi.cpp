@@ -1,8 +1,12 @@
 // Checked collectives at whatever rank count ctest launches (1, 2, 4, ...).
 #include <gtest/gtest.h>
 
-#include <numeric>
+#include <fmt/format.h>
 
+#include <numeric>
+#include <stdexcept>
+
+#include "harness/core/agree.h"
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
 
@@ -85,4 +89,47 @@ TEST(Comm, MismatchedCollectiveIsAnErrorNotAHang) {
   // Rank 0 broadcasts 4 elements while the others expect 5.
   std::vector<float> v(world().rank() == 0 ? 4 : 5, 0.f);
   EXPECT_THROW(world().broadcast(std::span<float>(v), 0), Error);
+}
+
+TEST(Agree, RootsResultOrItsErrorOnEveryRank) {
+  const Comm& c = world();
+  const int root = c.size() - 1;
+  EXPECT_EQ(agreed_on_root(c, root, [&] { return fmt::format("from {}", c.rank()); }),
+            fmt::format("from {}", root));
+  // The root's input error is an input error everywhere, with its message.
+  try {
+    agreed_on_root(c, root, []() -> std::string { throw InputError("bad file"); });
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "bad file");
+  }
+  // Any other error stays an Error (not an input error) everywhere.
+  try {
+    agreed_on_root(c, root, []() -> std::string { throw std::runtime_error("broken"); });
+    ADD_FAILURE() << "no error";
+  } catch (const InputError&) {
+    ADD_FAILURE() << "became an input error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "broken");
+  }
+}
+
+TEST(Agree, EveryRanksResultsOrTheLowestRanksErrorEverywhere) {
+  const Comm& c = world();
+  const auto all = agreed_on_all(c, [&] { return std::to_string(c.rank() * 10); });
+  ASSERT_EQ(all.size(), static_cast<std::size_t>(c.size()));
+  for (int r = 0; r < c.size(); ++r) EXPECT_EQ(all[static_cast<std::size_t>(r)], std::to_string(r * 10));
+  // The upper half fails, each its own way; every rank throws the lowest
+  // failing rank's error, and none waits for another.
+  const int first_bad = c.size() / 2;
+  try {
+    agreed_on_all(c, [&]() -> std::string {
+      if (c.rank() < first_bad) return "fine";
+      if (c.rank() == first_bad) throw InputError(fmt::format("rank {} cannot read", c.rank()));
+      throw Error(fmt::format("rank {} broke", c.rank()));
+    });
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), fmt::format("rank {} cannot read", first_bad));
+  }
 }

@@ -12,6 +12,7 @@
 #include "harness/check/noise_floor.h"
 #include "harness/check/report.h"
 #include "harness/core/error.h"
+#include "harness/core/agree.h"
 #include "harness/core/files.h"
 
 namespace dc {
@@ -24,21 +25,16 @@ ActivationSet read_everywhere(const std::string& source, const std::string& refe
                               const Comm* processes) {
   if (!processes || processes->size() == 1) return read_activations(source, reference);
   ActivationSet set;
-  std::string error;
-  char kind = 'I';
-  try {
-    set = read_activations(source, reference);
-  } catch (const InputError& e) {
-    error = fmt::format("rank {}: {}", processes->rank(), e.what());
-  } catch (const std::exception& e) {
-    error = fmt::format("rank {}: {}", processes->rank(), e.what());
-    kind = 'E';
-  }
-  for (const auto& e : processes->all_gather_strings(error.empty() ? "" : kind + error)) {
-    if (e.empty()) continue;
-    if (e[0] == 'I') throw InputError(e.substr(1));
-    throw Error(e.substr(1));
-  }
+  agreed_on_all(*processes, [&] {
+    try {
+      set = read_activations(source, reference);
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("rank {}: {}", processes->rank(), e.what()));
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("rank {}: {}", processes->rank(), e.what()));
+    }
+    return std::string();
+  });
   return set;
 }
 

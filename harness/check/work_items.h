@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "harness/capture/activations.h"
+#include "harness/core/agree.h"
 #include "harness/check/tap_stats.h"
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
@@ -85,22 +86,9 @@ TapStats merge_processes(const Comm* processes, Local&& local) {
     s.finish();
     return s;
   }
-  std::string mine;
-  try {
-    mine = "S" + local().encode();
-  } catch (const InputError& e) {
-    mine = std::string("I") + e.what();
-  } catch (const std::exception& e) {
-    mine = std::string("E") + e.what();
-  }
-  auto all = processes->all_gather_strings(mine);
   TapStats s;
-  for (const auto& part : all) {
-    if (part.empty()) fail("comparator: empty statistics from another process");
-    if (part[0] == 'I') throw InputError(part.substr(1));
-    if (part[0] == 'E') throw Error(part.substr(1));
-    s.merge(TapStats::decode(part.substr(1)));
-  }
+  for (const auto& part : agreed_on_all(*processes, [&] { return local().encode(); }))
+    s.merge(TapStats::decode(part));
   s.finish();
   return s;
 }

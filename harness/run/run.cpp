@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "harness/capture/store.h"
+#include "harness/core/agree.h"
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
 #include "harness/core/files.h"
@@ -186,17 +187,14 @@ WriteMode choose_write_mode(const Comm& world, const std::string& store, bool sh
 // The table of --tolerances FILE: rank 0 reads the file and every rank parses
 // the same text, so all agree on it (or on the error) whatever hosts see.
 ToleranceTable tolerance_file_table(const Comm& world, const RunOptions& opts, const Scenario& scenario) {
-  std::string text;
-  if (world.rank() == 0) {
+  const std::string text = agreed_on_root(world, 0, [&] {
     try {
-      text = "ok\n" + read_text_file(opts.tolerances_file, "tolerance file");
+      return read_text_file(opts.tolerances_file, "tolerance file");
     } catch (const std::exception& e) {
-      text = std::string("error\n") + e.what();
+      throw InputError(e.what());
     }
-  }
-  text = world.broadcast_string(text, 0);
-  if (text.rfind("error\n", 0) == 0) input_error("{}", text.substr(6));
-  const ToleranceFile f = parse_tolerance_file(text.substr(3), opts.tolerances_file);
+  });
+  const ToleranceFile f = parse_tolerance_file(text, opts.tolerances_file);
   require_matching_file(f, opts.tolerances_file, scenario.name(), opts.size, opts.dtype);
   return tolerance_table(f, ToleranceSource::file, opts.tolerances_file);
 }
