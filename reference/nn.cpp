@@ -1,4 +1,5 @@
 #include "reference/nn.h"
+#include "reference/gelu.h"
 
 #include <cblas.h>
 
@@ -132,10 +133,7 @@ BasicTensor<T> silu(const BasicTensor<T>& x) {
 template <class T>
 BasicTensor<T> gelu_tanh(const BasicTensor<T>& x) {
   BasicTensor<T> y(x.shape);
-  auto xv = view(x);
-  auto yv = xt::adapt(y.data.data(), y.size(), xt::no_ownership(), std::vector<std::size_t>{y.size()});
-  const T c = static_cast<T>(std::sqrt(2.0 / M_PI));
-  yv = T(0.5) * xv * (T(1) + xt::tanh(c * (xv + T(0.044715) * xv * xv * xv)));
+  gelu_tanh_values(x.ptr(), y.ptr(), x.size());
   return y;
 }
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "reference/cpu.h"
+
 namespace dc::ref {
 namespace {
 
@@ -24,15 +26,6 @@ void portable(T* s, std::size_t rows, std::size_t cols, double scale, double* su
   }
 }
 
-bool avx2_available() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-#else
-  return false;
-#endif
-}
-
 }  // namespace
 
 void exp_rows_portable(float* s, std::size_t rows, std::size_t cols, double scale, double* sums) {
@@ -41,14 +34,14 @@ void exp_rows_portable(float* s, std::size_t rows, std::size_t cols, double scal
 void exp_rows_portable(double* s, std::size_t rows, std::size_t cols, double scale, double* sums) {
   portable(s, rows, cols, scale, sums);
 }
-bool exp_rows_vectorised_available() { return avx2_available(); }
+bool exp_rows_vectorised_available() { return avx2_fma_available(); }
 
 void exp_rows(float* s, std::size_t rows, std::size_t cols, double scale, double* sums) {
-  if (avx2_available()) return exp_rows_avx2(s, rows, cols, scale, sums);
+  if (avx2_fma_available()) return exp_rows_avx2(s, rows, cols, scale, sums);
   portable(s, rows, cols, scale, sums);
 }
 void exp_rows(double* s, std::size_t rows, std::size_t cols, double scale, double* sums) {
-  if (avx2_available()) return exp_rows_avx2(s, rows, cols, scale, sums);
+  if (avx2_fma_available()) return exp_rows_avx2(s, rows, cols, scale, sums);
   portable(s, rows, cols, scale, sums);
 }
 

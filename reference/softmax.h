@@ -1,5 +1,6 @@
 // The exponential pass of a softmax, vectorised: the one elementwise loop of
-// attention whose cost grows with tokens squared. Private to reference/.
+// attention whose cost grows with tokens squared (reference/attention.h, and
+// the ring attention kernel of scenarios/ring_attention.h).
 #pragma once
 #include <cstddef>
 

@@ -7,38 +7,57 @@
 #include <vector>
 
 #include "harness/core/error.h"
+#include "reference/nn.h"
 #include "reference/ops.h"
+#include "reference/softmax.h"
 
 namespace dc {
 
+namespace {
+
+// Query rows per block of scores: rows x Sk float64 stays in cache between
+// the first GEMM, the exp pass and the second GEMM.
+constexpr std::size_t kRowBlock = 64;
+
+// The values as float64: float inputs widened once (exactly), float64 ones as they are.
+const double* as_double(const BasicTensor<double>& t, std::vector<double>&) { return t.ptr(); }
+const double* as_double(const BasicTensor<float>& t, std::vector<double>& copy) {
+  copy.assign(t.data.begin(), t.data.end());
+  return copy.data();
+}
+
+}  // namespace
+
+// Per head, in blocks of query rows: s = q kᵀ, s = exp(s - max) (SLEEF where
+// the CPU has AVX2), o = s v / sum — GEMMs on the head-major layout, all in
+// float64 whatever T is, as the per-element loop it replaces was.
 template <class T>
 std::pair<BasicTensor<T>, BasicTensor<T>> block_attention(const BasicTensor<T>& q, const BasicTensor<T>& k,
                                                           const BasicTensor<T>& v) {
   const std::size_t h = q.shape[0], sq = q.shape[1], d = q.shape[2], sk = k.shape[1];
   BasicTensor<T> out({h, sq, d}), lse({h, sq});
-  std::vector<double> s(sk), o(d);
-  for (std::size_t a = 0; a < h; ++a)
-    for (std::size_t i = 0; i < sq; ++i) {
-      const T* qi = q.ptr() + (a * sq + i) * d;
-      double m = -INFINITY;
-      for (std::size_t j = 0; j < sk; ++j) {
-        const T* kj = k.ptr() + (a * sk + j) * d;
-        double dot = 0;
-        for (std::size_t x = 0; x < d; ++x) dot += double(qi[x]) * double(kj[x]);
-        s[j] = dot;
-        m = std::max(m, dot);
+  std::vector<double> q_copy, k_copy, v_copy;
+  const double *qd = as_double(q, q_copy), *kd = as_double(k, k_copy), *vd = as_double(v, v_copy);
+  const std::size_t block = std::min(kRowBlock, sq);
+  std::vector<double> s(block * sk), o(block * d), sums(block), maxima(block);
+  for (std::size_t a = 0; a < h; ++a) {
+    const double *qa = qd + a * sq * d, *ka = kd + a * sk * d, *va = vd + a * sk * d;
+    for (std::size_t i0 = 0; i0 < sq; i0 += kRowBlock) {
+      const std::size_t rows = std::min(kRowBlock, sq - i0);
+      ref::gemm_strided<double>(true, rows, sk, d, qa + i0 * d, d, ka, d, s.data(), sk);
+      for (std::size_t i = 0; i < rows; ++i)  // the max exp_rows subtracts, for the LSE
+        maxima[i] = sk ? *std::max_element(s.begin() + static_cast<std::ptrdiff_t>(i * sk),
+                                           s.begin() + static_cast<std::ptrdiff_t>((i + 1) * sk))
+                       : -INFINITY;
+      ref::exp_rows(s.data(), rows, sk, 1.0, sums.data());
+      ref::gemm_strided<double>(false, rows, d, sk, s.data(), sk, va, d, o.data(), d);
+      for (std::size_t i = 0; i < rows; ++i) {
+        T* out_row = out.ptr() + (a * sq + i0 + i) * d;
+        for (std::size_t x = 0; x < d; ++x) out_row[x] = static_cast<T>(o[i * d + x] / sums[i]);
+        lse.data[a * sq + i0 + i] = static_cast<T>(maxima[i] + std::log(sums[i]));
       }
-      double l = 0;
-      std::fill(o.begin(), o.end(), 0.0);
-      for (std::size_t j = 0; j < sk; ++j) {
-        const double p = std::exp(s[j] - m);
-        l += p;
-        const T* vj = v.ptr() + (a * sk + j) * d;
-        for (std::size_t x = 0; x < d; ++x) o[x] += p * double(vj[x]);
-      }
-      for (std::size_t x = 0; x < d; ++x) out.data[(a * sq + i) * d + x] = static_cast<T>(o[x] / l);
-      lse.data[a * sq + i] = static_cast<T>(m + std::log(l));
     }
+  }
   return {std::move(out), std::move(lse)};
 }
 

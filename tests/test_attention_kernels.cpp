@@ -13,6 +13,7 @@
 #include "reference/generate.h"
 #include "reference/nn.h"
 #include "reference/ops.h"
+#include "reference/gelu.h"
 #include "reference/softmax.h"
 
 using namespace dc;
@@ -168,6 +169,49 @@ TEST(ExpRows, NaNAndInfinityReachTheSum) {
       EXPECT_TRUE(std::isnan(sums[0])) << cols << (vectorised ? " avx2" : " portable");
       EXPECT_TRUE(std::isnan(sums[1])) << cols << (vectorised ? " avx2" : " portable");  // inf - inf
     }
+  }
+}
+
+template <class T>
+void expect_gelu_builds_agree() {
+  if (!ref::gelu_tanh_vectorised_available()) GTEST_SKIP() << "no AVX2+FMA on this CPU";
+  for (std::size_t n : {1, 3, 4, 5, 7, 8, 9, 17, 1000}) {
+    SCOPED_TRACE(testing::Message() << "n " << n);
+    auto x = random<T>("g", {n});
+    for (std::size_t i = 0; i < n; ++i) x.data[i] *= T(4);  // into both tails of tanh
+    if (n > 2) x.data[1] = T(30), x.data[2] = T(-30);      // saturated: x and 0
+    std::vector<T> a(n), b(n);
+    ref::gelu_tanh_values_avx2(x.ptr(), a.data(), n);
+    ref::gelu_tanh_values_portable(x.ptr(), b.data(), n);
+    const double eps = std::numeric_limits<T>::epsilon();
+    for (std::size_t i = 0; i < n; ++i) {
+      // tanh within 1 ulp in each build: at most a few ulps of the result's scale, |x|.
+      ASSERT_LE(std::fabs(double(a[i]) - double(b[i])), 4 * eps * std::max(1.0, std::fabs(double(x.data[i]))))
+          << "x " << x.data[i];
+    }
+    if (n > 2) {
+      EXPECT_EQ(a[1], T(30));
+      EXPECT_EQ(a[2], T(0));
+    }
+  }
+  // NaN in, NaN out, in the vector body and in the tail.
+  std::vector<T> x(11, T(0.5)), y(11);
+  x[3] = x[10] = std::numeric_limits<T>::quiet_NaN();
+  ref::gelu_tanh_values_avx2(x.data(), y.data(), x.size());
+  EXPECT_TRUE(std::isnan(y[3]));
+  EXPECT_TRUE(std::isnan(y[10]));
+  EXPECT_FALSE(std::isnan(y[4]));
+}
+
+TEST(GeluTanh, VectorisedMatchesPortableFloat32) { expect_gelu_builds_agree<float>(); }
+TEST(GeluTanh, VectorisedMatchesPortableFloat64) { expect_gelu_builds_agree<double>(); }
+
+TEST(GeluTanh, PortableIsTheFormula) {
+  // y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), against float64 math.
+  for (double v : {-6.0, -1.5, -0.3, 0.0, 0.2, 1.0, 2.5, 7.0}) {
+    double y = 0;
+    ref::gelu_tanh_values_portable(&v, &y, 1);
+    EXPECT_NEAR(y, 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 1e-15);
   }
 }
 
