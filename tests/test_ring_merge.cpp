@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cmath>
 #include <map>
 
 #include "harness/capture/store.h"
@@ -111,4 +113,53 @@ TEST(RingMerge, TwoHalvesMergeToTheWhole) {
   double worst = 0;
   for (std::size_t i = 0; i < m.size(); ++i) worst = std::max(worst, std::abs(m.data[i] - whole.data[i]));
   EXPECT_GT(worst, 1e-2);
+}
+
+namespace {
+
+// The per-element loop the GEMM kernel replaced, kept as the oracle: float64
+// dot products, max, exp, weighted sums, for each head and query.
+std::pair<RefTensor, RefTensor> loop_attention(const RefTensor& q, const RefTensor& k, const RefTensor& v) {
+  const std::size_t h = q.shape[0], sq = q.shape[1], d = q.shape[2], sk = k.shape[1];
+  RefTensor out({h, sq, d}), lse({h, sq});
+  for (std::size_t a = 0; a < h; ++a)
+    for (std::size_t i = 0; i < sq; ++i) {
+      std::vector<double> s(sk), o(d, 0.0);
+      double m = -INFINITY, l = 0;
+      for (std::size_t j = 0; j < sk; ++j) {
+        for (std::size_t x = 0; x < d; ++x) s[j] += q.data[(a * sq + i) * d + x] * k.data[(a * sk + j) * d + x];
+        m = std::max(m, s[j]);
+      }
+      for (std::size_t j = 0; j < sk; ++j) {
+        const double p = std::exp(s[j] - m);
+        l += p;
+        for (std::size_t x = 0; x < d; ++x) o[x] += p * v.data[(a * sk + j) * d + x];
+      }
+      for (std::size_t x = 0; x < d; ++x) out.data[(a * sq + i) * d + x] = o[x] / l;
+      lse.data[a * sq + i] = m + std::log(l);
+    }
+  return {out, lse};
+}
+
+}  // namespace
+
+TEST(BlockAttention, GemmKernelMatchesTheLoopAtAwkwardShapes) {
+  // One head, one query, one key; odd sizes; more queries than a row block (64).
+  const std::vector<std::array<std::size_t, 4>> shapes{{1, 1, 1, 1}, {1, 3, 5, 7}, {3, 67, 5, 9}, {2, 130, 33, 16}};
+  for (const auto& [h, sq, sk, d] : shapes) {
+    SCOPED_TRACE(testing::Message() << "h " << h << " sq " << sq << " sk " << sk << " d " << d);
+    const Tensor q = ref::generate(9, "q", {h, sq, d}, 1.0f), k = ref::generate(9, "k", {h, sk, d}, 0.5f),
+                 v = ref::generate(9, "v", {h, sk, d}, 1.0f);
+    const auto [want, want_lse] = loop_attention(ref::to_ref(q), ref::to_ref(k), ref::to_ref(v));
+    // float64: the same numbers up to the order of the sums.
+    const auto [o64, l64] = block_attention(ref::to_ref(q), ref::to_ref(k), ref::to_ref(v));
+    expect_near(o64, want, 1e-13, "float64 output");
+    expect_near(l64, want_lse, 1e-13, "float64 LSE");
+    // float32 inputs, computed in float64 and rounded once: within one float32 rounding.
+    const auto [o32, l32] = block_attention(q, k, v);
+    for (std::size_t i = 0; i < o32.size(); ++i)
+      ASSERT_NEAR(o32.data[i], want.data[i], 1.2e-7 * std::max(1.0, std::abs(want.data[i]))) << "output " << i;
+    for (std::size_t i = 0; i < l32.size(); ++i)
+      ASSERT_NEAR(l32.data[i], want_lse.data[i], 1.2e-7 * std::max(1.0, std::abs(want_lse.data[i]))) << "LSE " << i;
+  }
 }
