@@ -27,6 +27,25 @@ float uniform_at(std::uint64_t seed, std::uint32_t id, std::uint64_t index, floa
   return (2.0f * u - 1.0f) * scale;
 }
 
+void uniform_run_portable(std::uint64_t seed, std::uint32_t id, std::uint64_t first, std::size_t n, float scale,
+                          float* out) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = uniform_at(seed, id, first + i, scale);
+}
+
+bool uniform_run_vectorised_available() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool ok = __builtin_cpu_supports("avx2");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+void uniform_run(std::uint64_t seed, std::uint32_t id, std::uint64_t first, std::size_t n, float scale, float* out) {
+  if (uniform_run_vectorised_available()) return uniform_run_avx2(seed, id, first, n, scale, out);
+  uniform_run_portable(seed, id, first, n, scale, out);
+}
+
 Tensor generate(std::uint64_t seed, const std::string& name, const Shape& global, float scale,
                 const Ranges& block) {
   Ranges r = block;
@@ -43,14 +62,23 @@ Tensor generate(std::uint64_t seed, const std::string& name, const Shape& global
   Tensor t(local);
   const auto id = tensor_id(name);
   const InputPerturbation* perturb = active_input_perturbation();
-  auto gstr = strides_of(global);
-  std::vector<std::size_t> idx(local.size(), 0);
-  for (std::size_t i = 0; i < t.size(); ++i) {
-    std::size_t g = 0;
-    for (std::size_t d = 0; d < local.size(); ++d) g += (r[d].first + idx[d]) * gstr[d];
-    t.data[i] = uniform_at(seed, id, g, scale);
-    if (perturb) t.data[i] = perturb_value(*perturb, id, g, t.data[i]);
-    for (std::size_t d = local.size(); d-- > 0;) {
+  if (t.size() == 0) return t;
+  if (local.empty()) {  // a scalar: global index 0
+    t.data[0] = uniform_at(seed, id, 0, scale);
+    if (perturb) t.data[0] = perturb_value(*perturb, id, 0, t.data[0]);
+    return t;
+  }
+  // One row of the last dimension at a time: consecutive global indices.
+  const auto gstr = strides_of(global);
+  const std::size_t lead = local.size() - 1, row = local.back();
+  std::vector<std::size_t> idx(lead, 0);  // odometer over the leading dimensions
+  for (float* out = t.data.data(); out < t.data.data() + t.size(); out += row) {
+    std::size_t g = r.back().first;
+    for (std::size_t d = 0; d < lead; ++d) g += (r[d].first + idx[d]) * gstr[d];
+    uniform_run(seed, id, g, row, scale, out);
+    if (perturb)
+      for (std::size_t j = 0; j < row; ++j) out[j] = perturb_value(*perturb, id, g + j, out[j]);
+    for (std::size_t d = lead; d-- > 0;) {
       if (++idx[d] < local[d]) break;
       idx[d] = 0;
     }

@@ -20,6 +20,15 @@ std::uint32_t tensor_id(const std::string& name);
 
 // Uniform in [-scale, scale), rounded to float (so float32 runs see exact values).
 float uniform_at(std::uint64_t seed, std::uint32_t id, std::uint64_t index, float scale);
+// uniform_at of indices first, first + 1, ..., first + n - 1, into out: eight
+// at a time in AVX2 lanes where the CPU has AVX2 (the same bits).
+void uniform_run(std::uint64_t seed, std::uint32_t id, std::uint64_t first, std::size_t n, float scale, float* out);
+// The two builds, for the test that holds one to the other.
+void uniform_run_portable(std::uint64_t seed, std::uint32_t id, std::uint64_t first, std::size_t n, float scale,
+                          float* out);
+void uniform_run_avx2(std::uint64_t seed, std::uint32_t id, std::uint64_t first, std::size_t n, float scale,
+                      float* out);
+bool uniform_run_vectorised_available();
 
 // The block of the global tensor selected by [begin, end) per dimension.
 using Ranges = std::vector<std::pair<std::size_t, std::size_t>>;

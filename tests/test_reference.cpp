@@ -1,7 +1,10 @@
 // Reference kernels against plain loops and published values.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "harness/core/dtype.h"
 #include "reference/generate.h"
@@ -29,6 +32,44 @@ TEST(Generate, DeterministicAndSliceable) {
   EXPECT_NE(full.data, other.data);
   EXPECT_NE(full.data, ref::generate(7, "v", {4, 6}, 1.0f).data);
   for (float v : full.data) EXPECT_TRUE(v >= -1.0f && v < 1.0f);
+}
+
+TEST(Generate, VectorisedRunIsUniformAtBitForBit) {
+  if (!ref::uniform_run_vectorised_available()) GTEST_SKIP() << "no AVX2 on this CPU";
+  // Runs of every length around the 8 lanes, from starts that put the counter's
+  // low word just below 2^32 (the high word changes inside a run), seeds whose
+  // halves differ, scales of both signs.
+  for (std::uint64_t seed : {std::uint64_t{7}, std::uint64_t{0x123456789abcdefULL}}) {
+    for (std::uint64_t first : {std::uint64_t{0}, std::uint64_t{5}, (std::uint64_t{1} << 32) - 11,
+                                (std::uint64_t{3} << 32) + 1}) {
+      for (std::size_t n : {1, 7, 8, 9, 16, 23, 1000}) {
+        for (float scale : {1.0f, 0.0173f, -3.5f}) {
+          std::vector<float> a(n), b(n);
+          ref::uniform_run_avx2(seed, 0xdeadbeefu, first, n, scale, a.data());
+          ref::uniform_run_portable(seed, 0xdeadbeefu, first, n, scale, b.data());
+          for (std::size_t i = 0; i < n; ++i)
+            ASSERT_EQ(std::bit_cast<std::uint32_t>(a[i]), std::bit_cast<std::uint32_t>(b[i]))
+                << "seed " << seed << " index " << first + i << " scale " << scale;
+        }
+      }
+    }
+  }
+}
+
+TEST(Generate, BlocksOfEveryRankAgreeWithTheWhole) {
+  // A block of a 3-d tensor whose rows are not a multiple of 8, and a scalar.
+  const auto whole = ref::generate(3, "t", {3, 5, 11}, 0.5f);
+  const auto part = ref::generate(3, "t", {3, 5, 11}, 0.5f, {{1, 3}, {2, 5}, {3, 10}});
+  ASSERT_EQ(part.shape, (Shape{2, 3, 7}));
+  for (std::size_t a = 0; a < 2; ++a)
+    for (std::size_t b = 0; b < 3; ++b)
+      for (std::size_t c = 0; c < 7; ++c)
+        EXPECT_EQ(part.data[(a * 3 + b) * 7 + c], whole.data[((a + 1) * 5 + b + 2) * 11 + c + 3]);
+  for (std::size_t i = 0; i < whole.size(); ++i)
+    ASSERT_EQ(whole.data[i], ref::uniform_at(3, ref::tensor_id("t"), i, 0.5f)) << i;
+  const auto scalar = ref::generate(3, "s", {}, 2.0f);
+  ASSERT_EQ(scalar.size(), 1u);
+  EXPECT_EQ(scalar.data[0], ref::uniform_at(3, ref::tensor_id("s"), 0, 2.0f));
 }
 
 TEST(Linear, MatchesLoops) {

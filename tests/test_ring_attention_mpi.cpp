@@ -50,7 +50,9 @@ TEST(RingAttention, EveryScheduleEqualsExactAttention) {
         for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out.data[i], exact.data[i], 2e-6) << what << " " << i;
         for (std::size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse.data[i], exact_lse.data[i], 2e-6) << what << " " << i;
         if (sigmoid && !allgather) p2p_out = out.data;
-        if (sigmoid && allgather) EXPECT_EQ(out.data, p2p_out) << "p2p and all-gather differ: " << what;
+        if (sigmoid && allgather) {
+          EXPECT_EQ(out.data, p2p_out) << "p2p and all-gather differ: " << what;
+        }
       }
 }
 
