@@ -98,9 +98,9 @@ RopeTable flux_rope_rows(const FluxSizes& z, const std::vector<std::size_t>& tok
   return rope_table(pos, z.rope_axes);
 }
 
-template <class T>
+template <class T, class W>
 std::pair<BasicTensor<T>, BasicTensor<T>> flux_modulated_input(const BasicTensor<T>& h, const BasicTensor<T>& temb,
-                                                               const FluxWeights<T>& w, const FluxSizes& z,
+                                                               const FluxWeights<W>& w, const FluxSizes& z,
                                                                const std::function<void(BasicTensor<T>&)>& round) {
   auto r = [&](BasicTensor<T> x) {
     round(x);
@@ -115,8 +115,8 @@ std::pair<BasicTensor<T>, BasicTensor<T>> flux_modulated_input(const BasicTensor
   return {std::move(ada), r(std::move(nx))};
 }
 
-template <class T>
-FluxActivations<T> flux_pre_attention(const BasicTensor<T>& h, const BasicTensor<T>& temb, const FluxWeights<T>& w,
+template <class T, class W>
+FluxActivations<T> flux_pre_attention(const BasicTensor<T>& h, const BasicTensor<T>& temb, const FluxWeights<W>& w,
                                       const FluxSizes& z, const RopeTable& rope,
                                       const std::function<void(BasicTensor<T>&)>& round) {
   auto r = [&](BasicTensor<T> x) {
@@ -129,7 +129,7 @@ FluxActivations<T> flux_pre_attention(const BasicTensor<T>& h, const BasicTensor
   std::tie(a.ada, a.nx) = flux_modulated_input(h, temb, w, z, round);
   a.mlp = r(gelu_tanh(r(linear(a.nx, w.mlp_w, w.mlp_b))));
   const std::size_t heads = w.q_w.shape[0] / z.head_dim;
-  auto project = [&](const BasicTensor<T>& wt, const BasicTensor<T>& b) {
+  auto project = [&](const BasicTensor<W>& wt, const BasicTensor<W>& b) {
     return reshape(r(linear(a.nx, wt, b)), {n, heads, z.head_dim});
   };
   a.q = r(apply_rope(r(rms_norm(project(w.q_w, w.q_b), w.gq, kEps)), rope));
@@ -138,19 +138,19 @@ FluxActivations<T> flux_pre_attention(const BasicTensor<T>& h, const BasicTensor
   return a;
 }
 
-template <class T>
-void flux_post_attention(FluxActivations<T>& a, BasicTensor<T> attn, const FluxWeights<T>& w, bool add_bias,
+template <class T, class W>
+void flux_post_attention(FluxActivations<T>& a, BasicTensor<T> attn, const FluxWeights<W>& w, bool add_bias,
                          const std::function<void(BasicTensor<T>&)>& round) {
   const std::size_t n = attn.shape[0], width = attn.size() / std::max<std::size_t>(n, 1);
   a.attn = reshape(std::move(attn), {n, width});
   a.cat = concat_last(a.attn, a.mlp);
-  a.partial = linear(a.cat, w.out_w, add_bias ? w.out_b : BasicTensor<T>());
+  a.partial = linear(a.cat, w.out_w, add_bias ? w.out_b : BasicTensor<W>());
   round(a.partial);
 }
 
-template <class T>
+template <class T, class W>
 FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor<T>& temb,
-                                      const FluxWeights<T>& w, const FluxSizes& z,
+                                      const FluxWeights<W>& w, const FluxSizes& z,
                                       const RopeTable& all_rope, bool add_bias,
                                       const std::function<void(BasicTensor<T>&)>& round,
                                       std::size_t first_token, const GatherTokens<T>& gather) {
@@ -182,24 +182,30 @@ BasicTensor<T> gated_residual(const BasicTensor<T>& y, const BasicTensor<T>& ada
   template FluxWeights<T> make_flux_weights<T>(std::uint64_t, const FluxSizes&, std::size_t,    \
                                                std::size_t, bool, DType, const GenerateBlock&,  \
                                                const std::string&);                             \
-  template std::pair<BasicTensor<T>, BasicTensor<T>> flux_modulated_input(                      \
-      const BasicTensor<T>&, const BasicTensor<T>&, const FluxWeights<T>&, const FluxSizes&,    \
-      const std::function<void(BasicTensor<T>&)>&);                                             \
-  template FluxActivations<T> flux_pre_attention(const BasicTensor<T>&, const BasicTensor<T>&,  \
-                                                 const FluxWeights<T>&, const FluxSizes&,        \
-                                                 const RopeTable&,                               \
-                                                 const std::function<void(BasicTensor<T>&)>&);  \
-  template void flux_post_attention(FluxActivations<T>&, BasicTensor<T>, const FluxWeights<T>&, \
-                                    bool, const std::function<void(BasicTensor<T>&)>&);         \
-  template FluxActivations<T> flux_block_forward(const BasicTensor<T>&, const BasicTensor<T>&,  \
-                                                 const FluxWeights<T>&, const FluxSizes&,        \
-                                                 const RopeTable&, bool,                         \
-                                                 const std::function<void(BasicTensor<T>&)>&,   \
-                                                 std::size_t, const GatherTokens<T>&);          \
   template BasicTensor<T> gated_residual(const BasicTensor<T>&, const BasicTensor<T>&,          \
                                          const BasicTensor<T>&);
 DC_INSTANTIATE(float)
 DC_INSTANTIATE(double)
 #undef DC_INSTANTIATE
+
+#define DC_INSTANTIATE_FORWARD(T, W)                                                            \
+  template std::pair<BasicTensor<T>, BasicTensor<T>> flux_modulated_input(                      \
+      const BasicTensor<T>&, const BasicTensor<T>&, const FluxWeights<W>&, const FluxSizes&,    \
+      const std::function<void(BasicTensor<T>&)>&);                                             \
+  template FluxActivations<T> flux_pre_attention(const BasicTensor<T>&, const BasicTensor<T>&,  \
+                                                 const FluxWeights<W>&, const FluxSizes&,        \
+                                                 const RopeTable&,                               \
+                                                 const std::function<void(BasicTensor<T>&)>&);  \
+  template void flux_post_attention(FluxActivations<T>&, BasicTensor<T>, const FluxWeights<W>&, \
+                                    bool, const std::function<void(BasicTensor<T>&)>&);         \
+  template FluxActivations<T> flux_block_forward(const BasicTensor<T>&, const BasicTensor<T>&,  \
+                                                 const FluxWeights<W>&, const FluxSizes&,        \
+                                                 const RopeTable&, bool,                         \
+                                                 const std::function<void(BasicTensor<T>&)>&,   \
+                                                 std::size_t, const GatherTokens<T>&);
+DC_INSTANTIATE_FORWARD(float, float)
+DC_INSTANTIATE_FORWARD(double, double)
+DC_INSTANTIATE_FORWARD(double, float)
+#undef DC_INSTANTIATE_FORWARD
 
 }  // namespace dc::ref

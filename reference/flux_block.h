@@ -77,21 +77,21 @@ using GatherTokens = std::function<BasicTensor<T>(const BasicTensor<T>&)>;
 // adaLN of the block: ada = Linear(SiLU(temb)) [1, 3d] (shift, scale, gate)
 // and the modulated input LayerNorm(h) (1 + scale) + shift [rows, d] — what
 // TeaCache-style step caching compares between steps.
-template <class T>
+template <class T, class W = T>
 std::pair<BasicTensor<T>, BasicTensor<T>> flux_modulated_input(const BasicTensor<T>& h, const BasicTensor<T>& temb,
-                                                               const FluxWeights<T>& w, const FluxSizes& z,
+                                                               const FluxWeights<W>& w, const FluxSizes& z,
                                                                const std::function<void(BasicTensor<T>&)>& round);
 
 // The token-local part before attention (fills ada, nx, mlp, q, k, v) of the
 // rows of h, whose RoPE rows are `rope`.
-template <class T>
-FluxActivations<T> flux_pre_attention(const BasicTensor<T>& h, const BasicTensor<T>& temb, const FluxWeights<T>& w,
+template <class T, class W = T>
+FluxActivations<T> flux_pre_attention(const BasicTensor<T>& h, const BasicTensor<T>& temb, const FluxWeights<W>& w,
                                       const FluxSizes& z, const RopeTable& rope,
                                       const std::function<void(BasicTensor<T>&)>& round);
 // After attention: `attn` [rows, heads, D] or [rows, heads*D] becomes a.attn,
 // then cat = [attn | mlp] and partial = cat · out_wᵀ (+ bias if asked).
-template <class T>
-void flux_post_attention(FluxActivations<T>& a, BasicTensor<T> attn, const FluxWeights<T>& w, bool add_bias,
+template <class T, class W = T>
+void flux_post_attention(FluxActivations<T>& a, BasicTensor<T> attn, const FluxWeights<W>& w, bool add_bias,
                          const std::function<void(BasicTensor<T>&)>& round);
 
 // One sample: h [N, d], temb [1, d]. `round` is applied after every op that
@@ -101,9 +101,14 @@ void flux_post_attention(FluxActivations<T>& a, BasicTensor<T> attn, const FluxW
 // rope.cos.shape[0] tokens, h holding just those rows: every op is token-local
 // except attention, which needs every token's k and v: `gather` collects them
 // from the other parts. The activations are this part's rows (k and v too).
-template <class T>
+//
+// The weights' element type W is T, or float for a float64 forward (the
+// reference at large sizes): each weight is then widened a block of rows at a
+// time inside its product (ref::linear), and the float64 copy of the weights,
+// twice their float size, never exists whole.
+template <class T, class W = T>
 FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor<T>& temb,
-                                      const FluxWeights<T>& w, const FluxSizes& z,
+                                      const FluxWeights<W>& w, const FluxSizes& z,
                                       const RopeTable& rope, bool add_bias,
                                       const std::function<void(BasicTensor<T>&)>& round,
                                       std::size_t first_token = 0, const GatherTokens<T>& gather = {});

@@ -121,6 +121,32 @@ BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& w, const Ba
   return y;
 }
 
+RefTensor linear(const RefTensor& x, const Tensor& w, const Tensor& b) {
+  if (w.rank() != 2 || x.rank() < 1 || x.shape.back() != w.shape[1])
+    fail("linear: input {} does not match weight {} (expected [..., {}])", shape_str(x.shape),
+         shape_str(w.shape), w.rank() == 2 ? w.shape[1] : 0);
+  const std::size_t k = w.shape[1], m = w.shape[0], n = x.size() / k;
+  if (b.size() != 0 && b.size() != m)
+    fail("linear: bias {} does not match weight {}", shape_str(b.shape), shape_str(w.shape));
+  Shape out_shape = x.shape;
+  out_shape.back() = m;
+  RefTensor y(out_shape);
+  // Rows of w per block: about 4 MiB of float64, and at least 64 columns of
+  // y per dgemm so BLAS stays near its peak.
+  const std::size_t block = std::min(m, std::max<std::size_t>(64, (std::size_t{4} << 20) / (8 * std::max<std::size_t>(k, 1))));
+  std::vector<double> wide(block * k);
+  for (std::size_t r0 = 0; r0 < m && k; r0 += block) {
+    const std::size_t rows = std::min(block, m - r0);
+    std::copy(w.data.begin() + static_cast<std::ptrdiff_t>(r0 * k),
+              w.data.begin() + static_cast<std::ptrdiff_t>((r0 + rows) * k), wide.begin());
+    gemm_strided<double>(true, n, rows, k, x.ptr(), k, wide.data(), k, y.ptr() + r0, m);
+  }
+  if (b.size())
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < m; ++j) y.data[i * m + j] += static_cast<double>(b.data[j]);
+  return y;
+}
+
 template <class T>
 BasicTensor<T> silu(const BasicTensor<T>& x) {
   BasicTensor<T> y(x.shape);

@@ -11,6 +11,11 @@ namespace dc::ref {
 // Runs through BLAS (sgemm / dgemm).
 template <class T>
 BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& w, const BasicTensor<T>& b);
+// The same in float64 with float32 weights (exact values: widening is exact):
+// the weight is widened a block of rows (output features) at a time into one
+// reused buffer, each block a dgemm into its columns of y, so a float64 copy
+// of a large weight never exists whole.
+RefTensor linear(const RefTensor& x, const Tensor& w, const Tensor& b);
 
 // y[m,n] = a[k,m]ᵀ · b[k,n]: a contraction over the leading dimension (einsum
 // 'km,kn->mn'), through BLAS.

@@ -38,6 +38,10 @@ BasicTensor<T> rms_norm(const BasicTensor<T>& x, const BasicTensor<T>& weight, d
   return y;
 }
 
+RefTensor rms_norm(const RefTensor& x, const Tensor& weight, double eps) {
+  return rms_norm(x, RefTensor(weight.shape, std::vector<double>(weight.data.begin(), weight.data.end())), eps);
+}
+
 template BasicTensor<float> layer_norm(const BasicTensor<float>&, double);
 template BasicTensor<double> layer_norm(const BasicTensor<double>&, double);
 template BasicTensor<float> rms_norm(const BasicTensor<float>&, const BasicTensor<float>&, double);

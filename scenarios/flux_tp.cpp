@@ -179,7 +179,10 @@ class FluxTp final : public Scenario {
       for (auto [a, e] : all) shape.push_back(e - a);
       return Tensor(shape, tp_comm.all_gather(std::span<const float>(part.data)));
     };
-    const auto w = ref::make_flux_weights<double>(ctx.seed, z, 1, 0, false, ctx.dtype, shared);
+    // The generated float32 values as they are (the reference's weights are
+    // never rounded to the run's dtype), widened block by block inside each
+    // product: at flux1-dev size the whole float64 copy would be 1.1 GB per rank.
+    const auto w = ref::make_flux_weights<float>(ctx.seed, z, 1, 0, false, DType::float32, shared);
     const std::function<void(RefTensor&)> exact = [](RefTensor&) {};
     const ref::GatherTokens<double> gather = [&](const RefTensor& mine) {
       Shape all = mine.shape;

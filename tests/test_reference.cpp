@@ -72,6 +72,26 @@ TEST(Generate, BlocksOfEveryRankAgreeWithTheWhole) {
   EXPECT_EQ(scalar.data[0], ref::uniform_at(3, ref::tensor_id("s"), 0, 2.0f));
 }
 
+TEST(Linear, FloatWeightsWidenedBlockwiseGiveTheFloat64Product) {
+  // k = 9000: blocks of 64 weight rows; m = 203 is three full blocks and a
+  // partial one. The float64 product of the widened weights, to rounding:
+  // OpenBLAS's order of a sum over k can change with the width of the product
+  // (seen: last-bit differences), so not bit for bit.
+  for (std::size_t k : {7, 9000}) {
+    const std::size_t n = 5, m = 203;
+    const RefTensor x = ref::to_ref(ref::generate(1, "x", {n, k}, 1.0f));
+    const Tensor w = ref::generate(1, "w", {m, k}, 0.1f), b = ref::generate(1, "b", {m}, 0.5f);
+    const RefTensor got = ref::linear(x, w, b);
+    const RefTensor want = ref::linear(x, ref::to_ref(w), ref::to_ref(b));
+    ASSERT_EQ(got.shape, want.shape);
+    for (std::size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got.data[i], want.data[i], 1e-13 * (1 + std::abs(want.data[i]))) << "k " << k << " at " << i;
+    // A wrong block (a row of w skipped or repeated) moves a column by O(1).
+    EXPECT_GT(std::abs(want.data[0]), 1e-3);
+    EXPECT_EQ(ref::linear(x, w, Tensor()).data.size(), n * m);  // no bias
+  }
+}
+
 TEST(Linear, MatchesLoops) {
   auto x = ref::generate(1, "x", {3, 5}, 1.0f), w = ref::generate(1, "w", {4, 5}, 1.0f),
        b = ref::generate(1, "b", {4}, 1.0f);
