@@ -103,16 +103,27 @@ double gemm_rate(bool float64, double seconds) {
   return float64 ? run(0.0) : run(0.0f);
 }
 
+namespace {
+
+// The shape of y = x · wᵀ + b, after checking that x, w and b (of `b_size`
+// values; 0: no bias) fit.
+Shape linear_output_shape(const Shape& x, const Shape& w, const Shape& b, std::size_t b_size) {
+  if (w.size() != 2 || x.empty() || x.back() != w[1])
+    fail("linear: input {} does not match weight {} (expected [..., {}])", shape_str(x), shape_str(w),
+         w.size() == 2 ? w[1] : 0);
+  if (b_size != 0 && b_size != w[0])
+    fail("linear: bias {} does not match weight {}", shape_str(b), shape_str(w));
+  Shape out = x;
+  out.back() = w[0];
+  return out;
+}
+
+}  // namespace
+
 template <class T>
 BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& w, const BasicTensor<T>& b) {
-  if (w.rank() != 2 || x.rank() < 1 || x.shape.back() != w.shape[1])
-    fail("linear: input {} does not match weight {} (expected [..., {}])", shape_str(x.shape),
-         shape_str(w.shape), w.rank() == 2 ? w.shape[1] : 0);
+  const Shape out_shape = linear_output_shape(x.shape, w.shape, b.shape, b.size());
   const std::size_t k = w.shape[1], m = w.shape[0], n = x.size() / k;
-  if (b.size() != 0 && b.size() != m)
-    fail("linear: bias {} does not match weight {}", shape_str(b.shape), shape_str(w.shape));
-  Shape out_shape = x.shape;
-  out_shape.back() = m;
   BasicTensor<T> y(out_shape);
   if (k) gemm_strided<T>(true, n, m, k, x.ptr(), k, w.ptr(), k, y.ptr(), m);
   if (b.size())
@@ -122,14 +133,8 @@ BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& w, const Ba
 }
 
 RefTensor linear(const RefTensor& x, const Tensor& w, const Tensor& b) {
-  if (w.rank() != 2 || x.rank() < 1 || x.shape.back() != w.shape[1])
-    fail("linear: input {} does not match weight {} (expected [..., {}])", shape_str(x.shape),
-         shape_str(w.shape), w.rank() == 2 ? w.shape[1] : 0);
+  const Shape out_shape = linear_output_shape(x.shape, w.shape, b.shape, b.size());
   const std::size_t k = w.shape[1], m = w.shape[0], n = x.size() / k;
-  if (b.size() != 0 && b.size() != m)
-    fail("linear: bias {} does not match weight {}", shape_str(b.shape), shape_str(w.shape));
-  Shape out_shape = x.shape;
-  out_shape.back() = m;
   RefTensor y(out_shape);
   // Rows of w per block: about 4 MiB of float64, and at least 64 columns of
   // y per dgemm so BLAS stays near its peak.
