@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Detection power of the derived and the calibrated tolerances.
 
-For every scenario and dtype it calibrates once (`diffcheck calibrate`, on
---calibration-seed), then
+For every scenario and dtype it calibrates (`diffcheck calibrate`) once on
+--calibration-seed, or with --same-seed on each run's own seed (what
+`--tolerance calibrated` does within a run), then
   - false positives: runs the clean scenario on its default mesh for --seeds
     other seeds under the calibration file (and, with --derived-too, under the
     derived rule) and counts failures, with the worst clean err/tol seen;
@@ -12,7 +13,7 @@ For every scenario and dtype it calibrates once (`diffcheck calibrate`, on
 Prints markdown tables (docs/tolerances.md holds them) and writes --json.
 
     /usr/bin/python3 scripts/detection_power.py --exe build/diffcheck [-n 16] [--seeds 100]
-        [--scenario S]... [--dtype D]... [--no-detection] [--no-false-positives] [--json FILE]
+        [--scenario S]... [--dtype D]... [--same-seed] [--no-detection] [--no-false-positives] [--json FILE]
 """
 import argparse
 import json
@@ -38,11 +39,13 @@ class Runner:
     def __init__(self, a, work):
         self.a, self.work, self.runs = a, work, 0
 
-    def calibrate(self, sc, dtype):
-        path = os.path.join(self.work, f"{sc}.{dtype}.tolerances.json")
+    def calibrate(self, sc, dtype, run_seed):
+        """The tolerance file for runs on run_seed: calibrated on that seed with --same-seed, else on one seed."""
+        seed = run_seed if self.a.same_seed else self.a.calibration_seed
+        path = os.path.join(self.work, f"{sc}.{dtype}.{seed}.tolerances.json")
         if not os.path.exists(path):
             code, out = sh([self.a.exe, "calibrate", "--scenario", sc, "--dtype", dtype, "-n", str(self.a.calibrate_ranks),
-                            "--seed", str(self.a.calibration_seed), "--runs", str(self.a.runs), "-o", path])
+                            "--seed", str(seed), "--runs", str(self.a.runs), "-o", path])
             if code != 0:
                 sys.exit(f"calibrate {sc} {dtype} failed ({code}):\n{out}")
         return path
@@ -87,9 +90,9 @@ def scalable_faults(exe):
             for s in json.loads(out)}
 
 
-def smallest_caught(r, sc, dtype, rule, fault, flags, ratio=1.1):
+def smallest_caught(r, sc, dtype, rule, fault, flags, seed, ratio=1.1):
     """Smallest A caught, by bisection on log A (None if A = 1 passes)."""
-    caught = lambda a: r.run(sc, dtype, rule, fault=fault, scale=a, flags=flags)[0] == 1
+    caught = lambda a: r.run(sc, dtype, rule, seed=seed, fault=fault, scale=a, flags=flags)[0] == 1
     if not caught(1.0):
         return None
     hi, lo = 1.0, 0.5
@@ -115,6 +118,11 @@ def main():
     ap.add_argument("--seeds", type=int, default=100, help="clean runs per scenario and dtype")
     ap.add_argument("--first-seed", type=int, default=2)
     ap.add_argument("--calibration-seed", type=int, default=1)
+    ap.add_argument("--same-seed", action="store_true",
+                    help="calibrate on each run's own seed, as --tolerance calibrated does (its rel L2 limit is then "
+                         "k_same_inputs x the unperturbed one-device error); default: one calibration on "
+                         "--calibration-seed for every run")
+    ap.add_argument("--detection-seed", type=int, default=1234, help="seed of the runs with a fault")
     ap.add_argument("--runs", type=int, default=8, help="calibration runs")
     ap.add_argument("--calibrate-ranks", type=int, default=2)
     ap.add_argument("--derived-too", action="store_true", help="count the derived rule's false positives too")
@@ -136,10 +144,9 @@ def main():
             print("|---|---|---|---|---|" + ("---|---|" if a.derived_too else ""))
             for sc in scenarios:
                 for dt in dtypes:
-                    tol = r.calibrate(sc, dt)
                     fp, worst, wtap, fpd, worstd = 0, 0.0, None, 0, 0.0
                     for seed in range(a.first_seed, a.first_seed + a.seeds):
-                        code, w, tap = r.run(sc, dt, tol, seed=seed)
+                        code, w, tap = r.run(sc, dt, r.calibrate(sc, dt, seed), seed=seed)
                         fp += code == 1
                         if w >= worst:
                             worst, wtap = w, f"{tap}, seed {seed}"
@@ -161,9 +168,9 @@ def main():
             for sc in scenarios:
                 for fault, needs in faults.get(sc, []):
                     for dt in dtypes:
-                        tol = r.calibrate(sc, dt)
-                        ad = smallest_caught(r, sc, dt, "derived", fault, needs)
-                        ac = smallest_caught(r, sc, dt, tol, fault, needs)
+                        tol = r.calibrate(sc, dt, a.detection_seed)
+                        ad = smallest_caught(r, sc, dt, "derived", fault, needs, a.detection_seed)
+                        ac = smallest_caught(r, sc, dt, tol, fault, needs, a.detection_seed)
                         gain = ad / ac if ad and ac else None
                         result["detection"].append({"scenario": sc, "fault": fault, "dtype": dt, "derived": ad,
                                                     "calibrated": ac, "gain": gain})

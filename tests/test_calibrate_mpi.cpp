@@ -90,6 +90,12 @@ TEST(Calibration, FloorsOfFluxTp) {
     EXPECT_GT(f.at("attn/q").rel_l2, f.at("input/hidden").rel_l2) << dtype_name(dtype);
     EXPECT_GT(f.at("proj_out/partial").rel_l2, f.at("nx").rel_l2) << dtype_name(dtype);
     EXPECT_GT(f.at("proj_out/partial").element, f.at("nx").element) << dtype_name(dtype);
+    // Run 0, unperturbed, is measured apart: at most the worst of the runs.
+    for (const auto& [name, x] : f) {
+      ASSERT_TRUE(x.rel_l2_as_is) << name;
+      EXPECT_LE(*x.rel_l2_as_is, x.rel_l2) << name;
+    }
+    EXPECT_GT(*f.at("proj_out/partial").rel_l2_as_is, 0.0);
     // Every rank holds the same floors.
     const auto all = world().all_gather_strings(encode_floors(f));
     for (const auto& text : all) EXPECT_EQ(text, all.front());

@@ -27,7 +27,7 @@ QUICK = {"flux_tp": ("float32", "bfloat16"), "usp_attention": ("bfloat16",), "va
 
 class Calibrate(E2ETest):
     def calibrate(self, scenario, dtype, seed=1, ranks=2, extra=()):
-        path = self.path(f"{scenario}.{dtype}.json")
+        path = self.path(f"{scenario}.{dtype}.{seed}.json")
         res = self.run_cmd([EXE, "calibrate", "--scenario", scenario, "--dtype", dtype, "-n", str(ranks),
                             "--seed", str(seed), "--runs", "4", "-o", path, *extra])
         self.assertExit(res, 0)
@@ -116,6 +116,36 @@ class Calibrate(E2ETest):
         self.assertExit(res, 1)
         self.assertIn("tolerance calibrated: atol", res.out)
         self.assertIn("clean margin", res.out)
+
+    def test_a_file_made_on_the_runs_own_seed_holds_the_norm_to_twice_the_one_device_error(self):
+        # On its own inputs a run's rel L2 error is held to 2x the unperturbed
+        # one-device run's; a file of another seed keeps k_norm x the worst
+        # perturbed floor. A proj_out bias of 0.06 in bfloat16 (about 3.3x the
+        # one-device error, 0.6 of the other-seed limit) lies between the two.
+        own = self.calibrate("flux_tp", "bfloat16", seed=77)
+        other = self.calibrate("flux_tp", "bfloat16", seed=1)
+        with open(own) as f:
+            doc = json.load(f)
+        self.assertEqual(doc["provenance"]["k_same_inputs"], 2)
+        self.assertGreater(doc["taps"]["y"]["floor_rel_l2"], doc["taps"]["y"]["floor_rel_l2_as_is"])
+        fault = ("--inject", "proj_out_bias_every_rank", "--fault-scale", "0.06")
+        res = self.mpirun(4, "--scenario", "flux_tp", "--dtype", "bfloat16", "--seed", "77", "--tolerances", own)
+        self.assertExit(res, 0)
+        y = next(t["reference"] for t in res.report["taps"] if t["name"] == "y")
+        self.assertAlmostEqual(float(y["rel_l2_limit"]),
+                               2 * float(y["noise_floor"]["rel_l2_as_is"]) + 2.0 ** -24, delta=1e-12)
+        res = self.mpirun(4, "--scenario", "flux_tp", "--dtype", "bfloat16", "--seed", "77", "--tolerances", own, *fault)
+        self.assertExit(res, 1)
+        self.assertEqual(res.report["first_divergence"]["tap"], "proj_out/partial")
+        self.assertIn("one-device error on this run's inputs", res.out)
+        res = self.mpirun(4, "--scenario", "flux_tp", "--dtype", "bfloat16", "--seed", "77", "--tolerances", other,
+                          *fault)
+        self.assertExit(res, 0)
+        self.assertNotIn("rel_l2_as_is", json.dumps(res.report))
+        # Other flags are other inputs: no same-input limit.
+        res = self.mpirun(4, "--scenario", "flux_tp", "--dtype", "bfloat16", "--seed", "77", "--tolerances", own,
+                          "--flag", "async_allreduce=true", *fault)
+        self.assertExit(res, 0)
 
     def test_mismatched_files_are_refused_by_run_and_compare(self):
         path = self.calibrate("flux_tp", "float32", ranks=1)

@@ -11,6 +11,7 @@
 #include "harness/check/noise_floor.h"
 #include "harness/check/report.h"
 #include "harness/core/error.h"
+#include "harness/core/files.h"
 #include "harness/core/perturbation.h"
 #include "reference/generate.h"
 
@@ -161,6 +162,50 @@ TEST(MeasuredTolerance, FloorsAreWhatTheMeasuringCompareSees) {
   EXPECT_EQ(decode_floors(encode_floors(merged)).at("t").rel_l2, merged.at("t").rel_l2);
 }
 
+// On the run's own inputs the norm limit is k_same x the unperturbed
+// one-device error, when that is tighter than k_norm x the worst floor.
+TEST(MeasuredTolerance, SameInputsTightenTheNormLimitToTheUnperturbedError) {
+  const double u = std::ldexp(1.0, -24);
+  TapFloor f{0.01, 0.004, "bfloat16", 0.001};
+  const auto other_seed = tolerance_from_floor(f);
+  EXPECT_DOUBLE_EQ(other_seed.rel_l2_limit, kNormFactor * 0.004 + u);
+  EXPECT_FALSE(other_seed.floor_rel_l2_as_is);
+  const auto same = tolerance_from_floor(f, kElementFactor, kNormFactor, kSameInputsFactor);
+  EXPECT_DOUBLE_EQ(same.rel_l2_limit, kSameInputsFactor * 0.001 + u);
+  ASSERT_TRUE(same.floor_rel_l2_as_is);
+  EXPECT_DOUBLE_EQ(*same.floor_rel_l2_as_is, 0.001);
+  EXPECT_DOUBLE_EQ(same.rtol, other_seed.rtol);  // the element bound keeps the perturbed runs
+  // Never looser than the other-seed limit, and nothing to tighten without run 0.
+  f.rel_l2_as_is = 0.1;
+  EXPECT_DOUBLE_EQ(tolerance_from_floor(f, kElementFactor, kNormFactor, kSameInputsFactor).rel_l2_limit,
+                   other_seed.rel_l2_limit);
+  f.rel_l2_as_is.reset();
+  EXPECT_DOUBLE_EQ(tolerance_from_floor(f, kElementFactor, kNormFactor, kSameInputsFactor).rel_l2_limit,
+                   other_seed.rel_l2_limit);
+  // Run 0's figure survives merging with perturbed runs and the trip between ranks.
+  Floors runs = {{"t", {0.01, 0.002, "bfloat16", 0.002}}};
+  merge_floors(runs, {{"t", {0.02, 0.005, "bfloat16", std::nullopt}}});
+  EXPECT_EQ(runs.at("t").rel_l2, 0.005);
+  ASSERT_TRUE(runs.at("t").rel_l2_as_is);
+  EXPECT_EQ(*runs.at("t").rel_l2_as_is, 0.002);
+  const Floors back = decode_floors(encode_floors(runs));
+  EXPECT_EQ(back.at("t").rel_l2_as_is, runs.at("t").rel_l2_as_is);
+  EXPECT_FALSE(decode_floors(encode_floors({{"u", {1, 1, "float32", std::nullopt}}})).at("u").rel_l2_as_is);
+}
+
+TEST(ToleranceFile, SameInputsOnlyForTheCalibrationsSeedFlagsAndSteps) {
+  CalibrationInfo i;
+  i.seed = 7;
+  i.flags = "a=1";
+  i.steps = 4;
+  i.reference_mode = "forced";
+  EXPECT_TRUE(same_inputs_as(i, 7, "a=1", 4, "forced"));
+  EXPECT_FALSE(same_inputs_as(i, 8, "a=1", 4, "forced"));
+  EXPECT_FALSE(same_inputs_as(i, 7, "a=2", 4, "forced"));
+  EXPECT_FALSE(same_inputs_as(i, 7, "a=1", 5, "forced"));
+  EXPECT_FALSE(same_inputs_as(i, 7, "a=1", 4, "free"));
+}
+
 TEST(ToleranceFile, RoundTripAndRefusals) {
   const std::string path = ::testing::TempDir() + "tolerances_test.json";
   ToleranceFile f;
@@ -169,14 +214,32 @@ TEST(ToleranceFile, RoundTripAndRefusals) {
   f.info.dtype = "bfloat16";
   f.info.seed = 9;
   f.info.runs = 4;
-  f.floors["a/b"] = {0.01, 0.002, "bfloat16"};
+  f.floors["a/b"] = {0.01, 0.002, "bfloat16", 0.0005};
+  f.floors["c"] = {0.01, 0.002, "bfloat16", std::nullopt};
   write_tolerance_file(path, f);
   const ToleranceFile back = read_tolerance_file(path);
   EXPECT_EQ(back.info.scenario, "flux_tp");
   EXPECT_EQ(back.info.seed, 9u);
+  EXPECT_DOUBLE_EQ(back.info.k_same_inputs, kSameInputsFactor);
   EXPECT_DOUBLE_EQ(back.floors.at("a/b").element, 0.01);
+  EXPECT_EQ(back.floors.at("a/b").rel_l2_as_is, 0.0005);
+  EXPECT_FALSE(back.floors.at("c").rel_l2_as_is);
   const ToleranceTable t = tolerance_table(back, ToleranceSource::file, path);
   EXPECT_DOUBLE_EQ(t.find("a/b")->rtol, kElementFactor * 0.01 + std::ldexp(1.0, -24));
+  EXPECT_DOUBLE_EQ(t.find("a/b")->rel_l2_limit, kNormFactor * 0.002 + std::ldexp(1.0, -24));
+  const ToleranceTable same = tolerance_table(back, ToleranceSource::file, path, /*same_inputs=*/true);
+  EXPECT_DOUBLE_EQ(same.find("a/b")->rel_l2_limit, kSameInputsFactor * 0.0005 + std::ldexp(1.0, -24));
+  EXPECT_DOUBLE_EQ(same.find("c")->rel_l2_limit, kNormFactor * 0.002 + std::ldexp(1.0, -24));
+  {  // A file of an older diffcheck has no k_same_inputs: no same-input limit.
+    std::string text = read_text_file(path, "test");
+    const auto at = text.find("\"k_same_inputs\"");
+    ASSERT_NE(at, std::string::npos);
+    text.erase(at, text.find('\n', at) + 1 - at);
+    const ToleranceFile old = parse_tolerance_file(text, path);
+    EXPECT_EQ(old.info.k_same_inputs, 0.0);
+    EXPECT_DOUBLE_EQ(tolerance_table(old, ToleranceSource::file, path, true).find("a/b")->rel_l2_limit,
+                     kNormFactor * 0.002 + std::ldexp(1.0, -24));
+  }
   EXPECT_NO_THROW(require_matching_file(back, path, "flux_tp", "default", "bfloat16"));
   auto refused = [&](const std::string& sc, const std::string& size, const std::string& dt, const char* word) {
     try {

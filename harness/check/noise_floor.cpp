@@ -39,12 +39,16 @@ void merge_floors(Floors& into, const Floors& more) {
     auto worst = [](double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); };
     it->second.element = worst(it->second.element, f.element);
     it->second.rel_l2 = worst(it->second.rel_l2, f.rel_l2);
+    if (f.rel_l2_as_is)  // only run 0 has one
+      it->second.rel_l2_as_is = it->second.rel_l2_as_is ? worst(*it->second.rel_l2_as_is, *f.rel_l2_as_is) : *f.rel_l2_as_is;
   }
 }
 
 std::string encode_floors(const Floors& f) {
   std::string s;
-  for (const auto& [name, x] : f) s += fmt::format("{}\t{:.17g}\t{:.17g}\t{}\n", name, x.element, x.rel_l2, x.dtype);
+  for (const auto& [name, x] : f)
+    s += fmt::format("{}\t{:.17g}\t{:.17g}\t{}\t{}\n", name, x.element, x.rel_l2, x.dtype,
+                     x.rel_l2_as_is ? fmt::format("{:.17g}", *x.rel_l2_as_is) : "-");
   return s;
 }
 
@@ -53,17 +57,19 @@ Floors decode_floors(const std::string& text) {
   std::stringstream ss(text);
   for (std::string line; std::getline(ss, line);) {
     std::stringstream ls(line);
-    std::string name, e, l, dtype;
+    std::string name, e, l, dtype, as_is;
     std::getline(ls, name, '\t');
     std::getline(ls, e, '\t');
     std::getline(ls, l, '\t');
     std::getline(ls, dtype, '\t');
-    out[name] = {std::stod(e), std::stod(l), dtype};
+    std::getline(ls, as_is, '\t');
+    TapFloor& f = out[name] = {std::stod(e), std::stod(l), dtype, std::nullopt};
+    if (!as_is.empty() && as_is != "-") f.rel_l2_as_is = std::stod(as_is);
   }
   return out;
 }
 
-MeasuredTolerance tolerance_from_floor(const TapFloor& f, double k_element, double k_norm) {
+MeasuredTolerance tolerance_from_floor(const TapFloor& f, double k_element, double k_norm, double k_same) {
   // One rounding of the accumulator (float32 for 16- and 32-bit dtypes): a
   // floor of 0 (a tap no perturbation moved) still allows the last bit, while
   // a bfloat16 tap computed in float32 (an LSE) keeps its own, finer floor.
@@ -73,6 +79,12 @@ MeasuredTolerance tolerance_from_floor(const TapFloor& f, double k_element, doub
   m.floor_rel_l2 = f.rel_l2;
   m.rtol = k_element * f.element + u;
   m.rel_l2_limit = k_norm * f.rel_l2 + u;
+  // On the run's own inputs the unperturbed run is the yardstick itself: no
+  // other seed's spread and no perturbation to allow for.
+  if (k_same > 0 && f.rel_l2_as_is && k_same * *f.rel_l2_as_is + u < m.rel_l2_limit) {
+    m.rel_l2_limit = k_same * *f.rel_l2_as_is + u;
+    m.floor_rel_l2_as_is = f.rel_l2_as_is;
+  }
   return m;
 }
 
@@ -98,15 +110,19 @@ void write_tolerance_file(const std::string& path, const ToleranceFile& f) {
                      {"dtype", i.dtype},         {"flags", i.flags},       {"mesh", i.mesh},
                      {"steps", i.steps},         {"reference_mode", i.reference_mode},
                      {"seed", i.seed},           {"runs", i.runs},         {"k_element", i.k_element},
-                     {"k_norm", i.k_norm},       {"method", i.method}};
+                     {"k_norm", i.k_norm},       {"k_same_inputs", i.k_same_inputs},
+                     {"method", i.method}};
   j["taps"] = json::object();
   for (const auto& [name, x] : f.floors) {
+    // The limits as a run on another seed applies them; one on this seed
+    // tightens the norm to k_same_inputs x floor_rel_l2_as_is.
     const auto m = tolerance_from_floor(x, i.k_element, i.k_norm);
     j["taps"][name] = {{"dtype", x.dtype},
                        {"floor_element", num(x.element)},
                        {"floor_rel_l2", num(x.rel_l2)},
                        {"rtol", num(m.rtol)},
                        {"rel_l2_limit", num(m.rel_l2_limit)}};
+    if (x.rel_l2_as_is) j["taps"][name]["floor_rel_l2_as_is"] = num(*x.rel_l2_as_is);
   }
   write_whole_file(path, j.dump(2) + "\n", "tolerance file");
 }
@@ -139,11 +155,14 @@ ToleranceFile parse_tolerance_file(const std::string& text, const std::string& p
     i.runs = p.value("runs", 0);
     i.k_element = number(p.at("k_element"));
     i.k_norm = number(p.at("k_norm"));
+    i.k_same_inputs = p.contains("k_same_inputs") ? number(p.at("k_same_inputs")) : 0.0;
     i.method = p.value("method", "");
     if (!(i.k_element > 0) || !(i.k_norm > 0)) input_error("tolerance file '{}': k_element and k_norm must be > 0", path);
+    if (!(i.k_same_inputs >= 0)) input_error("tolerance file '{}': k_same_inputs must be >= 0", path);
     for (const auto& [name, t] : j.at("taps").items()) {
-      TapFloor x{number(t.at("floor_element")), number(t.at("floor_rel_l2")), t.value("dtype", i.dtype)};
-      if (!(x.element >= 0) || !(x.rel_l2 >= 0))
+      TapFloor x{number(t.at("floor_element")), number(t.at("floor_rel_l2")), t.value("dtype", i.dtype), std::nullopt};
+      if (t.contains("floor_rel_l2_as_is")) x.rel_l2_as_is = number(t.at("floor_rel_l2_as_is"));
+      if (!(x.element >= 0) || !(x.rel_l2 >= 0) || !(x.rel_l2_as_is.value_or(0) >= 0))
         input_error("tolerance file '{}': tap '{}' has a floor that is not a number >= 0", path, name);
       f.floors[name] = x;
     }
@@ -155,12 +174,20 @@ ToleranceFile parse_tolerance_file(const std::string& text, const std::string& p
   return f;
 }
 
-ToleranceTable tolerance_table(const ToleranceFile& f, ToleranceSource source, const std::string& origin) {
+ToleranceTable tolerance_table(const ToleranceFile& f, ToleranceSource source, const std::string& origin,
+                               bool same_inputs) {
   ToleranceTable t;
   t.source = source;
   t.origin = origin;
-  for (const auto& [name, x] : f.floors) t.taps[name] = tolerance_from_floor(x, f.info.k_element, f.info.k_norm);
+  const double k_same = same_inputs ? f.info.k_same_inputs : 0.0;
+  for (const auto& [name, x] : f.floors)
+    t.taps[name] = tolerance_from_floor(x, f.info.k_element, f.info.k_norm, k_same);
   return t;
+}
+
+bool same_inputs_as(const CalibrationInfo& i, std::uint64_t seed, const std::string& flags, int steps,
+                    const std::string& reference_mode) {
+  return i.seed == seed && i.flags == flags && i.steps == steps && i.reference_mode == reference_mode;
 }
 
 void require_matching_file(const ToleranceFile& f, const std::string& path, const std::string& scenario,

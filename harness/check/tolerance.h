@@ -48,6 +48,9 @@ struct MeasuredTolerance {
   double floor_rel_l2 = 0;   // max over runs of ||x - ref|| / ||ref||
   double rtol = 0;           // element-wise: |x - ref| <= rtol (rms(ref) + |ref|)
   double rel_l2_limit = 0;   // norm-wise: ||x - ref|| / ||ref|| <= rel_l2_limit
+  // The unperturbed one-device run's rel_l2 on the run's own inputs, when the
+  // limit was tightened to a multiple of it (check/noise_floor.h).
+  std::optional<double> floor_rel_l2_as_is;
 };
 
 // Per-tap measured tolerances and where they came from.

@@ -196,7 +196,12 @@ ToleranceTable tolerance_file_table(const Comm& world, const RunOptions& opts, c
   });
   const ToleranceFile f = parse_tolerance_file(text, opts.tolerances_file);
   require_matching_file(f, opts.tolerances_file, scenario.name(), opts.size, opts.dtype);
-  return tolerance_table(f, ToleranceSource::file, opts.tolerances_file);
+  const FlagValues flags = FlagValues::resolve(scenario.flags(), opts.flags, scenario.name());
+  const bool same = same_inputs_as(f.info, opts.seed, flags.str(), opts.pipeline.steps, opts.pipeline.reference_mode);
+  if (same && world.rank() == 0)
+    spdlog::info("tolerance file {} was calibrated on this run's seed and flags: its rel L2 limits are at most {} x "
+                 "the unperturbed one-device error", opts.tolerances_file, f.info.k_same_inputs);
+  return tolerance_table(f, ToleranceSource::file, opts.tolerances_file, same);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -365,7 +370,8 @@ int run_scenario(const RunOptions& given) {
     calibrated = tolerance_table(measured, ToleranceSource::calibrated,
                                  fmt::format("calibrated {}({} one-device runs)",
                                              from_cache ? "earlier, read from the reference cache " : "in this run ",
-                                             opts.calibration_runs));
+                                             opts.calibration_runs),
+                                 /*same_inputs=*/true);
     report.timings.emplace_back("calibrate_s", seconds_since(tc));
     spdlog::info("calibrated the tolerances of {} taps in {:.3f}s", calibrated->taps.size(), seconds_since(tc));
   }
