@@ -179,27 +179,26 @@ std::pair<std::vector<hsize_t>, std::vector<hsize_t>> dataset_box(long long lead
 
 }  // namespace
 
-std::size_t H5Data::read_stored(const std::string& file, const std::string& path, long long leading,
-                                const Slab& slab, void* out, const std::string& what) const {
+std::size_t H5Data::read_stored(const Location& at, const Slab& slab, void* out) const {
   std::unique_lock<std::mutex> lock(mu_);
   std::shared_ptr<const DirectDataset> direct;
   {
-    h5::ReadGuard guard(what + ": reading values");
-    direct = dataset(file, path).direct;  // keeps the descriptor alive past an eviction
+    h5::ReadGuard guard(at.what + ": reading values");
+    direct = dataset(at.file, at.dataset).direct;  // keeps the descriptor alive past an eviction
   }
   if (!direct) return 0;
   lock.unlock();
-  const auto [start, count] = dataset_box(leading, slab);
-  read_direct(*direct, start, count, out, false, what);
+  const auto [start, count] = dataset_box(at.leading, slab);
+  read_direct(*direct, start, count, out, false, at.what);
   return direct->element_size;
 }
 
-void H5Data::read(const std::string& file, const std::string& path, long long leading,
-                  const Slab& slab, double* out, const std::string& what) const {
-  const auto [start, count] = dataset_box(leading, slab);
+void H5Data::read(const Location& at, const Slab& slab, double* out) const {
+  const auto [start, count] = dataset_box(at.leading, slab);
+  const std::string& what = at.what;
   std::unique_lock<std::mutex> lock(mu_);
   h5::ReadGuard guard(what + ": reading values");
-  const Open& o = dataset(file, path);
+  const Open& o = dataset(at.file, at.dataset);
   if (auto direct = o.direct) {  // keeps the descriptor alive past an eviction
     lock.unlock();
     read_direct(*direct, start, count, out, true, what);
@@ -219,33 +218,32 @@ void H5Data::read(const std::string& file, const std::string& path, long long le
     input_error("{}: cannot read data: {}", what, h5::last_error());
 }
 
-void H5Data::read_piece(const TapData& t, int rank, const Slab& slab, double* out) const {
+H5Data::Location H5Data::piece_location(const TapData& t, int rank) const {
   const std::string& path = taps_.at(t.data_id);
-  if (!run_path_.empty()) {
-    read(run_path_, path, rank, slab, out, run_path_ + ": tap '" + t.name + "'");
-  } else {
-    const std::string& file = rank_files_.at(static_cast<std::size_t>(rank));
-    read(file, path, -1, slab, out, file + ": tap '" + t.name + "'");
-  }
+  const std::string& file = run_path_.empty() ? rank_files_.at(static_cast<std::size_t>(rank)) : run_path_;
+  return {file, path, run_path_.empty() ? -1 : rank, file + ": tap '" + t.name + "'"};
+}
+
+H5Data::Location H5Data::reference_location(const TapData& t) const {
+  const auto& ref = references_.at(t.data_id);
+  if (!ref) fail("tap '{}' has no reference", t.name);
+  return {ref->first, ref->second, -1, ref->first + ":" + ref->second};
+}
+
+void H5Data::read_piece(const TapData& t, int rank, const Slab& slab, double* out) const {
+  read(piece_location(t, rank), slab, out);
 }
 
 std::size_t H5Data::read_piece_stored(const TapData& t, int rank, const Slab& slab, void* out) const {
-  const std::string& path = taps_.at(t.data_id);
-  if (!run_path_.empty()) return read_stored(run_path_, path, rank, slab, out, run_path_ + ": tap '" + t.name + "'");
-  const std::string& file = rank_files_.at(static_cast<std::size_t>(rank));
-  return read_stored(file, path, -1, slab, out, file + ": tap '" + t.name + "'");
-}
-
-std::size_t H5Data::read_reference_stored(const TapData& t, const Slab& slab, void* out) const {
-  const auto& ref = references_.at(t.data_id);
-  if (!ref) fail("tap '{}' has no reference", t.name);
-  return read_stored(ref->first, ref->second, -1, slab, out, ref->first + ":" + ref->second);
+  return read_stored(piece_location(t, rank), slab, out);
 }
 
 void H5Data::read_reference(const TapData& t, const Slab& slab, double* out) const {
-  const auto& ref = references_.at(t.data_id);
-  if (!ref) fail("tap '{}' has no reference", t.name);
-  read(ref->first, ref->second, -1, slab, out, ref->first + ":" + ref->second);
+  read(reference_location(t), slab, out);
+}
+
+std::size_t H5Data::read_reference_stored(const TapData& t, const Slab& slab, void* out) const {
+  return read_stored(reference_location(t), slab, out);
 }
 
 }  // namespace dc

@@ -48,13 +48,20 @@ class H5Data final : public ActivationData {
 
  private:
   H5Data() = default;
-  // `leading` is the rank row of a run file's dataset, -1 for none.
-  void read(const std::string& file, const std::string& dataset, long long leading,
-            const Slab& slab, double* out, const std::string& what) const;
+  // Where a piece or a reference lies: `leading` is the rank row of a run
+  // file's dataset, -1 for none; `what` names it in errors.
+  struct Location {
+    const std::string& file;
+    const std::string& dataset;
+    long long leading;
+    std::string what;
+  };
+  Location piece_location(const TapData& t, int rank) const;
+  Location reference_location(const TapData& t) const;
+  void read(const Location& at, const Slab& slab, double* out) const;
   // As read(), but the values as stored when the dataset is direct; 0 (and
   // nothing read) otherwise.
-  std::size_t read_stored(const std::string& file, const std::string& dataset, long long leading,
-                          const Slab& slab, void* out, const std::string& what) const;
+  std::size_t read_stored(const Location& at, const Slab& slab, void* out) const;
   struct Open {
     h5::Handle ds;
     std::shared_ptr<const DirectDataset> direct;  // null: read through HDF5

@@ -22,6 +22,15 @@ namespace {
 
 constexpr std::size_t kCacheChunk = std::size_t{1} << 16;
 
+// Values into `buf` as the source stores them when it can give them so
+// (`stored` returns their element size, 0 if not), else widened to float64.
+template <class Stored, class Widened>
+StoredValues as_stored(double* buf, Stored stored, Widened widened) {
+  if (const std::size_t size = stored(static_cast<void*>(buf))) return {buf, size};
+  widened(buf);
+  return {buf, sizeof(double)};
+}
+
 // Maps a float's bits onto a line where adjacent floats are adjacent integers.
 template <class F, class I>
 I ordered_bits(F x) {
@@ -147,18 +156,14 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
       // One piece (no replica, no partial sum): scanned as stored, when the
       // source can give it so (a float32 file: no widening pass).
       const int l = g.leaders.front();
-      StoredValues x{b.leader.data(), set.data->read_piece_stored(t, l, slab, b.leader.data())};
-      if (x.element_size == 0) {
-        set.data->read_piece(t, l, slab, b.leader.data());
-        x.element_size = sizeof(double);
-      }
+      const StoredValues x = as_stored(
+          b.leader.data(), [&](void* out) { return set.data->read_piece_stored(t, l, slab, out); },
+          [&](double* out) { set.data->read_piece(t, l, slab, out); });
       if (!has_ref) return scan_nonfinite(x, n, l, first, st);
       const Slab global = to_global(slab, t.local_shape, g.block);
-      StoredValues r{b.ref.data(), set.data->read_reference_stored(t, global, b.ref.data())};
-      if (r.element_size == 0) {
-        set.data->read_reference(t, global, b.ref.data());
-        r.element_size = sizeof(double);
-      }
+      const StoredValues r = as_stored(
+          b.ref.data(), [&](void* out) { return set.data->read_reference_stored(t, global, out); },
+          [&](double* out) { set.data->read_reference(t, global, out); });
       // The reference scan tells whether the values may hold a NaN or an Inf
       // (the non-finite scan's own pass over them is then needed).
       if (scan_reference(x, r, n, tol, p, g, first, plan, st)) scan_nonfinite(x, n, l, first, st);
