@@ -75,20 +75,32 @@ class Chaos(E2ETest):
         if os.geteuid() != 0 or not shutil.which("unshare"):
             self.skipTest("needs root and unshare for a private tmpfs")
         # A small run file is gathered to rank 0 (--store auto); --store mpiio
-        # has every rank write.
-        for store in ("auto", "mpiio"):
-            with self.subTest(store=store):
-                full = self.path(f"full_{store}")
+        # has every rank write. The file's size, learnt from a run elsewhere,
+        # sets the disk's: 300 KiB fills it in the writes (the check for room
+        # skipped: a disk another program fills meanwhile), a disk just under
+        # the file is refused before writing — with MPI-IO that disk filled
+        # inside HDF5's closing metadata writes, whose collectives then hung
+        # (exit 1, HANG, after the 20 s watchdog).
+        sized = self.mpirun(2, "--scenario", "timestep_broadcast", "--store", "mpiio", json=False)
+        self.assertExit(sized, 0)
+        size_k = (os.path.getsize(self.path("run.h5")) - 1) // 4096 * 4  # whole pages, less than the file
+        for store, size, room_check in (("auto", "300k", False), ("mpiio", "300k", False),
+                                        ("mpiio", f"{size_k}k", True), ("auto", f"{size_k}k", True)):
+            with self.subTest(store=store, size=size):
+                full = self.path(f"full_{store}_{size}")
                 os.mkdir(full)
-                listing = self.path(f"listing_{store}")
-                script = (f"mount -t tmpfs -o size=300k tmpfs {full} && "
-                          f"{MPIEXEC} -n 2 {EXE} --scenario timestep_broadcast --timeout 20 --store {store} "
+                listing = self.path(f"listing_{store}_{size}")
+                env = "" if room_check else "DIFFCHECK_NO_ROOM_CHECK=1 "
+                script = (f"mount -t tmpfs -o size={size} tmpfs {full} && "
+                          f"{env}{MPIEXEC} -n 2 {EXE} --scenario timestep_broadcast --timeout 20 --store {store} "
                           f"--out {full}/run.h5; code=$?; ls {full} > {listing}; umount {full}; exit $code")
                 t0 = time.monotonic()
                 res = self.run_cmd(["unshare", "-m", "sh", "-c", script])
                 self.assertExit(res, 2)
                 self.assertLess(time.monotonic() - t0, 20, msg="a write error must not hang the job")
                 self.assertIn("nothing was written to", res.err)
+                if room_check:
+                    self.assertIn("no room for the run file", res.err)
                 with open(listing) as f:
                     names = f.read().split()
                 self.assertNotIn("run.h5", names)

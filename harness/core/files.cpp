@@ -1,6 +1,7 @@
 #include "harness/core/files.h"
 
 #include <fmt/format.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -63,6 +64,12 @@ std::string read_text_file(const std::string& path, const std::string& what) {
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+std::uint64_t available_bytes(const std::string& dir) {
+  struct statvfs st {};
+  if (statvfs(dir.c_str(), &st) != 0) fail("cannot tell the free space of '{}': {}", dir, std::strerror(errno));
+  return static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize;
 }
 
 }  // namespace dc

@@ -1,6 +1,7 @@
 // Reports (JSON, JUnit, HTML) are written whole or not at all: into
 // "<path>.tmp", then renamed, so a reader never sees half a file.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "harness/core/comm.h"
@@ -19,5 +20,9 @@ std::string read_text_file(const std::string& path, const std::string& what);
 // look for it. Collective; the same answer on every rank. `dir` must exist on
 // every rank.
 bool directory_shared(const Comm& world, const std::string& dir);
+
+// Bytes an unprivileged writer may still put into the filesystem holding
+// `dir` (statvfs). Throws Error naming the directory when it cannot say.
+std::uint64_t available_bytes(const std::string& dir);
 
 }  // namespace dc

@@ -169,6 +169,27 @@ long long bytes_to_write(const Comm& world, const TapRecorder& taps) {
   return world.sum_ll(mine);
 }
 
+// Refuses a run file the output directory has no room for, before anything
+// is written: a disk that fills inside HDF5's closing metadata writes leaves
+// its ranks in different collectives (a hang the watchdog would have to
+// end), and a clear message is better anyway. Rank 0 asks (it writes a
+// gathered file; an MPI-IO file is in a directory every rank shares); every
+// rank gets its answer. HDF5's metadata is allowed for: 1 MiB and 1/64.
+// DIFFCHECK_NO_ROOM_CHECK=1 skips it (tests of a disk that fills while written).
+void require_room_for_run_file(const Comm& world, const std::string& out, long long bytes) {
+  if (const char* v = std::getenv("DIFFCHECK_NO_ROOM_CHECK"); v && std::string(v) == "1") return;
+  agreed_on_root(world, 0, [&] {
+    const std::string dir = std::filesystem::path(out).parent_path().string();
+    const std::uint64_t need = static_cast<std::uint64_t>(bytes) + static_cast<std::uint64_t>(bytes) / 64 + (1u << 20);
+    const std::uint64_t free = available_bytes(dir.empty() ? "." : dir);
+    if (free < need)
+      fail("rank 0: no room for the run file '{}': it needs about {:.1f} MiB, and {} has {:.1f} MiB free; nothing was "
+           "written to '{}'",
+           out, double(need) / (1 << 20), dir.empty() ? "." : dir, double(free) / (1 << 20), out);
+    return std::string();
+  });
+}
+
 // The run file is written with MPI-IO only where every rank writes into the
 // same file (a directory all hosts share) and the file is not small; else
 // rank 0 writes it.
@@ -334,6 +355,7 @@ int run_scenario(const RunOptions& given) {
   RunInfo info{scenario.name(), flags.str() + inject,
                dtype_name(dtype), opts.seed, fmt::format("diffcheck {}", DIFFCHECK_VERSION), opts.size};
   const long long file_bytes = bytes_to_write(world, taps);
+  require_room_for_run_file(world, out, file_bytes);
   const WriteMode write_mode = choose_write_mode(world, opts.store, dir_shared, file_bytes, gather_max);
   write_run_file(world, out, info, taps, write_mode, [&] { chaos.during("write", world, rank); });
   const double write_s = seconds_since(t1);
