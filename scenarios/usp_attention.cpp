@@ -171,8 +171,11 @@ class UspAttention final : public Scenario {
       ctx.taps.tap(p + "v_after_a2a", ref::with_batch_dim(v), {.layout = heads_l, .reduction_depth = dl});
       const RingObserver observe = [&](std::size_t t, const Tensor& out, const Tensor& lse) {
         const std::string at = fmt::format("{}step{}/", p, t);
-        ctx.taps.tap(at + "out", ref::with_batch_dim(out), {.layout = heads_l, .reduction_depth = sdepth, .atol = attn_atol});
-        ctx.taps.tap(at + "lse", ref::with_batch_dim(lse), {.layout = heads_l, .atol = lse_atol, .rtol = 0.0});
+        // A step attends to one block of keys: per mesh (another block on one device).
+        ctx.taps.tap(at + "out", ref::with_batch_dim(out),
+                     {.layout = heads_l, .reduction_depth = sdepth, .atol = attn_atol, .per_mesh = true});
+        ctx.taps.tap(at + "lse", ref::with_batch_dim(lse),
+                     {.layout = heads_l, .atol = lse_atol, .rtol = 0.0, .per_mesh = true});
       };
       auto [out, lse] = ring_attention(ring_comm, q, k, v, ro, observe);
       ctx.taps.tap(p + "out", ref::with_batch_dim(out), {.layout = heads_l, .reduction_depth = sdepth, .atol = attn_atol});

@@ -147,6 +147,17 @@ class Calibrate(E2ETest):
                           "--flag", "async_allreduce=true", *fault)
         self.assertExit(res, 0)
 
+    def test_a_ring_step_is_not_held_to_the_one_device_error(self):
+        # On 16 ranks a ring step attends to one block of keys; on one device
+        # to all of them: its taps are `per_mesh`, and keep the other-seed
+        # limit, where 2x the one-device error failed the clean LSE (2.8x).
+        res = self.mpirun(16, "--scenario", "usp_attention", "--dtype", "bfloat16", "--mesh", "dp=1,ring=16,sp=1",
+                          "--seed", "1234", "--tolerance", "calibrated")
+        self.assertExit(res, 0)
+        taps = {t["name"]: t["reference"] for t in res.report["taps"]}
+        self.assertNotIn("rel_l2_as_is", taps["ring/chunk0/step0/lse"]["noise_floor"])
+        self.assertIn("rel_l2_as_is", taps["ring/chunk0/lse"]["noise_floor"])  # the merged LSE is the same
+
     def test_mismatched_files_are_refused_by_run_and_compare(self):
         path = self.calibrate("flux_tp", "float32", ranks=1)
         res = self.mpirun(4, "--scenario", "flux_tp", "--dtype", "bfloat16", "--tolerances", path)

@@ -171,17 +171,27 @@ TEST(MeasuredTolerance, SameInputsTightenTheNormLimitToTheUnperturbedError) {
   EXPECT_DOUBLE_EQ(other_seed.rel_l2_limit, kNormFactor * 0.004 + u);
   EXPECT_FALSE(other_seed.floor_rel_l2_as_is);
   const auto same = tolerance_from_floor(f, kElementFactor, kNormFactor, kSameInputsFactor);
-  EXPECT_DOUBLE_EQ(same.rel_l2_limit, kSameInputsFactor * 0.001 + u);
+  EXPECT_DOUBLE_EQ(same.rel_l2_limit, other_seed.rel_l2_limit);  // kept for per_mesh taps
+  ASSERT_TRUE(same.rel_l2_limit_own_inputs);
+  EXPECT_DOUBLE_EQ(*same.rel_l2_limit_own_inputs, kSameInputsFactor * 0.001 + u);
   ASSERT_TRUE(same.floor_rel_l2_as_is);
   EXPECT_DOUBLE_EQ(*same.floor_rel_l2_as_is, 0.001);
   EXPECT_DOUBLE_EQ(same.rtol, other_seed.rtol);  // the element bound keeps the perturbed runs
   // Never looser than the other-seed limit, and nothing to tighten without run 0.
   f.rel_l2_as_is = 0.1;
-  EXPECT_DOUBLE_EQ(tolerance_from_floor(f, kElementFactor, kNormFactor, kSameInputsFactor).rel_l2_limit,
-                   other_seed.rel_l2_limit);
+  EXPECT_FALSE(tolerance_from_floor(f, kElementFactor, kNormFactor, kSameInputsFactor).rel_l2_limit_own_inputs);
   f.rel_l2_as_is.reset();
-  EXPECT_DOUBLE_EQ(tolerance_from_floor(f, kElementFactor, kNormFactor, kSameInputsFactor).rel_l2_limit,
-                   other_seed.rel_l2_limit);
+  EXPECT_FALSE(tolerance_from_floor(f, kElementFactor, kNormFactor, kSameInputsFactor).rel_l2_limit_own_inputs);
+  // Applied to a tap unless it is per mesh (a one-device run computes something else there).
+  ToleranceInputs in{"bfloat16", {}, {}, {}, {}, {}, 1.0};
+  in.measured = &same;
+  const Tolerance applied = derive_tolerance(in);
+  EXPECT_TRUE(applied.own_inputs);
+  EXPECT_DOUBLE_EQ(*applied.rel_l2_limit, *same.rel_l2_limit_own_inputs);
+  in.per_mesh = true;
+  const Tolerance ring_step = derive_tolerance(in);
+  EXPECT_FALSE(ring_step.own_inputs);
+  EXPECT_DOUBLE_EQ(*ring_step.rel_l2_limit, other_seed.rel_l2_limit);
   // Run 0's figure survives merging with perturbed runs and the trip between ranks.
   Floors runs = {{"t", {0.01, 0.002, "bfloat16", 0.002}}};
   merge_floors(runs, {{"t", {0.02, 0.005, "bfloat16", std::nullopt}}});
@@ -227,9 +237,10 @@ TEST(ToleranceFile, RoundTripAndRefusals) {
   const ToleranceTable t = tolerance_table(back, ToleranceSource::file, path);
   EXPECT_DOUBLE_EQ(t.find("a/b")->rtol, kElementFactor * 0.01 + std::ldexp(1.0, -24));
   EXPECT_DOUBLE_EQ(t.find("a/b")->rel_l2_limit, kNormFactor * 0.002 + std::ldexp(1.0, -24));
+  EXPECT_FALSE(t.find("a/b")->rel_l2_limit_own_inputs);
   const ToleranceTable same = tolerance_table(back, ToleranceSource::file, path, /*same_inputs=*/true);
-  EXPECT_DOUBLE_EQ(same.find("a/b")->rel_l2_limit, kSameInputsFactor * 0.0005 + std::ldexp(1.0, -24));
-  EXPECT_DOUBLE_EQ(same.find("c")->rel_l2_limit, kNormFactor * 0.002 + std::ldexp(1.0, -24));
+  EXPECT_DOUBLE_EQ(*same.find("a/b")->rel_l2_limit_own_inputs, kSameInputsFactor * 0.0005 + std::ldexp(1.0, -24));
+  EXPECT_FALSE(same.find("c")->rel_l2_limit_own_inputs);
   {  // A file of an older diffcheck has no k_same_inputs: no same-input limit.
     std::string text = read_text_file(path, "test");
     const auto at = text.find("\"k_same_inputs\"");
@@ -237,8 +248,7 @@ TEST(ToleranceFile, RoundTripAndRefusals) {
     text.erase(at, text.find('\n', at) + 1 - at);
     const ToleranceFile old = parse_tolerance_file(text, path);
     EXPECT_EQ(old.info.k_same_inputs, 0.0);
-    EXPECT_DOUBLE_EQ(tolerance_table(old, ToleranceSource::file, path, true).find("a/b")->rel_l2_limit,
-                     kNormFactor * 0.002 + std::ldexp(1.0, -24));
+    EXPECT_FALSE(tolerance_table(old, ToleranceSource::file, path, true).find("a/b")->rel_l2_limit_own_inputs);
   }
   EXPECT_NO_THROW(require_matching_file(back, path, "flux_tp", "default", "bfloat16"));
   auto refused = [&](const std::string& sc, const std::string& size, const std::string& dt, const char* word) {

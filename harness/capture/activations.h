@@ -35,6 +35,7 @@ struct TapData {
   std::optional<long> reduction_depth;
   std::optional<double> tolerance_factor;  // the `tolerance_factor` attribute (>= 1)
   std::string image;                       // the `image` attribute ("nhwc", "nchw", "patches:H,W"), empty if none
+  bool per_mesh = false;                   // the `per_mesh` attribute: the tap's values depend on the mesh
   Shape local_shape;
   std::optional<Shape> reference_shape;  // the global shape, when the tap has a reference
   std::size_t data_id = 0;               // which tap the data source means (taps get sorted)

@@ -152,6 +152,7 @@ Handle create_tap(hid_t file, const TapRecord& r, const TapRecorder& taps, int w
   if (r.opts.rtol) h5::write_float_attr(ds.get(), "rtol", *r.opts.rtol);
   if (r.opts.tolerance_factor != 1.0) h5::write_float_attr(ds.get(), "tolerance_factor", r.opts.tolerance_factor);
   if (!r.opts.image.empty()) h5::write_string_attr(ds.get(), "image", r.opts.image);
+  if (r.opts.per_mesh) h5::write_int_attr(ds.get(), "per_mesh", 1);
   return ds;
 }
 

@@ -34,6 +34,10 @@ struct TapOptions {
   // reports: "nhwc" ([B, H, W, C]), "nchw" ([B, C, H, W]) or "patches:H,W" ([B, H W, p, p, C], the
   // per-token patches of an H x W token grid). Empty: not an image.
   std::string image;
+  // What the tap holds depends on the mesh (a ring step's attention over one
+  // block of keys): a one-device run computes something else under the same
+  // name, so its error is no yardstick for this tap's (check/noise_floor.h).
+  bool per_mesh = false;
 };
 
 // A box of a reference: `data` (its shape is the box's extent) placed at

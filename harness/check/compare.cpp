@@ -123,6 +123,7 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
     if (opts.tolerances) {
       in.measured = opts.tolerances->find(t.name);
       in.measured_source = opts.tolerances->source;
+      in.per_mesh = t.per_mesh;
     }
     if (tolerance_needs_rms(in)) in.reference_rms = reference_rms(set, p, chunk, unit, opts.memory_budget, threads, bufs);
     tol = derive_tolerance(in);

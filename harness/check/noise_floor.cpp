@@ -82,7 +82,7 @@ MeasuredTolerance tolerance_from_floor(const TapFloor& f, double k_element, doub
   // On the run's own inputs the unperturbed run is the yardstick itself: no
   // other seed's spread and no perturbation to allow for.
   if (k_same > 0 && f.rel_l2_as_is && k_same * *f.rel_l2_as_is + u < m.rel_l2_limit) {
-    m.rel_l2_limit = k_same * *f.rel_l2_as_is + u;
+    m.rel_l2_limit_own_inputs = k_same * *f.rel_l2_as_is + u;
     m.floor_rel_l2_as_is = f.rel_l2_as_is;
   }
   return m;

@@ -17,7 +17,9 @@
 // seed), the norm-wise limit is also at most
 //   kSameInputsFactor * rel_l2_as_is + u_acc
 // with rel_l2_as_is the unperturbed one-device run's (FlashAttention's test:
-// the same computation in the same dtype on one device, 2x).
+// the same computation in the same dtype on one device, 2x) — for the taps a
+// one-device run computes alike: not those marked `per_mesh` (a ring step's
+// partial attention covers one block of keys on the mesh, all on one device).
 // Element-wise catches a few elements gone wrong (a tile's missing corner);
 // norm-wise catches a small error spread over all of them (an offset LSE),
 // which hides below an element-wise bound set by the worst of millions.

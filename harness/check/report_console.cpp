@@ -124,13 +124,14 @@ std::string tolerance_line(const ReferenceCheck& ref) {
     auto margin = [](double limit, double floor) {
       return floor > 0 ? fmt::format("clean margin {:.3g}x", limit / floor) : std::string("floor 0");
     };
+    const double limit = tol.rel_l2_limit.value_or(m.rel_l2_limit);
     s += fmt::format(" (noise floor {}, {}), rel L2 <= {} ", sci(m.floor_element), margin(m.rtol, m.floor_element),
-                     sci(m.rel_l2_limit));
-    if (m.floor_rel_l2_as_is)
+                     sci(limit));
+    if (tol.own_inputs)
       s += fmt::format("(one-device error on this run's inputs {}, {})", sci(*m.floor_rel_l2_as_is),
-                       margin(m.rel_l2_limit, *m.floor_rel_l2_as_is));
+                       margin(limit, *m.floor_rel_l2_as_is));
     else
-      s += fmt::format("(noise floor {}, {})", sci(m.floor_rel_l2), margin(m.rel_l2_limit, m.floor_rel_l2));
+      s += fmt::format("(noise floor {}, {})", sci(m.floor_rel_l2), margin(limit, m.floor_rel_l2));
   }
   return s + fmt::format("; err/tol {}", sci(ref.margin()));
 }

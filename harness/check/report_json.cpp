@@ -61,10 +61,11 @@ json tap_json(const TapVerdict& t, std::size_t order) {
                                        {"clean_margin_element", m->floor_element > 0 ? num(m->rtol / m->floor_element) : json(nullptr)},
                                        {"clean_margin_rel_l2", m->floor_rel_l2 > 0 ? num(m->rel_l2_limit / m->floor_rel_l2) : json(nullptr)}};
     // Held to the one-device error on the run's own inputs: that is the clean run's yardstick.
-    if (const auto* m = ref.tol.measured; m && m->floor_rel_l2_as_is) {
+    if (const auto* m = ref.tol.measured; m && ref.tol.own_inputs) {
       auto& nf = j["reference"]["noise_floor"];
       nf["rel_l2_as_is"] = num(*m->floor_rel_l2_as_is);
-      nf["clean_margin_rel_l2"] = *m->floor_rel_l2_as_is > 0 ? num(m->rel_l2_limit / *m->floor_rel_l2_as_is) : json(nullptr);
+      nf["clean_margin_rel_l2"] =
+          *m->floor_rel_l2_as_is > 0 ? num(*ref.tol.rel_l2_limit / *m->floor_rel_l2_as_is) : json(nullptr);
     }
   }
   // Every rank's share (index = rank), for pictures of the whole mesh.

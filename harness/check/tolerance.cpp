@@ -52,6 +52,10 @@ Tolerance derive_tolerance(const ToleranceInputs& in) {
     t.rtol = in.measured->rtol;
     t.atol = t.rtol * in.reference_rms;
     t.rel_l2_limit = in.measured->rel_l2_limit;
+    if (in.measured->rel_l2_limit_own_inputs && !in.per_mesh) {
+      t.rel_l2_limit = in.measured->rel_l2_limit_own_inputs;
+      t.own_inputs = true;
+    }
     t.source = in.measured_source;
     t.measured = in.measured;
     return t;

@@ -48,9 +48,11 @@ struct MeasuredTolerance {
   double floor_rel_l2 = 0;   // max over runs of ||x - ref|| / ||ref||
   double rtol = 0;           // element-wise: |x - ref| <= rtol (rms(ref) + |ref|)
   double rel_l2_limit = 0;   // norm-wise: ||x - ref|| / ||ref|| <= rel_l2_limit
-  // The unperturbed one-device run's rel_l2 on the run's own inputs, when the
-  // limit was tightened to a multiple of it (check/noise_floor.h).
+  // On the run's own inputs (check/noise_floor.h): the unperturbed one-device
+  // run's rel_l2 and the tighter norm limit made of it, for the taps a
+  // one-device run computes alike (not `per_mesh` ones).
   std::optional<double> floor_rel_l2_as_is;
+  std::optional<double> rel_l2_limit_own_inputs;
 };
 
 // Per-tap measured tolerances and where they came from.
@@ -70,6 +72,7 @@ struct Tolerance {
   std::optional<double> rel_l2_limit;  // measured tolerances only
   ToleranceSource source = ToleranceSource::derived;
   const MeasuredTolerance* measured = nullptr;  // the floor behind a measured tolerance
+  bool own_inputs = false;  // rel_l2_limit is measured->rel_l2_limit_own_inputs
 };
 
 struct ToleranceInputs {
@@ -81,6 +84,7 @@ struct ToleranceInputs {
   double factor = 1.0;  // the tap's tolerance_factor: multiplies the derived atol and rtol
   const MeasuredTolerance* measured = nullptr;  // this tap's entry of a tolerance table
   ToleranceSource measured_source = ToleranceSource::file;
+  bool per_mesh = false;  // the tap's `per_mesh` attribute: no same-input limit
 };
 
 // Whether the tolerance chosen for `in` scales with the reference's RMS (so

@@ -139,7 +139,7 @@ int calibrate_scenario(const CalibrateOptions& opts) {
     const auto same = tolerance_from_floor(f, file.info.k_element, file.info.k_norm, file.info.k_same_inputs);
     std::cout << fmt::format("  {:<{}}  {:>12.3e}  {:>12.3e}  {:>12.3e}  {:>12.3e}  {:>12.3e}  {:>14.3e}\n", name, w,
                              f.element, m.rtol, f.rel_l2, m.rel_l2_limit, f.rel_l2_as_is.value_or(NAN),
-                             same.rel_l2_limit);
+                             same.rel_l2_limit_own_inputs.value_or(same.rel_l2_limit));
   }
   std::cout << fmt::format("A run on seed {} with these flags holds rel L2 to at most {} x run 0's (unperturbed) "
                            "error; one on another seed to the rel L2 limit.\n",
