@@ -66,9 +66,9 @@ std::string read_text_file(const std::string& path, const std::string& what) {
   return text.str();
 }
 
-std::uint64_t available_bytes(const std::string& dir) {
+std::optional<std::uint64_t> available_bytes(const std::string& dir) {
   struct statvfs st {};
-  if (statvfs(dir.c_str(), &st) != 0) fail("cannot tell the free space of '{}': {}", dir, std::strerror(errno));
+  if (statvfs(dir.c_str(), &st) != 0) return std::nullopt;
   return static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize;
 }
 

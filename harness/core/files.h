@@ -2,6 +2,7 @@
 // "<path>.tmp", then renamed, so a reader never sees half a file.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "harness/core/comm.h"
@@ -22,7 +23,8 @@ std::string read_text_file(const std::string& path, const std::string& what);
 bool directory_shared(const Comm& world, const std::string& dir);
 
 // Bytes an unprivileged writer may still put into the filesystem holding
-// `dir` (statvfs). Throws Error naming the directory when it cannot say.
-std::uint64_t available_bytes(const std::string& dir);
+// `dir` (statvfs); nothing when it cannot say (no such directory: the write
+// that follows names its own error).
+std::optional<std::uint64_t> available_bytes(const std::string& dir);
 
 }  // namespace dc

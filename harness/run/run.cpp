@@ -181,7 +181,7 @@ void require_room_for_run_file(const Comm& world, const std::string& out, long l
   agreed_on_root(world, 0, [&] {
     const std::string dir = std::filesystem::path(out).parent_path().string();
     const std::uint64_t need = static_cast<std::uint64_t>(bytes) + static_cast<std::uint64_t>(bytes) / 64 + (1u << 20);
-    const std::uint64_t free = available_bytes(dir.empty() ? "." : dir);
+    const std::uint64_t free = available_bytes(dir.empty() ? "." : dir).value_or(UINT64_MAX);
     if (free < need)
       fail("rank 0: no room for the run file '{}': it needs about {:.1f} MiB, and {} has {:.1f} MiB free; nothing was "
            "written to '{}'",
