@@ -40,7 +40,7 @@ void merge_floors(Floors& into, const Floors& more) {
     it->second.element = worst(it->second.element, f.element);
     it->second.rel_l2 = worst(it->second.rel_l2, f.rel_l2);
     if (f.rel_l2_as_is)  // only run 0 has one
-      it->second.rel_l2_as_is = it->second.rel_l2_as_is ? worst(*it->second.rel_l2_as_is, *f.rel_l2_as_is) : *f.rel_l2_as_is;
+      it->second.rel_l2_as_is = worst(it->second.rel_l2_as_is.value_or(0), *f.rel_l2_as_is);
   }
 }
 

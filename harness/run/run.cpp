@@ -207,7 +207,8 @@ WriteMode choose_write_mode(const Comm& world, const std::string& store, bool sh
 
 // The table of --tolerances FILE: rank 0 reads the file and every rank parses
 // the same text, so all agree on it (or on the error) whatever hosts see.
-ToleranceTable tolerance_file_table(const Comm& world, const RunOptions& opts, const Scenario& scenario) {
+ToleranceTable tolerance_file_table(const Comm& world, const RunOptions& opts, const Scenario& scenario,
+                                    const FlagValues& flags) {
   const std::string text = agreed_on_root(world, 0, [&] {
     try {
       return read_text_file(opts.tolerances_file, "tolerance file");
@@ -217,7 +218,6 @@ ToleranceTable tolerance_file_table(const Comm& world, const RunOptions& opts, c
   });
   const ToleranceFile f = parse_tolerance_file(text, opts.tolerances_file);
   require_matching_file(f, opts.tolerances_file, scenario.name(), opts.size, opts.dtype);
-  const FlagValues flags = FlagValues::resolve(scenario.flags(), opts.flags, scenario.name());
   const bool same = same_inputs_as(f.info, opts.seed, flags.str(), opts.pipeline.steps, opts.pipeline.reference_mode);
   if (same && world.rank() == 0)
     spdlog::info("tolerance file {} was calibrated on this run's seed and flags: its rel L2 limits are at most {} x "
@@ -274,7 +274,7 @@ int run_scenario(const RunOptions& given) {
   FlagValues flags = FlagValues::resolve(scenario.flags(), opts.flags, scenario.name());
   check_fault(scenario, opts.fault, opts.fault_scale);
   std::optional<ToleranceTable> file_table;
-  if (!opts.tolerances_file.empty()) file_table = tolerance_file_table(world, opts, scenario);
+  if (!opts.tolerances_file.empty()) file_table = tolerance_file_table(world, opts, scenario, flags);
   if (opts.tolerance != "derived" && opts.tolerance != "calibrated")
     input_error("--tolerance takes derived or calibrated, not '{}'", opts.tolerance);
   if (opts.tolerance == "calibrated" && file_table)
