@@ -75,7 +75,7 @@ class Chaos(E2ETest):
         if os.geteuid() != 0 or not shutil.which("unshare"):
             self.skipTest("needs root and unshare for a private tmpfs")
         # A small run file is gathered to rank 0 (--store auto); --store mpiio
-        # has every rank write. The file's size, learnt from a run elsewhere,
+        # and pwrite have every rank write. The file's size, learnt from a run elsewhere,
         # sets the disk's: 300 KiB fills it in the writes (the check for room
         # skipped: a disk another program fills meanwhile), a disk just under
         # the file is refused before writing — with MPI-IO that disk filled
@@ -84,7 +84,7 @@ class Chaos(E2ETest):
         sized = self.mpirun(2, "--scenario", "timestep_broadcast", "--store", "mpiio", json=False)
         self.assertExit(sized, 0)
         size_k = (os.path.getsize(self.path("run.h5")) - 1) // 4096 * 4  # whole pages, less than the file
-        for store, size, room_check in (("auto", "300k", False), ("mpiio", "300k", False),
+        for store, size, room_check in (("auto", "300k", False), ("mpiio", "300k", False), ("pwrite", "300k", False),
                                         ("mpiio", f"{size_k}k", True), ("auto", f"{size_k}k", True)):
             with self.subTest(store=store, size=size):
                 full = self.path(f"full_{store}_{size}")

@@ -84,9 +84,10 @@ class InRunMatchesCompare(E2ETest):
     def test_gathered_file_equals_mpiio_file(self):
         """--store gather (rank 0 writes, the rows come over MPI in pieces)
         writes the file --store mpiio writes, value for value, also in pieces
-        of at most 1000 elements (slices split along the first dimension)."""
+        of at most 1000 elements (slices split along the first dimension);
+        so does --store pwrite (every rank at its offsets, O_DIRECT)."""
         files = {}
-        for store, piece in (("mpiio", None), ("gather", None), ("gather", "1000")):
+        for store, piece in (("mpiio", None), ("gather", None), ("gather", "1000"), ("pwrite", None)):
             env = dict(os.environ, DIFFCHECK_GATHER_ELEMENTS=piece) if piece else None
             out = self.path(f"{store}{piece}.h5")
             res = subprocess.run([MPIEXEC, "-n", "16", EXE, "--scenario", "flux_tp", "--inject",

@@ -197,6 +197,11 @@ class MultiHost(unittest.TestCase):
         p = rig.run("h1", ["env", "DIFFCHECK_LOG=info", *log])
         self.assertIn("shared by all ranks: run file written by rank 0", p.stderr)
         self.assertIn("at most DIFFCHECK_GATHER_MAX_MIB: gathered", p.stderr)
+        # --store pwrite (each rank at its offsets, through its own page
+        # cache for a page's shared ends) is for one host only.
+        p = rig.run("h1", [*log, "--store", "pwrite"])
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("--store pwrite needs every rank on one host", p.stdout + p.stderr)
 
     def test_mpiio_on_node_local_storage_is_refused(self):
         rig = self.rigs[2]

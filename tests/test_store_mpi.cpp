@@ -27,7 +27,13 @@ std::string temp_path(const std::string& name) {
 }
 }  // namespace
 
+// Every way of writing a run file, by name (for the failure messages).
+const std::vector<std::pair<WriteMode, std::string>> kModes{
+    {WriteMode::collective, "mpiio"}, {WriteMode::gathered, "gather"}, {WriteMode::positional, "pwrite"}};
+
 TEST(Store, RunFileRoundTrip) {
+ for (const auto& [mode, mode_name] : kModes) {
+  SCOPED_TRACE(mode_name);
   const int n = world().size(), me = world().rank();
   Mesh mesh = Mesh::parse(fmt::format("dp=1,tp={}", n));
   TapRecorder taps(mesh, me, DType::bfloat16);
@@ -41,7 +47,7 @@ TEST(Store, RunFileRoundTrip) {
   taps.reference("block0/attn/q", ref);
 
   std::string path = temp_path("roundtrip");
-  write_run_file(world(), path, {"unit", "a=1", "bfloat16", 9, "test"}, taps);
+  write_run_file(world(), path, {"unit", "a=1", "bfloat16", 9, "test"}, taps, mode);
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
   int ok = 1;
   if (me == 0) {
@@ -73,6 +79,7 @@ TEST(Store, RunFileRoundTrip) {
   }
   world().barrier();
   (void)ok;
+ }
 }
 
 TEST(Store, RanksRecordingDifferentTapsIsAnError) {
@@ -88,6 +95,8 @@ TEST(Store, RanksRecordingDifferentTapsIsAnError) {
 // References computed row by row on different ranks (each rank some rows,
 // rank 0 possibly several) land whole in the file.
 TEST(Store, ReferenceRowsFromEveryRank) {
+ for (const auto& [mode, mode_name] : kModes) {
+  SCOPED_TRACE(mode_name);
   const int n = world().size(), me = world().rank();
   Mesh mesh = Mesh::parse(fmt::format("dp={}", n));
   TapRecorder taps(mesh, me, DType::float32);
@@ -101,7 +110,7 @@ TEST(Store, ReferenceRowsFromEveryRank) {
     taps.reference_row("y", rows, r, item);
   }
   std::string path = temp_path("rows");
-  write_run_file(world(), path, {"unit", "", "float32", 1, "test"}, taps);
+  write_run_file(world(), path, {"unit", "", "float32", 1, "test"}, taps, mode);
   if (me == 0) {
     ActivationSet s = read_activations(path);
     ASSERT_EQ(s.taps.size(), 1u);
@@ -111,12 +120,15 @@ TEST(Store, ReferenceRowsFromEveryRank) {
     std::filesystem::remove(path);
   }
   world().barrier();
+ }
 }
 
 // Boxes of a [B, N, 3] reference: each rank holds token `rank` of both
 // samples, two boxes that are not contiguous in the file (two collective
 // writes, the second with nothing from ranks that hold one box).
 TEST(Store, ReferenceBoxesFromEveryRank) {
+ for (const auto& [mode, mode_name] : kModes) {
+  SCOPED_TRACE(mode_name);
   const int n = world().size(), me = world().rank();
   Mesh mesh = Mesh::parse(fmt::format("dp={}", n));
   TapRecorder taps(mesh, me, DType::float32);
@@ -136,13 +148,63 @@ TEST(Store, ReferenceBoxesFromEveryRank) {
     }
   }
   std::string path = temp_path("boxes");
-  write_run_file(world(), path, {"unit", "", "float32", 1, "test"}, taps);
+  write_run_file(world(), path, {"unit", "", "float32", 1, "test"}, taps, mode);
   if (me == 0) {
     ActivationSet s = read_activations(path);
     EXPECT_EQ(read_whole_reference(s, s.taps[0]), want.data);
     std::filesystem::remove(path);
   }
   world().barrier();
+ }
+}
+
+// --store pwrite at the sizes where its buffering matters: tap rows larger
+// than the 8 MiB staging buffer and not a whole number of pages (so ranks
+// share the pages at their rows' ends), and reference boxes split inside
+// their last dimension (runs of 515 doubles, 4120 bytes, each crossing a page
+// boundary), with O_DIRECT and with the page cache alone
+// (DIFFCHECK_DIRECT_IO=0); the file must hold exactly what was written.
+TEST(Store, PositionalWriteOfUnalignedRowsAndSplitBoxes) {
+  const int n = world().size(), me = world().rank();
+  for (const char* direct : {"1", "0"}) {
+    SCOPED_TRACE(std::string("DIFFCHECK_DIRECT_IO=") + direct);
+    setenv("DIFFCHECK_DIRECT_IO", direct, 1);
+    Mesh mesh = Mesh::parse(fmt::format("dp={}", n));
+    TapRecorder taps(mesh, me, DType::float32);
+    const std::size_t row = (std::size_t{3} << 20) + 5;  // 12 MiB + 20 bytes
+    Tensor big({row});
+    for (std::size_t i = 0; i < row; ++i) big.data[i] = static_cast<float>(me) * 1e7f + static_cast<float>(i % 9973);
+    taps.tap("big", big, {.layout = Layout::parse("dp", "")});
+    taps.tap("y", Tensor({1, 6, 1030}, 1.0f), {.layout = Layout::parse("dp,-,-", "")});
+    const std::size_t N = static_cast<std::size_t>(n);
+    RefTensor want({N, 6, 1030}, 0.0);
+    for (std::size_t i = 0; i < want.size(); ++i) want.data[i] = static_cast<double>(i) + 0.25;
+    for (std::size_t half = 0; half < 2; ++half) {  // rank r: [r, :, 0:515] and [r, :, 515:1030]
+      RefTensor box({1, 6, 515}, 0.0);
+      for (std::size_t j = 0; j < 6; ++j)
+        std::copy_n(want.data.begin() + static_cast<long>((static_cast<std::size_t>(me) * 6 + j) * 1030 + half * 515),
+                    515, box.data.begin() + static_cast<long>(j * 515));
+      taps.reference_block("y", want.shape, {static_cast<std::size_t>(me), 0, half * 515}, box);
+    }
+    std::string path = temp_path("positional");
+    write_run_file(world(), path, {"unit", "", "float32", 1, "test"}, taps, WriteMode::positional);
+    if (me == 0) {
+      ActivationSet s = read_activations(path);
+      ASSERT_EQ(s.taps.size(), 2u);
+      for (int r = 0; r < n; ++r) {
+        const auto piece = read_whole_piece(s, s.taps[0], r);
+        ASSERT_EQ(piece.size(), row);
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < row; ++i)
+          wrong += piece[i] != static_cast<float>(r) * 1e7f + static_cast<float>(i % 9973);
+        EXPECT_EQ(wrong, 0u) << "rank " << r << "'s row";
+      }
+      EXPECT_EQ(read_whole_reference(s, s.taps[1]), want.data);
+      std::filesystem::remove(path);
+    }
+    world().barrier();
+  }
+  unsetenv("DIFFCHECK_DIRECT_IO");
 }
 
 // A row nobody computed would read as zeros: every rank refuses instead.

@@ -30,8 +30,11 @@ struct RunInfo {
 // reference boxes with parallel HDF5 (MPI-IO) — the directory must be the same
 // for every rank; `gathered`, rank 0 writes the file alone and the others send
 // it their rows and boxes over MPI, one piece of at most kGatherElements at a
-// time — for directories each host has its own of (node-local /tmp).
-enum class WriteMode { collective, gathered };
+// time — for directories each host has its own of (node-local /tmp);
+// `positional`, rank 0 lays the file out and every rank writes its rows and
+// boxes at their offsets with pwrite, past the page cache where the
+// filesystem allows (store_positional.cpp) — for ranks all on one host.
+enum class WriteMode { collective, gathered, positional };
 inline constexpr std::size_t kGatherElements = std::size_t{4} << 20;
 
 // Collective over `world`. Writes to "<path>.tmp" and renames when complete, so

@@ -14,6 +14,7 @@
 
 #include "harness/capture/h5util.h"
 #include "harness/capture/store.h"
+#include "harness/capture/store_layout.h"
 #include "harness/core/comm_native.h"
 #include "harness/core/error.h"
 
@@ -58,13 +59,6 @@ std::string reference_manifest(const TapRecorder& taps) {
   return m;
 }
 
-struct ReferenceEntry {
-  Shape shape;
-  std::size_t elements = 0;  // held by all ranks together
-  std::size_t max_blocks = 0;  // the most boxes one rank holds: collective writes per reference
-  int first_rank = -1;   // who declared the shape first, for messages
-};
-
 // Every rank's manifest merged; identical on every rank, so every rank takes
 // the same decisions (and the same error) below.
 std::map<std::string, ReferenceEntry> merge_reference_manifests(
@@ -96,24 +90,6 @@ std::map<std::string, ReferenceEntry> merge_reference_manifests(
   return out;
 }
 
-Handle link_props() {
-  Handle lcpl(H5Pcreate(H5P_LINK_CREATE));
-  H5Pset_create_intermediate_group(lcpl.get(), 1);
-  return lcpl;
-}
-
-Handle create_dataset(hid_t file, const std::string& path, hid_t type, const Shape& dims,
-                      int rank) {
-  std::vector<hsize_t> hd(dims.begin(), dims.end());
-  Handle space(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr));
-  Handle lcpl = link_props();
-  Handle ds(
-      H5Dcreate2(file, path.c_str(), type, space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT));
-  if (!ds.valid())
-    fail("rank {}: HDF5 cannot create dataset '{}': {}", rank, path, h5::last_error());
-  return ds;
-}
-
 // Parallel write: this rank writes its row `row` of `dims`, a contiguous
 // range of the file. Independent MPI-IO, not collective: each rank's piece is
 // one contiguous range, which collective buffering cannot improve, while a
@@ -134,26 +110,6 @@ void write_row(hid_t ds, hid_t mem_type, const void* data, const Shape& dims, st
   H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_INDEPENDENT);
   if (H5Dwrite(ds, mem_type, mspace.get(), fspace.get(), xfer.get(), data) < 0)
     fail("rank {}: HDF5 parallel write of '{}' failed: {}", rank, what, h5::last_error());
-}
-
-// A tap's dataset [world, *local] with its attributes.
-Handle create_tap(hid_t file, const TapRecord& r, const TapRecorder& taps, int world, int rank) {
-  Shape dims{static_cast<std::size_t>(world)};
-  dims.insert(dims.end(), r.local.shape.begin(), r.local.shape.end());
-  Handle ds = create_dataset(file, "/taps/" + r.name, H5T_IEEE_F32LE, dims, rank);
-  const auto& l = r.opts.layout;
-  if (!l.spec.empty()) h5::write_string_attr(ds.get(), "spec", l.spec_str());
-  if (!l.partial.empty()) h5::write_string_attr(ds.get(), "partial", l.partial_str());
-  h5::write_int_attr(ds.get(), "order", r.order);
-  if (taps.dtype() == DType::bfloat16) h5::write_string_attr(ds.get(), "dtype", "bfloat16");
-  if (r.opts.reduction_depth > 0)
-    h5::write_int_attr(ds.get(), "reduction_depth", r.opts.reduction_depth);
-  if (r.opts.atol) h5::write_float_attr(ds.get(), "atol", *r.opts.atol);
-  if (r.opts.rtol) h5::write_float_attr(ds.get(), "rtol", *r.opts.rtol);
-  if (r.opts.tolerance_factor != 1.0) h5::write_float_attr(ds.get(), "tolerance_factor", r.opts.tolerance_factor);
-  if (!r.opts.image.empty()) h5::write_string_attr(ds.get(), "image", r.opts.image);
-  if (r.opts.per_mesh) h5::write_int_attr(ds.get(), "per_mesh", 1);
-  return ds;
 }
 
 void write_taps(hid_t file, const TapRecorder& taps, int world, int rank) {
@@ -327,28 +283,78 @@ void receive_and_write(hid_t file, const Comm& world, const TapRecorder& taps,
 
 }  // namespace
 
-void write_run_file(const Comm& world, const std::string& path, const RunInfo& info,
-                    const TapRecorder& taps, WriteMode mode, const std::function<void()>& created) {
-  h5::silence_errors();
-  const int rank = world.rank();
-  // Agree on the tap list first: a rank that recorded something else would
-  // otherwise make the collective HDF5 calls below hang or corrupt the file.
-  const std::string mine = tap_manifest(taps);
-  const std::string root = world.broadcast_string(mine, 0);
-  const std::string diff = first_difference(mine, root);
-  if (world.max_int(diff.empty() ? 0 : 1) != 0) {
-    if (!diff.empty()) fail("rank {}: taps differ from rank 0: {}", rank, diff);
-    fail("rank {}: another rank recorded different taps than rank 0 (see its message)", rank);
-  }
+static Handle link_props() {
+  Handle lcpl(H5Pcreate(H5P_LINK_CREATE));
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  return lcpl;
+}
 
-  // Agreed by every rank before the file exists: a reference whose rows are
-  // not covered is an error on all ranks alike.
-  const auto manifest =
-      merge_reference_manifests(world.all_gather_strings(reference_manifest(taps)));
-  // Where every rank's reference boxes are, for the rank that writes them all.
-  const auto boxes = mode == WriteMode::gathered ? all_reference_boxes(world, taps)
-                                                 : std::map<std::string, std::vector<HeldBox>>{};
-  const std::string tmp = path + ".tmp";
+Handle create_dataset(hid_t file, const std::string& path, hid_t type, const Shape& dims, int rank, hid_t dcpl) {
+  std::vector<hsize_t> hd(dims.begin(), dims.end());
+  Handle space(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr));
+  Handle lcpl = link_props();
+  Handle ds(
+      H5Dcreate2(file, path.c_str(), type, space.get(), lcpl.get(), dcpl, H5P_DEFAULT));
+  if (!ds.valid())
+    fail("rank {}: HDF5 cannot create dataset '{}': {}", rank, path, h5::last_error());
+  return ds;
+}
+
+// A tap's dataset [world, *local] with its attributes.
+Handle create_tap(hid_t file, const TapRecord& r, const TapRecorder& taps, int world, int rank, hid_t dcpl) {
+  Shape dims{static_cast<std::size_t>(world)};
+  dims.insert(dims.end(), r.local.shape.begin(), r.local.shape.end());
+  Handle ds = create_dataset(file, "/taps/" + r.name, H5T_IEEE_F32LE, dims, rank, dcpl);
+  const auto& l = r.opts.layout;
+  if (!l.spec.empty()) h5::write_string_attr(ds.get(), "spec", l.spec_str());
+  if (!l.partial.empty()) h5::write_string_attr(ds.get(), "partial", l.partial_str());
+  h5::write_int_attr(ds.get(), "order", r.order);
+  if (taps.dtype() == DType::bfloat16) h5::write_string_attr(ds.get(), "dtype", "bfloat16");
+  if (r.opts.reduction_depth > 0)
+    h5::write_int_attr(ds.get(), "reduction_depth", r.opts.reduction_depth);
+  if (r.opts.atol) h5::write_float_attr(ds.get(), "atol", *r.opts.atol);
+  if (r.opts.rtol) h5::write_float_attr(ds.get(), "rtol", *r.opts.rtol);
+  if (r.opts.tolerance_factor != 1.0) h5::write_float_attr(ds.get(), "tolerance_factor", r.opts.tolerance_factor);
+  if (!r.opts.image.empty()) h5::write_string_attr(ds.get(), "image", r.opts.image);
+  if (r.opts.per_mesh) h5::write_int_attr(ds.get(), "per_mesh", 1);
+  return ds;
+}
+
+// The root attributes and the /taps group (links in creation order).
+Handle write_run_file_header(hid_t file, const std::string& where, const RunInfo& info, const TapRecorder& taps,
+                             int world_size, int rank) {
+    h5::write_int_attr(file, "diffcheck_schema", 1);
+  h5::write_string_attr(file, "mesh", taps.mesh().str());
+  h5::write_int_attr(file, "world_size", world_size);
+  h5::write_string_attr(file, "scenario", info.scenario);
+  h5::write_string_attr(file, "flags", info.flags);
+  h5::write_string_attr(file, "dtype", info.dtype);
+  h5::write_int_attr(file, "seed", static_cast<long long>(info.seed));
+  h5::write_string_attr(file, "producer", info.producer);
+  if (!info.size.empty()) h5::write_string_attr(file, "size", info.size);
+
+  Handle gcpl(H5Pcreate(H5P_GROUP_CREATE));
+  H5Pset_link_creation_order(gcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+  Handle taps_group(H5Gcreate2(file, "/taps", H5P_DEFAULT, gcpl.get(), H5P_DEFAULT));
+  if (!taps_group.valid())
+    fail("rank {}: HDF5 cannot create /taps in '{}': {}", rank, where, h5::last_error());
+  return taps_group;
+}
+
+// A new file's creation properties: links in creation order.
+Handle run_file_creation_props() {
+  Handle fcpl(H5Pcreate(H5P_FILE_CREATE));
+  H5Pset_link_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+  return fcpl;
+}
+
+// WriteMode::collective and ::gathered: HDF5 writes every byte (MPI-IO, or
+// rank 0 alone).
+static void write_with_hdf5(const Comm& world, const std::string& tmp, const std::string& path, const RunInfo& info,
+                            const TapRecorder& taps, WriteMode mode,
+                            const std::map<std::string, ReferenceEntry>& manifest,
+                     const std::map<std::string, std::vector<HeldBox>>& boxes, const std::function<void()>& created) {
+  const int rank = world.rank();
   bool closed = true;
   std::string close_error;
   if (mode == WriteMode::collective || rank == 0) {
@@ -358,8 +364,7 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
       H5Pset_all_coll_metadata_ops(fapl.get(), true);
       H5Pset_coll_metadata_write(fapl.get(), true);
     }
-    Handle fcpl(H5Pcreate(H5P_FILE_CREATE));
-    H5Pset_link_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+    Handle fcpl = run_file_creation_props();
     Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()));
     if (!file.valid() && mode == WriteMode::gathered) {
       // The others are about to send their rows to this rank.
@@ -370,21 +375,7 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
       fail("rank {}: HDF5 cannot create run file '{}': {}", rank, tmp, h5::last_error());
     if (created) created();
 
-    h5::write_int_attr(file.get(), "diffcheck_schema", 1);
-    h5::write_string_attr(file.get(), "mesh", taps.mesh().str());
-    h5::write_int_attr(file.get(), "world_size", world.size());
-    h5::write_string_attr(file.get(), "scenario", info.scenario);
-    h5::write_string_attr(file.get(), "flags", info.flags);
-    h5::write_string_attr(file.get(), "dtype", info.dtype);
-    h5::write_int_attr(file.get(), "seed", static_cast<long long>(info.seed));
-    h5::write_string_attr(file.get(), "producer", info.producer);
-    if (!info.size.empty()) h5::write_string_attr(file.get(), "size", info.size);
-
-    Handle gcpl(H5Pcreate(H5P_GROUP_CREATE));
-    H5Pset_link_creation_order(gcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
-    Handle taps_group(H5Gcreate2(file.get(), "/taps", H5P_DEFAULT, gcpl.get(), H5P_DEFAULT));
-    if (!taps_group.valid())
-      fail("rank {}: HDF5 cannot create /taps in '{}': {}", rank, tmp, h5::last_error());
+    Handle taps_group = write_run_file_header(file.get(), tmp, info, taps, world.size(), rank);
 
     try {
       if (mode == WriteMode::collective) {
@@ -425,6 +416,34 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
     fail("rank {}: closing run file '{}' failed ({}); nothing was written to '{}'", rank, tmp,
          closed ? "on another rank" : close_error, path);
   }
+}
+
+void write_run_file(const Comm& world, const std::string& path, const RunInfo& info,
+                    const TapRecorder& taps, WriteMode mode, const std::function<void()>& created) {
+  h5::silence_errors();
+  const int rank = world.rank();
+  // Agree on the tap list first: a rank that recorded something else would
+  // otherwise make the collective HDF5 calls below hang or corrupt the file.
+  const std::string mine = tap_manifest(taps);
+  const std::string root = world.broadcast_string(mine, 0);
+  const std::string diff = first_difference(mine, root);
+  if (world.max_int(diff.empty() ? 0 : 1) != 0) {
+    if (!diff.empty()) fail("rank {}: taps differ from rank 0: {}", rank, diff);
+    fail("rank {}: another rank recorded different taps than rank 0 (see its message)", rank);
+  }
+
+  // Agreed by every rank before the file exists: a reference whose rows are
+  // not covered is an error on all ranks alike.
+  const auto manifest =
+      merge_reference_manifests(world.all_gather_strings(reference_manifest(taps)));
+  // Where every rank's reference boxes are, for the rank that writes them all.
+  const auto boxes = mode == WriteMode::gathered ? all_reference_boxes(world, taps)
+                                                 : std::map<std::string, std::vector<HeldBox>>{};
+  const std::string tmp = path + ".tmp";
+  if (mode == WriteMode::positional)
+    write_positional(world, tmp, path, info, taps, manifest, created);
+  else
+    write_with_hdf5(world, tmp, path, info, taps, mode, manifest, boxes, created);
   int failed = 0;
   std::string why;
   if (rank == 0) {

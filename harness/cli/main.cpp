@@ -65,11 +65,13 @@ int main(int argc, char** argv) {
   add_pipeline_options(app, run.pipeline);
   app.add_option("-o,--out", run.out, "Run file to write (default results/<scenario>.h5)");
   app.add_option("--store", run.store,
-                 "How the run file is written: mpiio (every rank writes its rows, parallel HDF5; needs the output "
-                 "directory shared by all hosts), gather (rank 0 writes, the others send their rows over MPI in "
-                 "bounded pieces; for node-local directories and small files), auto (mpiio when every rank sees "
-                 "the directory and the file is above DIFFCHECK_GATHER_MAX_MIB, default 256; else gather)")
-      ->check(CLI::IsMember({"auto", "mpiio", "gather"}))
+                 "How the run file is written: pwrite (rank 0 lays the file out, every rank writes its rows at their "
+                 "offsets, past the page cache with O_DIRECT where the filesystem allows; ranks on one host), mpiio "
+                 "(every rank writes its rows, parallel HDF5; needs the output directory shared by all hosts), "
+                 "gather (rank 0 writes, the others send their rows over MPI in bounded pieces; for node-local "
+                 "directories and small files), auto (when every rank sees the directory and the file is above "
+                 "DIFFCHECK_GATHER_MAX_MIB, default 256: pwrite on one host, mpiio on several; else gather)")
+      ->check(CLI::IsMember({"auto", "pwrite", "mpiio", "gather"}))
       ->capture_default_str();
   if (const char* t = std::getenv("DIFFCHECK_TIMEOUT")) run.timeout_seconds = std::atof(t);
   app.add_option("--timeout", run.timeout_seconds,
