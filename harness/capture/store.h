@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "harness/capture/activations.h"
@@ -46,6 +47,38 @@ inline constexpr std::size_t kGatherElements = std::size_t{4} << 20;
 void write_run_file(const Comm& world, const std::string& path, const RunInfo& info,
                     const TapRecorder& taps, WriteMode mode = WriteMode::collective,
                     const std::function<void()>& created = {});
+
+class PositionalWrites;
+
+// write_run_file in two steps, so that the caller can go on while the bytes
+// go out: start_run_file() does every collective step of the write; under
+// WriteMode::positional this rank's rows and boxes are then written on a
+// thread of its own (no MPI, the taps only read), beside whatever the caller
+// does next — the in-memory check needs no file. finish() (collective) waits
+// for them, ends every rank alike when any rank's writes failed, and renames
+// the file into place. Destroyed unfinished (an error in between), it waits
+// for the thread and leaves no file. `taps` must outlive it.
+class PendingRunFile {
+ public:
+  PendingRunFile(const Comm& world, std::string path, std::unique_ptr<PositionalWrites> writes);
+  PendingRunFile(PendingRunFile&&) noexcept;
+  ~PendingRunFile();
+  void finish();
+  // Seconds this rank's writes took on their thread (0 when written before
+  // start_run_file returned); known after finish().
+  double background_seconds() const { return background_s_; }
+
+ private:
+  const Comm* world_;
+  std::string path_;
+  std::unique_ptr<PositionalWrites> writes_;
+  bool finished_ = false;
+  double background_s_ = 0;
+};
+
+PendingRunFile start_run_file(const Comm& world, const std::string& path, const RunInfo& info,
+                              const TapRecorder& taps, WriteMode mode = WriteMode::collective,
+                              const std::function<void()>& created = {});
 
 // `source` is a run file, one rank file, or the prefix of rank files
 // (`<prefix>.rank<R>.h5`). `reference_path`, when not empty, is a separate file

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "harness/capture/h5util.h"
 #include "harness/capture/store.h"
@@ -32,11 +33,30 @@ h5::Handle write_run_file_header(hid_t file, const std::string& where, const Run
 // A new run file's creation properties (links kept in creation order).
 h5::Handle run_file_creation_props();
 
-// WriteMode::positional. Collective over `world`; ends alike on every rank:
-// returns when every rank's rows and boxes are in `tmp`, else throws on every
-// rank (`tmp` removed).
-void write_positional(const Comm& world, const std::string& tmp, const std::string& path, const RunInfo& info,
-                      const TapRecorder& taps, const std::map<std::string, ReferenceEntry>& manifest,
-                      const std::function<void()>& created);
+// WriteMode::positional (store_positional.cpp). The constructor is
+// collective: rank 0 lays `tmp` out, every rank learns the offsets, runs
+// `created`, and starts a thread writing its own rows and boxes. wait() is
+// collective: every rank's writes are done, or every rank throws (`tmp`
+// removed, the message names `path`).
+class PositionalWrites {
+ public:
+  PositionalWrites(const Comm& world, const std::string& tmp, const RunInfo& info, const TapRecorder& taps,
+                   const std::map<std::string, ReferenceEntry>& manifest, const std::function<void()>& created);
+  ~PositionalWrites();  // joins the thread
+  PositionalWrites(const PositionalWrites&) = delete;
+  PositionalWrites& operator=(const PositionalWrites&) = delete;
+  void wait(const std::string& path);
+  double seconds() const { return seconds_; }  // the thread's, once waited for
+
+ private:
+  void join();
+  const Comm& world_;
+  std::string tmp_;
+  std::map<std::string, ReferenceEntry> manifest_;  // the thread's own copy
+  std::thread thread_;
+  std::string error_;     // the thread's, or ""
+  bool direct_ = false;   // some bytes went out with O_DIRECT
+  double seconds_ = 0;
+};
 
 }  // namespace dc

@@ -19,7 +19,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -212,9 +214,9 @@ void for_each_run(const Shape& global, const std::vector<std::size_t>& start, co
 }
 
 // This rank's rows and boxes into `tmp`, at the offsets rank 0 laid out.
-std::string write_my_pieces(const std::string& tmp, const TapRecorder& taps, int rank,
-                            const std::map<std::string, ReferenceEntry>& manifest,
-                            const std::vector<std::uint64_t>& offsets) {
+// True when some went out with O_DIRECT.
+bool write_my_pieces(const std::string& tmp, const TapRecorder& taps, int rank,
+                     const std::map<std::string, ReferenceEntry>& manifest, const std::vector<std::uint64_t>& offsets) {
   PositionalWriter out(tmp, rank);
   std::size_t i = 0;
   for (const auto& r : taps.records()) {
@@ -231,34 +233,61 @@ std::string write_my_pieces(const std::string& tmp, const TapRecorder& taps, int
       });
   }
   out.finish();
-  return out.direct_used() ? "direct" : "cached";
+  return out.direct_used();
+}
+
+void remove_file(const std::string& file) {
+  std::error_code ec;
+  std::filesystem::remove(file, ec);
 }
 
 }  // namespace
 
-void write_positional(const Comm& world, const std::string& tmp, const std::string& path, const RunInfo& info,
-                      const TapRecorder& taps, const std::map<std::string, ReferenceEntry>& manifest,
-                      const std::function<void()>& created) {
+PositionalWrites::PositionalWrites(const Comm& world, const std::string& tmp, const RunInfo& info,
+                                   const TapRecorder& taps, const std::map<std::string, ReferenceEntry>& manifest,
+                                   const std::function<void()>& created)
+    : world_(world), tmp_(tmp), manifest_(manifest) {
   const int rank = world.rank();
-  std::vector<std::string> how;
+  std::vector<std::uint64_t> offsets;
   try {
-    const auto offsets =
-        parse_offsets(agreed_on_root(world, 0, [&] { return lay_out(tmp, info, taps, world.size(), manifest); }));
-    if (created) created();
-    how = agreed_on_all(world, [&] { return write_my_pieces(tmp, taps, rank, manifest, offsets); });
+    offsets = parse_offsets(agreed_on_root(world, 0, [&] { return lay_out(tmp, info, taps, world.size(), manifest); }));
   } catch (const std::exception& e) {
-    if (rank == 0) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
+    if (rank == 0) remove_file(tmp);
+    throw;
+  }
+  if (created) created();
+  thread_ = std::thread([this, &taps, rank, offsets = std::move(offsets)] {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      direct_ = write_my_pieces(tmp_, taps, rank, manifest_, offsets);
+    } catch (const std::exception& e) {
+      error_ = e.what();
     }
+    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+}
+
+PositionalWrites::~PositionalWrites() { join(); }
+
+void PositionalWrites::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void PositionalWrites::wait(const std::string& path) {
+  std::vector<std::string> direct;
+  try {
+    direct = agreed_on_all(world_, [&] {
+      join();
+      if (!error_.empty()) throw Error(error_);
+      return std::string(direct_ ? "1" : "0");
+    });
+  } catch (const std::exception& e) {
+    if (world_.rank() == 0) remove_file(tmp_);
     fail("{}; nothing was written to '{}'", e.what(), path);
   }
-  if (rank == 0) {
-    int direct = 0;
-    for (const auto& h : how) direct += h == "direct";
-    spdlog::info("run file written at each rank's offsets; {} of {} ranks past the page cache (O_DIRECT)", direct,
-                 world.size());
-  }
+  if (world_.rank() == 0)
+    spdlog::info("run file written at each rank's offsets; {} of {} ranks past the page cache (O_DIRECT)",
+                 std::count(direct.begin(), direct.end(), "1"), world_.size());
 }
 
 }  // namespace dc

@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "harness/capture/h5util.h"
 #include "harness/capture/store.h"
@@ -418,8 +419,8 @@ static void write_with_hdf5(const Comm& world, const std::string& tmp, const std
   }
 }
 
-void write_run_file(const Comm& world, const std::string& path, const RunInfo& info,
-                    const TapRecorder& taps, WriteMode mode, const std::function<void()>& created) {
+PendingRunFile start_run_file(const Comm& world, const std::string& path, const RunInfo& info,
+                              const TapRecorder& taps, WriteMode mode, const std::function<void()>& created) {
   h5::silence_errors();
   const int rank = world.rank();
   // Agree on the tap list first: a rank that recorded something else would
@@ -441,9 +442,47 @@ void write_run_file(const Comm& world, const std::string& path, const RunInfo& i
                                                  : std::map<std::string, std::vector<HeldBox>>{};
   const std::string tmp = path + ".tmp";
   if (mode == WriteMode::positional)
-    write_positional(world, tmp, path, info, taps, manifest, created);
-  else
-    write_with_hdf5(world, tmp, path, info, taps, mode, manifest, boxes, created);
+    return PendingRunFile(world, path, std::make_unique<PositionalWrites>(world, tmp, info, taps, manifest, created));
+  write_with_hdf5(world, tmp, path, info, taps, mode, manifest, boxes, created);
+  return PendingRunFile(world, path, nullptr);
+}
+
+void write_run_file(const Comm& world, const std::string& path, const RunInfo& info, const TapRecorder& taps,
+                    WriteMode mode, const std::function<void()>& created) {
+  start_run_file(world, path, info, taps, mode, created).finish();
+}
+
+PendingRunFile::PendingRunFile(const Comm& world, std::string path, std::unique_ptr<PositionalWrites> writes)
+    : world_(&world), path_(std::move(path)), writes_(std::move(writes)) {}
+PendingRunFile::PendingRunFile(PendingRunFile&& o) noexcept
+    : world_(std::exchange(o.world_, nullptr)),  // the moved-from one removes nothing
+      path_(std::move(o.path_)),
+      writes_(std::move(o.writes_)),
+      finished_(o.finished_),
+      background_s_(o.background_s_) {}
+
+PendingRunFile::~PendingRunFile() {
+  if (finished_ || !world_) return;
+  writes_.reset();  // joins this rank's writer
+  // Not collective (an error is unwinding): rank 0 removes what the ranks
+  // wrote; a rank still writing writes into a file no name reaches.
+  if (world_->rank() == 0) {
+    std::error_code ec;
+    std::filesystem::remove(path_ + ".tmp", ec);
+  }
+}
+
+void PendingRunFile::finish() {
+  finished_ = true;
+  const Comm& world = *world_;
+  const int rank = world.rank();
+  const std::string& path = path_;
+  const std::string tmp = path + ".tmp";
+  if (writes_) {
+    writes_->wait(path);
+    background_s_ = writes_->seconds();
+    writes_.reset();
+  }
   int failed = 0;
   std::string why;
   if (rank == 0) {

@@ -91,6 +91,7 @@ int check_and_report(const ActivationSet& set, const ReportOptions& opts,
     res.timings = opts.timings;
     res.timings.emplace_back("check_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+  if (opts.before_report) opts.before_report(res.timings, res.profile);
   if (processes && processes->rank() != 0) return res.pass() ? kExitPass : kExitMismatch;
   std::ostringstream console;
   make_console_reporter()->report(set, res, console);

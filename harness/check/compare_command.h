@@ -2,6 +2,7 @@
 // disk, check them, print the report.
 #pragma once
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "harness/check/compare.h"
@@ -25,6 +26,13 @@ struct ReportOptions {
   // console line and JSON "reference_source"), and its profile (JSON "profile").
   std::string reference_source;
   std::vector<std::pair<std::string, double>> profile;
+  // A run's: called on every process once the verdict is known and before
+  // anything is reported (collective where the check is); it may complete
+  // `timings` and `profile` there (the run file's write, done beside the
+  // check). An exception it throws ends the check unreported.
+  std::function<void(std::vector<std::pair<std::string, double>>& timings,
+                     std::vector<std::pair<std::string, double>>& profile)>
+      before_report;
 };
 
 // Reads `source` (run file, rank file or prefix), checks it, prints the console

@@ -42,7 +42,7 @@ std::string profile_table(const RunProfile& p) {
                      "of peak", "MB/s", "");
   double total = 0;
   for (const auto& ph : p.phases) {
-    total += ph.seconds;
+    if (!ph.beside) total += ph.seconds;
     const double flops = ph.flops32 + ph.flops64;
     const double pk = peak_for(ph, p.peak);
     const double rate = ph.seconds > 0 ? flops / ph.seconds / 1e9 : 0;

@@ -24,6 +24,7 @@ struct Phase {
   double flops32 = 0, flops64 = 0;  // GEMM work
   double bytes = 0;                 // data written or read, for phases that move data
   std::string note;                 // e.g. "from the cache"
+  bool beside = false;              // ran beside the phases after it: not in the total
 };
 
 struct RunProfile {
