@@ -127,7 +127,7 @@ TEST(ReferenceCache, AnotherKeyOrBuildMisses) {
 
 TEST(ReferenceCache, DamagedFileOfOneRankIsAMissOnEveryRank) {
   const int victim = world().size() - 1;
-  for (const char* damage : {"truncate", "flip", "empty"}) {
+  for (const char* damage : {"truncate", "flip", "flip_box", "empty"}) {
     CacheDir dir(std::string("damaged_") + damage);
     const ReferenceCache cache(settings(dir), "scenario x\n");
     store_everywhere(cache, filled(0.25));
@@ -138,27 +138,61 @@ TEST(ReferenceCache, DamagedFileOfOneRankIsAMissOnEveryRank) {
         fs::resize_file(file, size - 5);
       } else if (std::string(damage) == "empty") {
         fs::resize_file(file, 0);
-      } else {  // one bit of the data, not of the header
+      } else {  // one bit of the data, not of the header: near the end (a kept value) or in a box
+        const auto at = std::streamoff(std::string(damage) == "flip" ? size - 20 : size / 2);
         std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-        f.seekg(std::streamoff(size - 20));
+        f.seekg(at);
         char c = 0;
         f.read(&c, 1);
         c = static_cast<char>(c ^ 0x10);
-        f.seekp(std::streamoff(size - 20));
+        f.seekp(at);
         f.write(&c, 1);
       }
     }
     world().barrier();
-    TapRecorder taps(mesh_of_world(), world().rank(), DType::float32);
-    const auto out = cache.load(world(), taps);
-    EXPECT_FALSE(out.hit) << damage;
-    EXPECT_NE(out.reason.find(fmt::format("damaged on rank {}", victim)), std::string::npos) << damage << ": " << out.reason;
-    EXPECT_TRUE(taps.references().empty()) << damage;  // nothing of a bad entry is used
+    // Both forms: the boxes read at once, and only checked (a run's).
+    for (bool deferred : {false, true}) {
+      TapRecorder taps(mesh_of_world(), world().rank(), DType::float32);
+      DeferredBoxes later;
+      const auto out = deferred ? cache.load(world(), taps, &later) : cache.load(world(), taps);
+      EXPECT_FALSE(out.hit) << damage << " deferred " << deferred;
+      EXPECT_NE(out.reason.find(fmt::format("damaged on rank {}", victim)), std::string::npos)
+          << damage << ": " << out.reason;
+      EXPECT_TRUE(taps.references().empty()) << damage;  // nothing of a bad entry is used
+      EXPECT_TRUE(taps.kept_reference_values().empty()) << damage;
+      EXPECT_FALSE(later.pending()) << damage;
+    }
     // Computed again and stored: whole again.
     store_everywhere(cache, filled(0.25));
     TapRecorder again(mesh_of_world(), world().rank(), DType::float32);
     EXPECT_TRUE(cache.load(world(), again).hit) << damage;
   }
+}
+
+// The deferred form (what a run uses): the hit is decided on every rank
+// first, with the values the sharded run takes at hand and no box in memory;
+// the boxes read later are exactly what was stored, also when the entry was
+// evicted in between (each rank's file is held open).
+TEST(ReferenceCache, DeferredBoxesAreReadLaterEvenAfterEviction) {
+  CacheDir dir("deferred");
+  const ReferenceCache cache(settings(dir), "scenario x\nseed 3\n");
+  const TapRecorder computed = filled(0.75);
+  store_everywhere(cache, computed);
+  TapRecorder taps(mesh_of_world(), world().rank(), DType::float32);
+  DeferredBoxes later;
+  const auto out = cache.load(world(), taps, &later);
+  ASSERT_TRUE(out.hit) << out.reason;
+  EXPECT_TRUE(later.pending());
+  EXPECT_TRUE(taps.references().empty());
+  EXPECT_EQ(taps.kept_reference_values().size(), computed.kept_reference_values().size());
+  world().barrier();
+  if (world().rank() == 0) fs::remove_all(cache.entry_dir());
+  world().barrier();
+  taps.set_references_cached(true);  // as in a run, whose scenario has skipped its references
+  later.read_into(world().rank(), taps);
+  EXPECT_FALSE(later.pending());
+  EXPECT_TRUE(taps.references_cached());
+  expect_same_references(computed, taps);
 }
 
 TEST(ReferenceCache, ConcurrentWritersOfOneKeyLeaveOneGoodEntry) {

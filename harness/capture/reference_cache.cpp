@@ -124,6 +124,16 @@ class HashedReader {
     if (item_bytes && n > left_ / item_bytes) throw Error("a length beyond the file's end");
     return n;
   }
+  // Hashes n bytes without keeping them (a bounded buffer).
+  void skip(std::size_t n) {
+    if (n > left_) throw Error("truncated");
+    char buf[1 << 16];
+    while (n > 0) {
+      const std::size_t k = std::min(n, sizeof buf);
+      get(buf, k);
+      n -= k;
+    }
+  }
   std::string str() {
     std::string s(count(1), '\0');
     get(s.data(), s.size());
@@ -178,19 +188,29 @@ void write_header(HashedWriter& w, const std::string& key_text) {
 
 // Reads one rank's file; throws Error (a short reason) when it is not a whole
 // file of this key.
-RefTensor read_tensor(HashedReader& in) {
+// `keep` false: the values are checked (hashed) but not kept; an empty tensor
+// of the shape is returned.
+RefTensor read_tensor(HashedReader& in, bool keep = true) {
   Shape shape = in.dims();
   const std::size_t n = numel(shape);
   if (n > in.left() / sizeof(double)) throw Error("a block beyond the file's end");
+  if (!keep) {
+    in.skip(n * sizeof(double));
+    return RefTensor();
+  }
   RefTensor t(std::move(shape));
   in.get(t.ptr(), n * sizeof(double));
   return t;
 }
 
-EntryFile read_entry_file(const std::string& path, const std::string& key_text, int rank) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
-  if (!f) throw Error(errno == ENOENT ? "no entry" : fmt::format("cannot open: {}", std::strerror(errno)));
-  HashedReader in(f.get(), checked_length(f.get()));
+// What read_entry_file keeps of a whole, checked file.
+struct Keep {
+  bool boxes = true;
+  bool kept = true;
+};
+
+EntryFile read_entry_file(std::FILE* f, const std::string& key_text, int rank, Keep keep) {
+  HashedReader in(f, checked_length(f));
   read_header(in, key_text);
   if (in.u64() != static_cast<std::uint64_t>(rank)) throw Error("another rank's file");
   EntryFile out;
@@ -203,19 +223,29 @@ EntryFile read_entry_file(const std::string& path, const std::string& key_text, 
     for (std::uint64_t b = 0; b < blocks; ++b) {
       ReferenceBlock block;
       block.start = in.dims();
-      block.data = read_tensor(in);
-      part.blocks.push_back(std::move(block));
+      block.data = read_tensor(in, keep.boxes);
+      if (keep.boxes) part.blocks.push_back(std::move(block));
     }
     out.refs.emplace(std::move(name), std::move(part));
   }
   const std::uint64_t kept = in.count(8);
   for (std::uint64_t k = 0; k < kept; ++k) {
     std::string name = in.str();
-    out.kept.emplace(std::move(name), read_tensor(in));
+    RefTensor value = read_tensor(in, keep.kept);
+    if (keep.kept) out.kept.emplace(std::move(name), std::move(value));
   }
   if (!in.checksum_matches()) throw Error("checksum mismatch (damaged)");
   return out;
 }
+
+using File = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
+
+File open_entry_file(const std::string& path) {
+  File f(std::fopen(path.c_str(), "rb"), std::fclose);
+  if (!f) throw Error(errno == ENOENT ? "no entry" : fmt::format("cannot open: {}", std::strerror(errno)));
+  return f;
+}
+
 
 std::uint64_t tree_bytes(const fs::path& p) {
   std::uint64_t total = 0;
@@ -259,13 +289,19 @@ ReferenceCache::ReferenceCache(ReferenceCacheSettings settings, std::string key_
 std::string ReferenceCache::rank_file(int rank) const { return fmt::format("{}/rank{}.ref", entry_, rank); }
 
 ReferenceCacheOutcome ReferenceCache::load(const Comm& world, TapRecorder& taps) const {
+  return load(world, taps, nullptr);
+}
+
+ReferenceCacheOutcome ReferenceCache::load(const Comm& world, TapRecorder& taps, DeferredBoxes* deferred) const {
   ReferenceCacheOutcome out;
   if (!settings_.enabled()) return out;
   out.entry = entry_;
   std::string mine;  // this rank's reason for a miss
   EntryFile file;
+  File f(nullptr, std::fclose);
   try {
-    file = read_entry_file(rank_file(world.rank()), key_text_, world.rank());
+    f = open_entry_file(rank_file(world.rank()));
+    file = read_entry_file(f.get(), key_text_, world.rank(), Keep{.boxes = deferred == nullptr});
   } catch (const std::exception& e) {
     mine = e.what();
     file = {};
@@ -285,11 +321,35 @@ ReferenceCacheOutcome ReferenceCache::load(const Comm& world, TapRecorder& taps)
     for (auto& block : part.blocks) taps.reference_block(name, part.global, std::move(block.start), std::move(block.data));
   for (auto& [name, value] : file.kept) taps.keep_reference_value(name, std::move(value));
   out.hit = true;
+  if (deferred) {
+    deferred->file_ = std::shared_ptr<std::FILE>(f.release(), std::fclose);
+    deferred->key_text_ = key_text_;
+    deferred->path_ = rank_file(world.rank());
+  }
   if (world.rank() == 0) {
     std::error_code ec;
     fs::last_write_time(entry_, fs::file_time_type::clock::now(), ec);  // most recently used
   }
   return out;
+}
+
+void DeferredBoxes::read_into(int rank, TapRecorder& taps) {
+  if (!file_) return;
+  std::rewind(file_.get());
+  EntryFile file;
+  try {
+    file = read_entry_file(file_.get(), key_text_, rank, Keep{.boxes = true, .kept = false});
+  } catch (const std::exception& e) {
+    fail("rank {}: reference cache entry {} changed after it was checked: {}", rank, path_, e.what());
+  }
+  file_.reset();
+  // The recorder refuses references while they count as cached (a
+  // scenario's guard): these are the cached ones.
+  const bool cached = taps.references_cached();
+  taps.set_references_cached(false);
+  for (auto& [name, part] : file.refs)
+    for (auto& block : part.blocks) taps.reference_block(name, part.global, std::move(block.start), std::move(block.data));
+  taps.set_references_cached(cached);
 }
 
 void ReferenceCache::store(int rank, const TapRecorder& taps) const {

@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "harness/capture/h5util.h"
 #include "harness/capture/store.h"
@@ -32,6 +33,16 @@ h5::Handle write_run_file_header(hid_t file, const std::string& where, const Run
                                  int world_size, int rank);
 // A new run file's creation properties (links kept in creation order).
 h5::Handle run_file_creation_props();
+
+// WriteMode::gathered (store_gathered.cpp): the ranks other than 0 send
+// their rows and boxes in order; rank 0 creates every dataset in `file` and
+// writes its own and the others' as they arrive (`boxes`: where every rank's
+// reference boxes are).
+void send_rows_and_boxes(const Comm& world, const TapRecorder& taps,
+                         const std::map<std::string, ReferenceEntry>& manifest);
+void receive_and_write(hid_t file, const Comm& world, const TapRecorder& taps,
+                       const std::map<std::string, ReferenceEntry>& manifest,
+                       const std::map<std::string, std::vector<HeldBox>>& boxes);
 
 // WriteMode::positional (store_positional.cpp). The constructor is
 // collective: rank 0 lays `tmp` out, every rank learns the offsets, runs

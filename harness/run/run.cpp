@@ -29,6 +29,7 @@
 #include "harness/run/agree_options.h"
 #include "harness/run/calibrate.h"
 #include "harness/run/chaos.h"
+#include "harness/run/run_file.h"
 #include "harness/run/check_run.h"
 #include "harness/run/scenario.h"
 
@@ -112,112 +113,6 @@ bool announce_hosts(const Comm& world) {
   return one_host;
 }
 
-// What an interrupted run leaves must go with it (interrupt.h): the run
-// file's temporary, OpenMPI's named semaphore for it (its shared-file-pointer
-// component makes /dev/shm/sem.OMPIO_<file name> at open and removes it at
-// close only), and the watch directory.
-void remove_when_stopped(const std::string& out) {
-  const std::string tmp = out + ".tmp";
-  interrupt::remove_when_stopped(tmp);
-  interrupt::remove_when_stopped("/dev/shm/sem.OMPIO_" + std::filesystem::path(tmp).filename().string());
-  interrupt::remove_directory_when_stopped(out + ".watch");
-}
-
-// Every rank makes the run file's directory and the watchdog's beside it: on
-// hosts that do not share it, rank 0's alone would leave the others without
-// one. Returns the run file's directory.
-std::string make_output_directories(const std::string& out) {
-  std::error_code ec;
-  const auto parent = std::filesystem::path(out).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  prepare_watch_directory(out + ".watch");  // before directory_shared's barrier: no watchdog runs yet
-  return parent.string();
-}
-
-// --store mpiio needs a directory every rank writes into (checked before the
-// scenario runs, so the refusal comes at once).
-void refuse_mpiio_unless_shared(const std::string& out, const std::string& store, bool shared) {
-  const auto parent = std::filesystem::path(out).parent_path();
-  if ((store == "mpiio" || store == "pwrite") && !shared)
-    input_error(
-        "--store {}: the output directory '{}' is not shared by all ranks (rank 0's probe file there is "
-        "not seen by every rank: node-local storage?); MPI-IO would leave a partial file on each host. Use a "
-        "directory every host mounts, or --store gather (the default 'auto' chooses it)",
-        store, parent.empty() ? "." : parent.string());
-}
-
-// Run files up to this size are written by rank 0 under --store auto
-// (DIFFCHECK_GATHER_MAX_MIB, default 256): MPI-IO's collective creates and
-// writes of every tap cost each rank a synchronisation, more than sending
-// the rows to rank 0. A 16-rank flux_tp run (2 cores) wrote its 77 MiB in
-// 0.17 s with MPI-IO and in 0.08 s gathered.
-std::uint64_t gather_limit_bytes() {
-  std::uint64_t mib = 256;
-  if (const char* v = std::getenv("DIFFCHECK_GATHER_MAX_MIB"); v && *v) {
-    char* end = nullptr;
-    const unsigned long long n = std::strtoull(v, &end, 10);
-    if (*end != '\0' || !std::isdigit(static_cast<unsigned char>(*v)))
-      input_error("DIFFCHECK_GATHER_MAX_MIB='{}': a whole number of MiB expected", v);
-    mib = n;
-  }
-  return mib << 20;
-}
-
-// What the run file will hold: the taps' rows and the reference boxes of every rank.
-long long bytes_to_write(const Comm& world, const TapRecorder& taps) {
-  long long mine = 0;
-  for (const auto& r : taps.records()) mine += static_cast<long long>(r.local.size() * sizeof(float));
-  for (const auto& [name, part] : taps.references())
-    for (const auto& b : part.blocks) mine += static_cast<long long>(b.data.size() * sizeof(double));
-  return world.sum_ll(mine);
-}
-
-// Refuses a run file the output directory has no room for, before anything
-// is written: a disk that fills inside HDF5's closing metadata writes leaves
-// its ranks in different collectives (a hang the watchdog would have to
-// end), and a clear message is better anyway. Rank 0 asks (it writes a
-// gathered file; an MPI-IO file is in a directory every rank shares); every
-// rank gets its answer. HDF5's metadata is allowed for: 1 MiB and 1/64.
-// DIFFCHECK_NO_ROOM_CHECK=1 skips it (tests of a disk that fills while written).
-void require_room_for_run_file(const Comm& world, const std::string& out, long long bytes) {
-  if (const char* v = std::getenv("DIFFCHECK_NO_ROOM_CHECK"); v && std::string(v) == "1") return;
-  agreed_on_root(world, 0, [&] {
-    const std::string dir = std::filesystem::path(out).parent_path().string();
-    const std::uint64_t need = static_cast<std::uint64_t>(bytes) + static_cast<std::uint64_t>(bytes) / 64 + (1u << 20);
-    const std::uint64_t free = available_bytes(dir.empty() ? "." : dir).value_or(UINT64_MAX);
-    if (free < need)
-      fail("rank 0: no room for the run file '{}': it needs about {:.1f} MiB, and {} has {:.1f} MiB free; nothing was "
-           "written to '{}'",
-           out, double(need) / (1 << 20), dir.empty() ? "." : dir, double(free) / (1 << 20), out);
-    return std::string();
-  });
-}
-
-// Every rank writes into the run file only where all write into the same
-// file (a directory all hosts share) and the file is not small; else rank 0
-// writes it. Ranks on one host write at their offsets (--store pwrite:
-// O_DIRECT, 4x the page cache's rate on the VM measured); ranks on several
-// hosts through MPI-IO, which keeps their pages coherent.
-WriteMode choose_write_mode(const Comm& world, const std::string& store, bool shared, bool one_host, long long bytes,
-                            std::uint64_t gather_max) {
-  const bool small = static_cast<std::uint64_t>(bytes) <= gather_max;
-  WriteMode mode = WriteMode::collective;
-  if (store == "gather" || (store == "auto" && (!shared || small)))
-    mode = WriteMode::gathered;
-  else if (store == "pwrite" || (store == "auto" && one_host))
-    mode = WriteMode::positional;
-  if (world.rank() == 0 && world.size() > 1)
-    spdlog::info("output directory {} by all ranks: run file written {} ({:.1f} MiB{})",
-                 shared ? "shared" : "NOT shared",
-                 mode == WriteMode::gathered     ? "by rank 0 (rows gathered over MPI)"
-                 : mode == WriteMode::positional ? "by every rank at its offsets (pwrite)"
-                                                 : "with MPI-IO by every rank",
-                 double(bytes) / (1 << 20),
-                 mode == WriteMode::gathered && shared && store == "auto" ? ", at most DIFFCHECK_GATHER_MAX_MIB: gathered"
-                                                                          : "");
-  return mode;
-}
-
 // The table of --tolerances FILE: rank 0 reads the file and every rank parses
 // the same text, so all agree on it (or on the error) whatever hosts see.
 ToleranceTable tolerance_file_table(const Comm& world, const RunOptions& opts, const Scenario& scenario,
@@ -252,13 +147,6 @@ std::string reference_key(const Scenario& s, const RunOptions& o, const Mesh& me
                      "tap_blocks={}\n",
                      s.name(), o.size, o.seed, dtype_name(dtype), mesh.str(), flags.str(), o.pipeline.steps,
                      o.pipeline.reference_mode, o.pipeline.tap_blocks);
-}
-
-// The run file's size, counted once (on rank 0).
-double run_file_bytes(int rank, const std::string& out) {
-  std::error_code ec;
-  const auto n = rank == 0 ? std::filesystem::file_size(out, ec) : 0;
-  return ec ? 0.0 : double(n);
 }
 
 double gemm_work() { return work::gemm_flops(false) + work::gemm_flops(true); }
@@ -296,9 +184,9 @@ int run_scenario(const RunOptions& given) {
   if (opts.timeout_seconds < 0) input_error("--timeout must be >= 0 (0: no watchdog)");
   const std::string out = opts.out;
   const bool one_host = announce_hosts(world);
-  remove_when_stopped(out);
+  remove_run_file_when_stopped(out);
   const bool dir_shared = directory_shared(world, make_output_directories(out));
-  refuse_mpiio_unless_shared(out, opts.store, dir_shared);
+  refuse_store_unless_shared(out, opts.store, dir_shared);
   if (opts.store == "pwrite" && !one_host)
     input_error("--store pwrite needs every rank on one host (two hosts writing parts of one page through their own "
                 "page caches can lose each other's bytes); use --store mpiio or auto");
@@ -317,40 +205,55 @@ int run_scenario(const RunOptions& given) {
 
   TapRecorder taps(mesh, rank, dtype);
   // References from the cache when an earlier run computed them (every rank
-  // reads its own boxes; all agree on hit or miss).
+  // checks its own file; all agree on hit or miss). The boxes are read after
+  // the scenario, into the memory it has freed (capture/reference_cache.h).
   const ReferenceCache cache(scenario.reference_cacheable(flags) ? opts.reference_cache : ReferenceCacheSettings{},
                              reference_key(scenario, opts, mesh, flags, dtype));
   const auto tl = std::chrono::steady_clock::now();
-  const ReferenceCacheOutcome cached = cache.load(world, taps);
-  const double load_s = seconds_since(tl);
-  double load_bytes = 0;
-  if (cached.hit) {
-    for (const auto& [name, part] : taps.references())
-      for (const auto& b : part.blocks) load_bytes += double(b.data.size() * sizeof(double));
-    taps.set_references_cached(true);
-    if (rank == 0) spdlog::info("references of {} taps read from the reference cache {} in {:.3f}s", taps.references().size(), cache.entry_dir(), load_s);
-  }
+  DeferredBoxes cached_boxes;
+  const ReferenceCacheOutcome cached = cache.load(world, taps, &cached_boxes);
+  double load_s = seconds_since(tl);
+  if (cached.hit) taps.set_references_cached(true);
 
   auto t0 = std::chrono::steady_clock::now();
   const double work0 = gemm_work(), work64_0 = work::gemm_flops(true);
   chaos.arm(taps, world, rank);
   RunContext ctx{mesh, world, taps, flags, opts.fault, dtype, opts.seed, opts.size, opts.pipeline, opts.fault_scale};
   interrupt::set_phase("running the scenario");
-  try {
+  double ran = 0;
+  {
     const RetainFreedMemory keep_memory;  // the scenario's GB-sized temporaries reuse memory (core/memory.h)
-    scenario.run(ctx);
-  } catch (const InputError&) {
-    throw;
-  } catch (const Finding&) {
-    throw;
-  } catch (const std::exception& e) {
-    // The code under test threw: a crash of this rank, and a finding.
-    throw Finding(fmt::format("CRASH on rank {}: exception in scenario {}: {}; {}", rank,
-                              scenario.name(), e.what(), where_now()),
-                  false);
+    try {
+      scenario.run(ctx);
+    } catch (const InputError&) {
+      throw;
+    } catch (const Finding&) {
+      throw;
+    } catch (const std::exception& e) {
+      // The code under test threw: a crash of this rank, and a finding.
+      throw Finding(fmt::format("CRASH on rank {}: exception in scenario {}: {}; {}", rank,
+                                scenario.name(), e.what(), where_now()),
+                    false);
+    }
+    ran = seconds_since(t0);
+    if (cached.hit) {
+      const auto tb = std::chrono::steady_clock::now();
+      agreed_on_all(world, [&] {
+        cached_boxes.read_into(rank, taps);
+        return std::string();
+      });
+      load_s += seconds_since(tb);
+    }
+  }
+  double load_bytes = 0;
+  if (cached.hit) {
+    for (const auto& [name, part] : taps.references())
+      for (const auto& b : part.blocks) load_bytes += double(b.data.size() * sizeof(double));
+    if (rank == 0)
+      spdlog::info("references of {} taps read from the reference cache {} in {:.3f}s", taps.references().size(),
+                   cache.entry_dir(), load_s);
   }
   chaos.warn_if_unused(rank);
-  const double ran = seconds_since(t0);
   const double run_work = gemm_work() - work0, run_work64 = work::gemm_flops(true) - work64_0;
   // A computed reference goes to the cache on a thread of its own (no MPI),
   // beside the run file's write and the check; joined before the run ends.
