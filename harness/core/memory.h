@@ -21,6 +21,10 @@ namespace dc {
 // read when a process starts, so this re-executes the program with the
 // tunable added to GLIBC_TUNABLES (same pid, before MPI or any thread
 // exists). The caller decides when the tensors are big enough to gain.
+// (On a VM that hands freed memory back to its host, new memory costs a host
+// fault per page either way: there, cached flux1-dev against its GEMM floor
+// was 1.07x with huge pages and 1.05x without, 5 pairs each — no measurable
+// difference; docs/usage.md, "Memory".)
 // Does nothing when the tunable is already set (by us or the user),
 // when the kernel's THP mode is "never", or with DIFFCHECK_HUGEPAGES=0.
 // Returns only when it does not re-execute.
