@@ -109,8 +109,23 @@ TEST(Agree, RootsResultOrItsErrorOnEveryRank) {
     ADD_FAILURE() << "no error";
   } catch (const InputError&) {
     ADD_FAILURE() << "became an input error";
-  } catch (const Error& e) {
+  } catch (const AgreedError& e) {
+    // Over the world every process has it: the job may end cleanly (main).
     EXPECT_STREQ(e.what(), "broken");
+  } catch (const Error& e) {
+    ADD_FAILURE() << "over the world, an AgreedError expected: " << e.what();
+  }
+  // Over a part of the job, a plain Error: the rest of the job did not raise it.
+  if (c.size() % 2 == 0) {
+    const Comm part = c.split(Mesh::parse(fmt::format("dp=2,tp={}", c.size() / 2)), {"tp"});
+    try {
+      agreed_on_root(part, 0, []() -> std::string { throw std::runtime_error("half broken"); });
+      ADD_FAILURE() << "no error";
+    } catch (const AgreedError&) {
+      ADD_FAILURE() << "an error of half the job is no AgreedError";
+    } catch (const Error& e) {
+      EXPECT_STREQ(e.what(), "half broken");
+    }
   }
 }
 

@@ -101,6 +101,11 @@ class Chaos(E2ETest):
                 self.assertIn("nothing was written to", res.err)
                 if room_check:
                     self.assertIn("no room for the run file", res.err)
+                if room_check or store == "pwrite":
+                    # Every rank agreed on the error: one message, a clean
+                    # end, no rank stopped by the launcher.
+                    self.assertNotIn("STOPPED", res.err)
+                    self.assertEqual(res.err.count("nothing was written to"), 1, res.err)
                 with open(listing) as f:
                     names = f.read().split()
                 self.assertNotIn("run.h5", names)

@@ -281,6 +281,9 @@ void PositionalWrites::wait(const std::string& path) {
       if (!error_.empty()) throw Error(error_);
       return std::string(direct_ ? "1" : "0");
     });
+  } catch (const AgreedError& e) {
+    if (world_.rank() == 0) remove_file(tmp_);
+    throw AgreedError(fmt::format("{}; nothing was written to '{}'", e.what(), path));
   } catch (const std::exception& e) {
     if (world_.rank() == 0) remove_file(tmp_);
     fail("{}; nothing was written to '{}'", e.what(), path);

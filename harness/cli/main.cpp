@@ -398,6 +398,14 @@ int main(int argc, char** argv) {
     if (rank == 0) spdlog::error("{}", e.what());
     dc::Comm::finalize();
     return dc::kExitError;
+  } catch (const dc::AgreedError& e) {
+    // Raised alike on every rank (a full disk every rank's writes agreed on):
+    // one message and a clean end.
+    dc::interrupt::verdict_reached();
+    dc::interrupt::remove_partial_files();
+    if (rank == 0) spdlog::error("{}", e.what());
+    dc::Comm::finalize();
+    return dc::kExitError;
   } catch (const std::exception& e) {
     // A failure during the run, possibly on this rank alone: the others may be
     // waiting in a collective, so end the whole job rather than hang it.

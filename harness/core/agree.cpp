@@ -20,7 +20,10 @@ std::string outcome_of(const std::function<std::string()>& work) {
 std::string result_of(const std::string& outcome, const Comm& c) {
   if (outcome.empty()) fail("rank {}: an empty outcome from another process", c.rank());
   if (outcome[0] == 'I') throw InputError(outcome.substr(1));
-  if (outcome[0] == 'E') throw Error(outcome.substr(1));
+  if (outcome[0] == 'E') {
+    if (c.name() == "world") throw AgreedError(outcome.substr(1));  // every process of the job has it
+    throw Error(outcome.substr(1));
+  }
   return outcome.substr(1);
 }
 

@@ -14,7 +14,9 @@
 namespace dc {
 
 // Runs `work` on `root` alone; every process returns its result, or throws
-// the error it threw. Collective over `c`.
+// the error it threw (an InputError stays one; over the world communicator
+// any other error is an AgreedError: the job may end cleanly). Collective
+// over `c`.
 std::string agreed_on_root(const Comm& c, int root, const std::function<std::string()>& work);
 
 // Runs `work` on every process; returns every process's result (by rank), or,

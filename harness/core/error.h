@@ -19,6 +19,15 @@ class InputError : public Error {
   using Error::Error;
 };
 
+// An error every process of the job raised alike (core/agree.h, over the
+// world communicator): the job ends cleanly, rank 0 reporting it and every
+// rank finalizing, where an error of one rank must abort the job (and the
+// launcher then tells of ranks it stopped).
+class AgreedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A fault of the code under test found while it ran (a crash, a desynced
 // collective): exit status 1, like a wrong answer. `everywhere`: every rank
 // raised it alike (rank 0 alone reports it).
