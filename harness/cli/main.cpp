@@ -391,22 +391,17 @@ int main(int argc, char** argv) {
     spdlog::error("{}", e.what());
     std::cerr.flush();
     dc::Comm::abort(dc::kExitMismatch);
-  } catch (const dc::InputError& e) {
-    // Raised identically on every rank before any communication: report once.
-    dc::interrupt::verdict_reached();
-    dc::interrupt::remove_partial_files();
-    if (rank == 0) spdlog::error("{}", e.what());
-    dc::Comm::finalize();
-    return dc::kExitError;
-  } catch (const dc::AgreedError& e) {
-    // Raised alike on every rank (a full disk every rank's writes agreed on):
-    // one message and a clean end.
-    dc::interrupt::verdict_reached();
-    dc::interrupt::remove_partial_files();
-    if (rank == 0) spdlog::error("{}", e.what());
-    dc::Comm::finalize();
-    return dc::kExitError;
   } catch (const std::exception& e) {
+    // An input error (raised identically on every rank before any
+    // communication) or an error every rank agreed on (a full disk all the
+    // writes saw): reported once, a clean end.
+    if (dynamic_cast<const dc::InputError*>(&e) || dynamic_cast<const dc::AgreedError*>(&e)) {
+      dc::interrupt::verdict_reached();
+      dc::interrupt::remove_partial_files();
+      if (rank == 0) spdlog::error("{}", e.what());
+      dc::Comm::finalize();
+      return dc::kExitError;
+    }
     // A failure during the run, possibly on this rank alone: the others may be
     // waiting in a collective, so end the whole job rather than hang it.
     dc::interrupt::remove_partial_files();
