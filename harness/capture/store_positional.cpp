@@ -52,7 +52,7 @@ class PositionalWriter {
   PositionalWriter(const std::string& file, int rank) : file_(file), rank_(rank) {
     fd_ = ::open(file.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd_ < 0) fail("rank {}: cannot open run file '{}' to write its rows: {}", rank, file, std::strerror(errno));
-    // tmpfs and some network filesystems refuse O_DIRECT: all through the page cache then.
+    // Filesystems that refuse O_DIRECT (tmpfs before Linux 6.6, some network ones): all through the page cache.
     if (const char* v = std::getenv("DIFFCHECK_DIRECT_IO"); !(v && std::string(v) == "0"))
       direct_fd_ = ::open(file.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);
     void* p = nullptr;
