@@ -281,12 +281,11 @@ void PositionalWrites::wait(const std::string& path) {
       if (!error_.empty()) throw Error(error_);
       return std::string(direct_ ? "1" : "0");
     });
-  } catch (const AgreedError& e) {
-    if (world_.rank() == 0) remove_file(tmp_);
-    throw AgreedError(fmt::format("{}; nothing was written to '{}'", e.what(), path));
   } catch (const std::exception& e) {
     if (world_.rank() == 0) remove_file(tmp_);
-    fail("{}; nothing was written to '{}'", e.what(), path);
+    const std::string what = fmt::format("{}; nothing was written to '{}'", e.what(), path);
+    if (dynamic_cast<const AgreedError*>(&e)) throw AgreedError(what);  // keeps the clean end (main)
+    throw Error(what);
   }
   if (world_.rank() == 0)
     spdlog::info("run file written at each rank's offsets; {} of {} ranks past the page cache (O_DIRECT)",

@@ -286,7 +286,7 @@ int run_scenario(const RunOptions& given) {
                                      : CheckPlace::in_memory;
   PendingRunFile run_file =
       start_run_file(world, out, info, taps, write_mode, [&] { chaos.during("write", world, rank); });
-  const bool write_beside_check = write_mode == WriteMode::positional && check_place == CheckPlace::in_memory;
+  const bool write_beside_check = write_mode == WriteMode::positional;  // always checked in memory
   if (!write_beside_check) run_file.finish();
   double write_s = seconds_since(t1);
   if (!write_beside_check) spdlog::info("wrote {} in {:.3f}s", out, write_s);
@@ -301,8 +301,11 @@ int run_scenario(const RunOptions& given) {
       {"references", cached.hit ? load_s : taps.reference_seconds() + load_s, 0, cached.hit ? 0 : ref_work, load_bytes,
        cached.hit ? "read from the reference cache" : (cache.settings().enabled() ? "computed; cached" : "computed")},
       {"write", write_s, 0, 0, write_beside_check ? 0 : run_file_bytes(rank, out), "run file"}};
-  RunProfile profile = combine_profile(world, phases, peak);
-  if (opts.profile) report.profile = profile_numbers(profile);
+  RunProfile profile;  // beside the check: combined once the write is done (below)
+  if (!write_beside_check) {
+    profile = combine_profile(world, phases, peak);
+    if (opts.profile) report.profile = profile_numbers(profile);
+  }
   // Written beside the check: finished once the verdict is known, before it
   // is reported, so the report has the write's figures and the file is in
   // place. A failed write ends the run (exit 2) with nothing reported.
