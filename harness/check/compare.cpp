@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <limits>
+#include <memory>
 #include <thread>
 
 #include "harness/check/chunks.h"
@@ -47,8 +48,21 @@ std::size_t staging_elements(std::size_t budget) {
   return std::max<std::size_t>(rest / 8 / sizeof(double), 4096);
 }
 
+// A chunk's values. Not zeroed when made: every use writes before it reads,
+// and a page no tap needs (the replica and sum buffers of a tap on one rank)
+// is then never touched, where zeroing cost a first touch of each.
+class Buffer {
+ public:
+  explicit Buffer(std::size_t n) : values_(new double[n]) {}
+  double* data() { return values_.get(); }
+  double& operator[](std::size_t i) { return values_[i]; }
+
+ private:
+  std::unique_ptr<double[]> values_;
+};
+
 struct Buffers {
-  std::vector<double> leader, other, sum, ref;
+  Buffer leader, other, sum, ref;
   explicit Buffers(std::size_t n) : leader(n), other(n), sum(n), ref(n) {}
 };
 
@@ -171,7 +185,7 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
       return;
     }
     const bool sum = has_ref && g.leaders.size() > 1;
-    if (sum) std::fill_n(b.sum.begin(), n, 0.0);
+    if (sum) std::fill_n(b.sum.data(), n, 0.0);
     for (std::size_t li = 0; li < g.leaders.size(); ++li) {
       const int l = g.leaders[li];
       set.data->read_piece(t, l, slab, b.leader.data());

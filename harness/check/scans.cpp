@@ -4,6 +4,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
+#include <type_traits>
+
+#include <immintrin.h>
 
 #include "harness/check/compare.h"  // ulp_distance
 
@@ -14,8 +18,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Four doubles, as GCC's vector extension (no intrinsics): two SSE2 registers
 // on baseline x86-64, one AVX2 register in the clone compiled for it (below).
-// Lane k is summation lane k. Comparisons give per-lane masks (all ones where
-// true). Lane k of an add is the same IEEE operation as the scalar one (no
+// A pair of them holds the eight summation lanes of the reference scan.
+// Comparisons give per-lane masks (all ones where true). Lane k of an add is the same IEEE operation as the scalar one (no
 // FMA is enabled, so nothing is contracted), so sums keep their bits on
 // either path.
 // (Only inlined helpers take and return them: -Wpsabi's note on how 32-byte
@@ -32,9 +36,44 @@ using Mask = long long __attribute__((vector_size(32)));
 // Four floats widened (exactly): cvtps2pd on baseline x86-64, one vcvtps2pd
 // to a ymm register in the AVX2 build.
 [[gnu::always_inline]] inline Quad load4(const float* p) { return Quad{p[0], p[1], p[2], p[3]}; }
+// Eight floats as they are, for tests that need no widening.
+using Oct = float __attribute__((vector_size(32)));
+[[gnu::always_inline]] inline Oct load8(const float* p) {
+  Oct v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
 [[gnu::always_inline]] inline Quad splat(double v) { return Quad{v, v, v, v}; }
 [[gnu::always_inline]] inline Quad abs4(const Quad& v) { return (Quad)((Mask)v & ~(Mask)splat(-0.0)); }
-[[gnu::always_inline]] inline bool any(const Mask& m) { return ((m[0] | m[1]) | (m[2] | m[3])) != 0; }
+
+// The sum of eight lanes held as lanes 0-3 and 4-7, in one fixed order:
+// ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)).
+[[gnu::always_inline]] inline double lane_sum(const Quad& lo, const Quad& hi) {
+  const Quad t = lo + hi;
+  return (t[0] + t[1]) + (t[2] + t[3]);
+}
+
+// Whether any (all) lanes of a mask are set: the hot loops' one branch.
+// Baseline x86-64 folds the halves first; AVX2 asks in one instruction
+// (vptest, vmovmskpd), where moving each lane out to an integer register took
+// a fifth of the scan.
+struct PortableSimd {
+  [[gnu::always_inline]] static inline bool any(const Mask& m) {
+    const Mask t = m | __builtin_shufflevector(m, m, 2, 3, 0, 1);
+    return (t[0] | t[1]) != 0;
+  }
+  [[gnu::always_inline]] static inline bool all(const Mask& m) {
+    const Mask t = m & __builtin_shufflevector(m, m, 2, 3, 0, 1);
+    return (t[0] & t[1]) == -1;
+  }
+};
+struct Avx2Simd {
+  // Not always_inline: the scan's body is inlined into its AVX2 build first.
+  [[gnu::target("avx2")]] static inline bool any(const Mask& m) { return !_mm256_testz_si256(m, m); }
+  [[gnu::target("avx2")]] static inline bool all(const Mask& m) {
+    return _mm256_movemask_pd(reinterpret_cast<__m256d>(m)) == 0xF;
+  }
+};
 
 bool same_value(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 
@@ -120,9 +159,11 @@ namespace {
 
 // The reference scan, inlined into a baseline and an AVX2 function (below),
 // for each stored width of the values and of the reference. Every element is
-// widened to double before any arithmetic (exactly), so the widths give the
-// same results bit for bit.
-template <class X, class R>
+// widened to double (exactly) before any arithmetic whose result is kept, so
+// the widths give the same results bit for bit; only the equality test of
+// float32 against float32 subtracts in float32, where x - ref is 0 (or NaN)
+// exactly when it is in double.
+template <class Simd, class X, class R>
 [[gnu::always_inline]] inline bool scan_reference_body(const X* x, const R* ref, std::size_t n,
                                                        const Tolerance& tol, const TapPlan& p, const BlockGroup& g,
                                                        std::size_t first, const ChunkPlan& plan, TapStats& s) {
@@ -152,54 +193,57 @@ template <class X, class R>
       }
     }
   };
-  // One summation unit at a time (see ChunkPlan), its squares in four
-  // independent lanes (element i in lane (i - unit start) % 4) so no add
-  // waits on another; a unit's sum goes into the exact sum.
+  // One summation unit at a time (see ChunkPlan), its squares in eight
+  // independent lanes so that no add waits long on another: element at + j
+  // of a unit starting at `at` in lane j % 8, but those after the unit's last
+  // multiple of 4 in lane 0. A unit's sum (lane_sum) goes into the exact sum.
   for (std::size_t at = 0; at < n;) {
     const std::size_t end = at + std::min(n - at, plan.unit_left(first + at));
-    double e[4] = {0, 0, 0, 0}, rr[4] = {0, 0, 0, 0};
     const std::size_t end4 = at + (end - at) / 4 * 4;
-    // A unit equal to its reference (every x - ref exactly 0: no NaN, no
-    // Inf) moves no maximum, failure or error sum, and only a chunk's first
-    // element can be its worst (ratio 0): only the reference's squares are
-    // left, summed in the same lanes as below, so the result is bit-identical.
-    // One branch-free compare pass instead of the per-element bookkeeping.
-    // Tested 16 elements at a time, so a unit that differs (as most do when
-    // any element does) is left after its first differing block; the
-    // reference's squares are summed on the way, for a unit that turns out
-    // identical.
-    bool identical = true;
-    Quad r4 = splat(0.0);
-    std::size_t i0 = at;
-    for (; i0 + 16 <= end4; i0 += 16) {
-      Mask differs{0, 0, 0, 0};  // x - ref != 0, NaN included
-      for (std::size_t j = 0; j < 16; j += 4) {
-        const Quad a = load4(ref + i0 + j);
-        differs |= load4(x + i0 + j) - a != 0;
-        r4 += a * a;
+    const auto before = std::make_tuple(worst_ratio, max_rel, worst, fails, nan_error);
+    // Elements equal to their reference (x - ref exactly 0: no NaN, no Inf)
+    // move no maximum, failure or error sum (a 0 added to a lane leaves it as
+    // it is), and only a chunk's first element can be its worst (ratio 0):
+    // only the reference's squares are left. So the unit's leading blocks of
+    // 16 that equal their reference get one branch-free compare pass and
+    // their squares, in the same lanes as below, and the full scan starts at
+    // the first block that differs; the result is bit-identical. A unit
+    // equal to its reference throughout ends here.
+    Quad r_lo = splat(0.0), r_hi = r_lo;  // lanes 0-3 and 4-7
+    std::size_t i = at;
+    for (; i + 16 <= end4; i += 16) {
+      if constexpr (std::is_same_v<X, float> && std::is_same_v<R, float>) {
+        // x - ref, rounded to float, is 0 exactly when it is 0 in double (and
+        // NaN when it is NaN): the test on eight floats at a time.
+        if (Simd::any(Mask((load8(x + i) - load8(ref + i) != 0) | (load8(x + i + 8) - load8(ref + i + 8) != 0))))
+          break;
+      } else {
+        const Mask differs = (load4(x + i) - load4(ref + i) != 0) | (load4(x + i + 4) - load4(ref + i + 4) != 0) |
+                             (load4(x + i + 8) - load4(ref + i + 8) != 0) |
+                             (load4(x + i + 12) - load4(ref + i + 12) != 0);  // NaN included
+        if (Simd::any(differs)) break;
       }
-      if (any(differs)) {
-        identical = false;
-        break;
-      }
+      const Quad a = load4(ref + i), b = load4(ref + i + 4), c = load4(ref + i + 8), d = load4(ref + i + 12);
+      r_lo += a * a;
+      r_hi += b * b;
+      r_lo += c * c;
+      r_hi += d * d;
     }
-    if (identical) {
-      for (std::size_t i = i0; i < end4; i += 4) {
-        const Quad a = load4(ref + i);
-        identical = identical && !any(load4(x + i) - a != 0);
-        r4 += a * a;
-      }
-      for (std::size_t i = end4; identical && i < end; ++i) identical = double(x[i]) - double(ref[i]) == 0;
+    if (i > at && at == 0) {  // the chunk's first element is equal: its worst so far, at ratio 0
+      worst_ratio = std::max(worst_ratio, 0.0);
+      worst = 0;
     }
+    bool identical = i + 16 > end4;
+    for (std::size_t j = i; identical && j < end; ++j) identical = double(x[j]) - double(ref[j]) == 0;
     if (identical) {
-      rr[0] = r4[0], rr[1] = r4[1], rr[2] = r4[2], rr[3] = r4[3];
-      for (std::size_t i = end4; i < end; ++i) rr[0] += double(ref[i]) * double(ref[i]);
+      for (; i < end4; i += 4) ((i - at) % 8 == 0 ? r_lo : r_hi) += load4(ref + i) * load4(ref + i);
+      for (; i < end; ++i) r_lo[0] += double(ref[i]) * double(ref[i]);
       if (at == 0) {
         worst_ratio = std::max(worst_ratio, 0.0);
         worst = 0;
       }
-      if (!s.ref_sq.add_partial((rr[0] + rr[1]) + (rr[2] + rr[3])))
-        for (std::size_t i = at; i < end; ++i) s.ref_sq.add_value(ref[i]);
+      if (!s.ref_sq.add_partial(lane_sum(r_lo, r_hi)))
+        for (std::size_t j = at; j < end; ++j) s.ref_sq.add_value(ref[j]);
       at = end;
       continue;
     }
@@ -208,47 +252,69 @@ template <class X, class R>
     // the maxima as they stand at the block's start. They only grow, and only
     // such an element grows them, so a block where none might is one where
     // the bookkeeping would do nothing; only the others get it, in order.
+    // The question is one comparison, err <= min(c bound, max_rel |r|) with
+    // c = min(1, worst err/tol): every element with a finite error that
+    // fails (err > bound), raises err/tol (err > worst bound) or raises
+    // max_rel (err > max_rel |r|, r != 0) answers no, and so does a NaN. It
+    // may answer no for one that does none of these (a nonzero error at an
+    // exact zero of the reference, a negative bound): bookkeeping for
+    // nothing, never a miss. An infinite error may answer yes; it makes the
+    // unit's sum of squares infinite, and such a unit is scanned again below
+    // element by element from the state it started in.
     constexpr std::size_t kBlock = 16;
-    Quad e4 = splat(0.0), m4 = splat(max_abs);
-    r4 = splat(0.0);  // the test above summed only part of the unit
-    const Quad atol = splat(tol.atol), rtol = splat(tol.rtol), inf = splat(kInf), zero = splat(0.0);
-    std::size_t i = at;
+    Quad e_lo = splat(0.0), e_hi = e_lo, m4 = splat(max_abs);
     for (; i + kBlock <= end4; i += kBlock) {
-      const Quad rel_gate = splat(max_rel * kMargin), worst_gate = splat(worst_ratio * kMargin);
-      Mask loud{i == 0 ? -1LL : 0, 0, 0, 0};
-      for (std::size_t j = 0; j < kBlock; j += 4) {
-        const Quad r = load4(ref + i + j), err = abs4(load4(x + i + j) - r), ar = abs4(r);
-        const Quad bound = atol + rtol * ar;
-        e4 += err * err;
-        r4 += r * r;
+      // c as above, below 1 by a margin when below 1 at all, so that c times
+      // the bound, rounded, stays below the bound.
+      const double c = worst_ratio * kMargin >= 1 ? 1.0 : worst_ratio * kMargin * kMargin;
+      const Quad c_atol = splat(c * tol.atol), c_rtol = splat(c * tol.rtol), rel_gate = splat(max_rel * kMargin);
+      Mask quiet{-1, -1, -1, -1};
+      auto four = [&](std::size_t at4, Quad& e_lane, Quad& r_lane) {
+        const Quad r = load4(ref + at4), err = abs4(load4(x + at4) - r), ar = abs4(r);
+        const Quad bound = c_atol + c_rtol * ar, rel = rel_gate * ar;
+        e_lane += err * err;
+        r_lane += r * r;
         m4 = m4 < err ? err : m4;  // a NaN error leaves it unchanged
-        loud |= ~(err <= bound) | (err == inf) | ((r != zero) & (err > rel_gate * ar)) | (err > worst_gate * bound);
+        quiet &= err <= (bound < rel ? bound : rel);  // a NaN bound gives rel
+      };
+      // Not unrolled: fewer values live at once (unrolled, GCC spilled the
+      // accumulators to the stack).
+#pragma GCC unroll 1
+      for (std::size_t j = 0; j < kBlock; j += 8) {
+        four(i + j, e_lo, r_lo);
+        four(i + j + 4, e_hi, r_hi);
       }
-      if (any(loud))
+      if (i == 0 || !Simd::all(quiet))
         for (std::size_t j = 0; j < kBlock; ++j) bookkeep(i + j);
     }
-    e[0] = e4[0], e[1] = e4[1], e[2] = e4[2], e[3] = e4[3];
-    rr[0] = r4[0], rr[1] = r4[1], rr[2] = r4[2], rr[3] = r4[3];
     max_abs = std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
-    auto element = [&](std::size_t idx, double& e_acc, double& r_acc) {
-      const double r = ref[idx], err = std::abs(x[idx] - r);
-      e_acc += err * err;
-      r_acc += r * r;
+    // The unit's last elements, one at a time, in their lanes.
+    double e[8], rr[8];
+    for (int k = 0; k < 4; ++k) e[k] = e_lo[k], e[k + 4] = e_hi[k], rr[k] = r_lo[k], rr[k + 4] = r_hi[k];
+    for (; i < end; ++i) {
+      const double r = ref[i], err = std::abs(x[i] - r);
+      const std::size_t lane = i < end4 ? (i - at) % 8 : 0;
+      e[lane] += err * err;
+      rr[lane] += r * r;
       max_abs = std::max(max_abs, err);
-      bookkeep(idx);
-    };
-    for (; i < end4; i += 4)
-      for (int k = 0; k < 4; ++k) element(i + k, e[k], rr[k]);
-    for (; i < end; ++i) element(i, e[0], rr[0]);
+      bookkeep(i);
+    }
+    for (int k = 0; k < 4; ++k) e_lo[k] = e[k], e_hi[k] = e[k + 4], r_lo[k] = rr[k], r_hi[k] = rr[k + 4];
     // A unit whose squares overflowed (values beyond ~1e154) is added again
     // value by value, scaled (see SquareSum): rare, and never on clean data.
     // A NaN or Inf value makes its error, and the unit's sum of squares,
     // non-finite; a finite sum clears the unit of both at no cost.
-    const double unit_err_sq = (e[0] + e[1]) + (e[2] + e[3]);
-    maybe_nonfinite = maybe_nonfinite || !std::isfinite(unit_err_sq);
+    const double unit_err_sq = lane_sum(e_lo, e_hi);
+    if (!std::isfinite(unit_err_sq)) {
+      maybe_nonfinite = true;
+      // The question above may have let an infinite error by: every element
+      // of the unit is bookkept again, from the state the unit started in.
+      std::tie(worst_ratio, max_rel, worst, fails, nan_error) = before;
+      for (std::size_t j = at; j < end; ++j) bookkeep(j);
+    }
     if (!s.err_sq.add_partial(unit_err_sq))
       for (std::size_t j = at; j < end; ++j) s.err_sq.add_value(std::abs(double(x[j]) - double(ref[j])));
-    if (!s.ref_sq.add_partial((rr[0] + rr[1]) + (rr[2] + rr[3])))
+    if (!s.ref_sq.add_partial(lane_sum(r_lo, r_hi)))
       for (std::size_t j = at; j < end; ++j) s.ref_sq.add_value(ref[j]);
     at = end;
   }
@@ -275,7 +341,7 @@ template <class X, class R>
 bool scan_reference_portable_typed(const X* x, const R* ref, std::size_t n, const Tolerance& tol,
                                    const TapPlan& p, const BlockGroup& g, std::size_t first,
                                    const ChunkPlan& plan, TapStats& s) {
-  return scan_reference_body(x, ref, n, tol, p, g, first, plan, s);
+  return scan_reference_body<PortableSimd>(x, ref, n, tol, p, g, first, plan, s);
 }
 
 // The same code for AVX2 (one 4-lane register where the baseline uses two):
@@ -285,7 +351,7 @@ template <class X, class R>
                                                        const Tolerance& tol, const TapPlan& p,
                                                        const BlockGroup& g, std::size_t first,
                                                        const ChunkPlan& plan, TapStats& s) {
-  return scan_reference_body(x, ref, n, tol, p, g, first, plan, s);
+  return scan_reference_body<Avx2Simd>(x, ref, n, tol, p, g, first, plan, s);
 }
 
 template <class X, class R>
