@@ -1,8 +1,6 @@
 #include "reference/nn.h"
 #include "reference/gelu.h"
 
-#include <cblas.h>
-
 #include <chrono>
 #include <cmath>
 #include <type_traits>
@@ -11,8 +9,7 @@
 
 #include "harness/core/error.h"
 #include "harness/core/work_counter.h"
-
-extern "C" void openblas_set_num_threads(int);
+#include "reference/blas.h"
 
 namespace dc::ref {
 namespace {
@@ -23,13 +20,11 @@ auto view(const BasicTensor<T>& t) {
 }
 
 void gemm_tn(std::size_t m, std::size_t n, std::size_t k, const float* a, const float* b, float* y) {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a, int(m), b,
-              int(n), 0.0f, y, int(n));
+  blas::sgemm(true, false, int(m), int(n), int(k), 1.0f, a, int(m), b, int(n), 0.0f, y, int(n));
   work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), false);
 }
 void gemm_tn(std::size_t m, std::size_t n, std::size_t k, const double* a, const double* b, double* y) {
-  cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, a, int(m), b,
-              int(n), 0.0, y, int(n));
+  blas::dgemm(true, false, int(m), int(n), int(k), 1.0, a, int(m), b, int(n), 0.0, y, int(n));
   work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), true);
 }
 
@@ -59,28 +54,14 @@ template <class T>
 void gemm_strided(bool b_transposed, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda,
                   const T* b, std::size_t ldb, T* c, std::size_t ldc) {
   if (!m || !n) return;
-  const auto tb = b_transposed ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), 0.0f,
-                c, int(ldc));
+    blas::sgemm(false, b_transposed, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), 0.0f, c, int(ldc));
   else
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, tb, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), 0.0, c,
-                int(ldc));
+    blas::dgemm(false, b_transposed, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), 0.0, c, int(ldc));
   work::add_gemm_flops(2.0 * double(n) * double(m) * double(k), std::is_same_v<T, double>);
 }
 
-// OpenBLAS's pthread build starts its worker threads as it loads, before
-// main, and an idle worker spins on sched_yield for about 0.1 s before it
-// sleeps: a whole short command (compare) long, on one of two cores. One
-// thread wanted: the workers are stopped (OpenBLAS starts them again should
-// more be wanted later). Weak: a build without a thread server (the serial
-// OpenBLAS) has no such function.
-extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
-
-void set_blas_threads(int n) {
-  openblas_set_num_threads(n);
-  if (n == 1 && blas_thread_shutdown_) blas_thread_shutdown_();
-}
+void set_blas_threads(int n) { blas::set_threads(n); }
 
 double gemm_rate(bool float64, double seconds) {
   constexpr int n = 768;
@@ -92,9 +73,9 @@ double gemm_rate(bool float64, double seconds) {
     double elapsed = 0;
     do {
       if constexpr (std::is_same_v<T, float>)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+        blas::sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
       else
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0, a.data(), n, b.data(), n, 0.0, c.data(), n);
+        blas::dgemm(false, false, n, n, n, 1.0, a.data(), n, b.data(), n, 0.0, c.data(), n);
       ++calls;
       elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } while (elapsed < seconds || calls < 2);

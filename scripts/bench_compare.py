@@ -10,6 +10,7 @@ page-cache read floor) in the same alternation. Also the same on an identical
 pair, and, with --sizes, diffcheck's peak RSS across tensor sizes.
 
     /usr/bin/python3 scripts/bench_compare.py                 # 64 Mi elements, K = 5
+    /usr/bin/python3 scripts/bench_compare.py --every-element # also every element close, every element wrong
     /usr/bin/python3 scripts/bench_compare.py --sizes 16,256  # memory flat in size (Mi elements)
 """
 import argparse
@@ -25,11 +26,16 @@ ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDe
 ap.add_argument("-k", type=int, default=5, help="paired runs (median)")
 ap.add_argument("--mi", type=int, default=64, help="elements, in Mi (2^20)")
 ap.add_argument("--off", type=int, default=16777, help="elements off by 1.0")
+ap.add_argument("--every-element", action="store_true",
+                help="also pairs where every element differs: within atol (+1e-6 noise), and wrong (+1.0)")
 ap.add_argument("--sizes", default="", help="comma-separated sizes in Mi elements: RSS sweep only")
 ap.add_argument("--diffcheck", default=shutil.which("diffcheck") or "build/diffcheck")
 ap.add_argument("--dir", default=None, help="where to write the files (default: a temp dir)")
 ap.add_argument("--make", nargs=4, metavar=("DIR", "MI", "OFF", "TAG"), help=argparse.SUPPRESS)
 a = ap.parse_args()
+
+
+EVERY_ELEMENT_CLOSE, EVERY_ELEMENT_WRONG = -1, -2  # --off codes of the --every-element pairs
 
 
 def make_pair(d, mi, off, tag):
@@ -54,7 +60,7 @@ def write_pair(d, mi, off, tag):
         ref = f.create_dataset("reference/x", shape, dtype="f4")
         tap = g.create_dataset("taps/x", shape, dtype="f4")
         tap.attrs["spec"], tap.attrs["atol"], tap.attrs["rtol"] = "", 1e-5, 0.0
-        bad = set(rng.choice(n, size=off, replace=False).tolist()) if off else set()
+        bad = set(rng.choice(n, size=off, replace=False).tolist()) if off > 0 else set()
         step = max(1, (16 << 20) // shape[1])  # write 16 Mi elements at a time
         for r0 in range(0, rows, step):
             blk = rng.standard_normal((min(step, rows - r0), shape[1]), dtype=np.float32)
@@ -63,6 +69,10 @@ def write_pair(d, mi, off, tag):
             idx = [i - flat0 for i in bad if flat0 <= i < flat0 + blk.size]
             if idx:
                 blk.reshape(-1)[idx] += 1.0
+            if off == EVERY_ELEMENT_CLOSE:  # a few float32 roundings apart: within atol
+                blk = blk + rng.standard_normal(blk.shape, dtype=np.float32) * np.float32(1e-6)
+            elif off == EVERY_ELEMENT_WRONG:
+                blk = blk + np.float32(1.0)
             tap[r0:r0 + blk.shape[0]] = blk
 
 
@@ -125,6 +135,13 @@ try:
         print("identical pair")
         ref, tap = make_pair(d, a.mi, 0, "_same")
         paired(ref, tap, expect=0)
+        if a.every_element:
+            print("every element differs, within atol")
+            ref, tap = make_pair(d, a.mi, EVERY_ELEMENT_CLOSE, "_close")
+            paired(ref, tap, expect=0)
+            print("every element differs, by 1.0 (fails)")
+            ref, tap = make_pair(d, a.mi, EVERY_ELEMENT_WRONG, "_wrong")
+            paired(ref, tap, expect=1)
 finally:
     if not a.dir:
         shutil.rmtree(d)

@@ -2,12 +2,14 @@
 every kind of bad input: each must exit 2 with a message naming the file, tap
 or attribute, never crash or hang."""
 import os
+import shutil
+import subprocess
 import sys
 
 import h5py
 import numpy as np
 
-from e2e import SCRIPTS, E2ETest
+from e2e import EXE, SCRIPTS, TIMEOUT, E2ETest
 
 sys.path.insert(0, SCRIPTS)
 from diffcheck_dump import RankDump  # noqa: E402
@@ -214,3 +216,38 @@ class CompareBadInput(E2ETest):
 if __name__ == "__main__":
     import unittest
     unittest.main()
+
+
+class LibrariesLoaded(E2ETest):
+    """What the loader maps: OpenBLAS only when a GEMM is wanted (compare does
+    none; loading it was 1.4-1.9 ms of every start), and never a library from
+    the directory diffcheck runs in."""
+
+    def loader_log(self, *args):
+        env = dict(os.environ, LD_DEBUG="libs")
+        p = subprocess.run([EXE, *args], env=env, capture_output=True, text=True, timeout=TIMEOUT, cwd=self.dir)
+        return p.returncode, p.stderr
+
+    def test_compare_does_not_load_openblas_and_a_run_does(self):
+        prefix = self.path("dump")
+        write_rank_files(prefix)
+        code, log = self.loader_log("compare", prefix)
+        self.assertEqual(code, 0, log[-2000:])
+        self.assertIn("libhdf5", log)  # the log is the loader's
+        self.assertNotIn("libopenblas", log)
+        code, log = self.loader_log("--scenario", "timestep_broadcast", "--out", self.path("run.h5"))
+        self.assertEqual(code, 0, log[-2000:])
+        self.assertIn("libopenblas", log)
+
+    def test_no_library_is_searched_for_in_the_working_directory(self):
+        code, log = self.loader_log("--version")
+        self.assertEqual(code, 0, log[-2000:])
+        tried = [line.split("file=", 1)[1].split()[0] for line in log.splitlines() if "trying file=" in line]
+        self.assertEqual([f for f in tried if not f.startswith("/")], [])
+        # The RUNPATH itself: no empty (current directory) or relative entry.
+        dyn = subprocess.run(["readelf", "-d", EXE if os.path.isabs(EXE) else shutil.which(EXE)],
+                             capture_output=True, text=True).stdout
+        for line in dyn.splitlines():
+            if "RUNPATH" in line or "RPATH" in line:
+                entries = line.split("[", 1)[1].rstrip("]").split(":")
+                self.assertEqual([e for e in entries if not e.startswith("/")], [], line)
