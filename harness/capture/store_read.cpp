@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <regex>
 
 #include "harness/core/error.h"
@@ -27,13 +28,29 @@ Handle open_file(const std::string& path) {
   if (!fs::exists(path)) input_error("{}: no such file", path);
   if (fs::is_directory(path)) input_error("{}: is a directory, not an activation file", path);
   h5::ReadGuard guard(path + ": opening the file");
-  htri_t is = H5Fis_hdf5(path.c_str());
-  if (is <= 0) input_error("{}: not an HDF5 file", path);
   Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-  if (!f.valid())
-    input_error("{}: cannot open HDF5 file (truncated or damaged?): {}", path, h5::last_error());
-  return f;
+  if (f.valid()) return f;
+  const std::string why = h5::last_error();
+  // Which failure: only now asked (it opens the file once more).
+  if (H5Fis_hdf5(path.c_str()) <= 0) input_error("{}: not an HDF5 file", path);
+  input_error("{}: cannot open HDF5 file (truncated or damaged?): {}", path, why);
 }
+
+// The files one read_activations() has opened, each opened once: the source
+// is looked at, then read as a run file or as rank files, and every one of
+// them may hold references. (An open of a 1 MiB file was about 0.3 ms of
+// HDF5's work; a compare opened its files up to four times each.)
+class OpenFiles {
+ public:
+  hid_t get(const std::string& path) {
+    auto it = open_.find(path);
+    if (it == open_.end()) it = open_.emplace(path, open_file(path)).first;
+    return it->second.get();
+  }
+
+ private:
+  std::map<std::string, Handle> open_;
+};
 
 struct Root {
   long long schema = 0;
@@ -219,18 +236,19 @@ std::string rank_file(const std::string& prefix, long long r) {
   return fmt::format("{}.rank{}.h5", prefix, r);
 }
 
-void attach_references(ActivationSet& set, H5Data& data, const std::vector<std::string>& files) {
-  std::vector<Handle> handles;
+void attach_references(ActivationSet& set, H5Data& data, const std::vector<std::string>& files,
+                       OpenFiles& open) {
+  std::vector<hid_t> handles;
   std::vector<DeclaredBytes> declared;
   for (const auto& f : files) {
-    handles.push_back(open_file(f));
+    handles.push_back(open.get(f));
     declared.emplace_back(f);
-    list_datasets(handles.back().get(), "/reference", f);  // refuses links out, deep nesting
+    list_datasets(handles.back(), "/reference", f);  // refuses links out, deep nesting
   }
   for (auto& t : set.taps) {
     for (std::size_t fi = 0; fi < files.size(); ++fi) {
       const std::string& f = files[fi];
-      const Handle& file = handles[fi];
+      const hid_t file = handles[fi];
       std::string path = "/reference/" + t.name;
       h5::ReadGuard guard(f + ":" + path + ": looking for the reference");
       // H5Lexists fails on a missing intermediate group; walk the path.
@@ -239,14 +257,14 @@ void attach_references(ActivationSet& set, H5Data& data, const std::vector<std::
       for (std::size_t pos = 1; exists;) {
         auto next = path.find('/', pos);
         partial = path.substr(0, next);
-        exists = H5Lexists(file.get(), partial.c_str(), H5P_DEFAULT) > 0;
+        exists = H5Lexists(file, partial.c_str(), H5P_DEFAULT) > 0;
         if (next == std::string::npos) break;
         pos = next + 1;
       }
       H5Eclear2(H5E_DEFAULT);
       if (!exists) continue;
       std::string where = f + ":" + path;
-      Handle ds(H5Dopen2(file.get(), path.c_str(), H5P_DEFAULT));
+      Handle ds(H5Dopen2(file, path.c_str(), H5P_DEFAULT));
       if (!ds.valid()) input_error("{}: not a dataset", where);
       Shape s = dataset_shape(ds.get(), where, declared[fi]);
       Shape global = t.layout.global_shape(set.mesh, t.local_shape);
@@ -322,18 +340,18 @@ std::vector<std::string> rank_files(const std::string& prefix, int world) {
 }
 
 ActivationSet read_rank_files(const std::string& prefix, const std::string& first_path,
-                              std::shared_ptr<H5Data>& data) {
+                              std::shared_ptr<H5Data>& data, OpenFiles& open) {
   std::string f0 = rank_file(prefix, 0);
   if (!fs::exists(f0))
     input_error("{}: rank file for rank 0 is missing (looked for '{}')", first_path, f0);
-  Handle file0 = open_file(f0);
-  Root root = read_root(file0.get(), f0, true);
+  const hid_t file0 = open.get(f0);
+  Root root = read_root(file0, f0, true);
   ActivationSet set;
   set.source = prefix;
   set.mesh = parse_mesh(root, f0);
   set.world_size = static_cast<int>(root.world_size);
   set.info = root.info;
-  auto names = list_datasets(file0.get(), "/taps", f0);
+  auto names = list_datasets(file0, "/taps", f0);
   if (names.empty()) input_error("{}: no tap datasets under /taps", f0);
   for (std::size_t i = 0; i < names.size(); ++i) {
     TapData t;
@@ -347,20 +365,20 @@ ActivationSet read_rank_files(const std::string& prefix, const std::string& firs
     std::string fr = rank_file(prefix, r);
     if (!fs::exists(fr))
       input_error("{}: rank file for rank {} of {} is missing", fr, r, set.world_size);
-    Handle file = r == 0 ? std::move(file0) : open_file(fr);
-    Root rr = read_root(file.get(), fr, true);
+    const hid_t file = open.get(fr);
+    Root rr = read_root(file, fr, true);
     if (!rr.rank) input_error("{}: rank file without root attribute 'rank'", fr);
     if (*rr.rank != r) input_error("{}: root attribute 'rank' is {}, expected {}", fr, *rr.rank, r);
     if (rr.mesh != root.mesh || rr.world_size != root.world_size)
       input_error("{}: mesh '{}' differs from rank 0's '{}'", fr, rr.mesh, root.mesh);
-    auto names_r = list_datasets(file.get(), "/taps", fr);
+    auto names_r = list_datasets(file, "/taps", fr);
     DeclaredBytes declared(fr);
     for (auto& t : set.taps) {
       std::string where = fmt::format("{}: tap '{}'", fr, t.name);
       if (std::find(names_r.begin(), names_r.end(), t.name) == names_r.end())
         input_error("{}: missing (rank 0 has it)", where);
       h5::ReadGuard guard(where + ": reading its metadata");
-      Handle ds(H5Dopen2(file.get(), ("/taps/" + t.name).c_str(), H5P_DEFAULT));
+      Handle ds(H5Dopen2(file, ("/taps/" + t.name).c_str(), H5P_DEFAULT));
       Shape s = dataset_shape(ds.get(), where, declared);
       StoredKind k = stored_kind(ds.get(), where);
       if (r == 0) {
@@ -395,32 +413,31 @@ ActivationSet read_activations(const std::string& source, const std::string& ref
   std::shared_ptr<H5Data> data;
   std::vector<std::string> ref_files;
   std::smatch m;
+  OpenFiles open;
   if (fs::exists(source) && !fs::is_directory(source)) {
-    Handle file = open_file(source);
-    Root root = read_root(file.get(), source, true);
+    const hid_t file = open.get(source);
+    Root root = read_root(file, source, true);
     if (root.rank.has_value()) {
       if (!std::regex_match(source, m, kRankFile))
         input_error("{}: has a 'rank' attribute but is not named <prefix>.rank<R>.h5", source);
-      file.reset();
-      set = read_rank_files(m[1].str(), source, data);
+      set = read_rank_files(m[1].str(), source, data, open);
       ref_files = rank_files(m[1].str(), set.world_size);
     } else {
       data = H5Data::run_file(source);
-      set = read_run_file(file.get(), source, root, *data);
+      set = read_run_file(file, source, root, *data);
       ref_files.push_back(source);
     }
   } else if (fs::exists(rank_file(source, 0))) {
-    set = read_rank_files(source, source, data);
+    set = read_rank_files(source, source, data, open);
     ref_files = rank_files(source, set.world_size);
   } else {
     input_error("{}: no such file, and no rank files '{}'", source, rank_file(source, 0));
   }
   if (!reference_path.empty()) {
-    Handle rf = open_file(reference_path);
-    read_root(rf.get(), reference_path, false);  // must carry diffcheck_schema = 1
+    read_root(open.get(reference_path), reference_path, false);  // must carry diffcheck_schema = 1
     ref_files.insert(ref_files.begin(), reference_path);
   }
-  attach_references(set, *data, ref_files);
+  attach_references(set, *data, ref_files, open);
   set.data = data;
   sort_taps(set.taps);
   return set;
