@@ -30,6 +30,8 @@ ap.add_argument("--every-element", action="store_true",
                 help="also pairs where every element differs: within atol (+1e-6 noise), and wrong (+1.0)")
 ap.add_argument("--sizes", default="", help="comma-separated sizes in Mi elements: RSS sweep only")
 ap.add_argument("--diffcheck", default=shutil.which("diffcheck") or "build/diffcheck")
+ap.add_argument("--before", default=None, metavar="EXE",
+                help="another diffcheck (an older build) timed in the same alternation, for before/after")
 ap.add_argument("--dir", default=None, help="where to write the files (default: a temp dir)")
 ap.add_argument("--make", nargs=4, metavar=("DIR", "MI", "OFF", "TAG"), help=argparse.SUPPRESS)
 a = ap.parse_args()
@@ -96,21 +98,23 @@ def paired(ref, tap, expect):
     dc = [a.diffcheck, "compare", tap, "--reference", ref]
     cat = ["cat", tap, ref]
     cmds = (("cat", cat), ("h5diff", h5), ("diffcheck", dc))
+    if a.before:
+        cmds += (("before", [a.before, "compare", tap, "--reference", ref]),)
     rows = {name: [] for name, _ in cmds}
     for name, cmd in cmds:  # warm the page cache
         run(cmd)
     for _ in range(a.k):
         for name, cmd in cmds:
             wall, rss, rc, err = run(cmd)
-            if name == "diffcheck" and rc != expect:
+            if name in ("diffcheck", "before") and rc != expect:
                 sys.exit(f"{name}: exit {rc}, expected {expect}\n{err}")
             rows[name].append((wall, rss))
     for name, r in rows.items():
         print(f"  {name:9}  wall median {statistics.median(w for w, _ in r):6.3f} s   "
               f"peak RSS {max(m for _, m in r):7.1f} MiB")
-    for yardstick in ("h5diff", "cat"):
-        ratios = [d[0] / y[0] for d, y in zip(rows["diffcheck"], rows[yardstick])]
-        print(f"  diffcheck / {yardstick} wall: median of paired ratios {statistics.median(ratios):.3f} "
+    for name, yardstick in [("diffcheck", "h5diff"), ("diffcheck", "cat")] + ([("before", "cat")] if a.before else []):
+        ratios = [d[0] / y[0] for d, y in zip(rows[name], rows[yardstick])]
+        print(f"  {name} / {yardstick} wall: median of paired ratios {statistics.median(ratios):.3f} "
               f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
 
 
