@@ -301,6 +301,7 @@ template <class Simd, class X, class R>
     constexpr std::size_t kBlock = 16;
     Quad e_lo = splat(0.0), e_hi = e_lo, m4 = splat(max_abs);
     unsigned differing_in_a_row = 1;  // block 0 is the one the loop above stopped at
+    bool last_bookkept = false;
     for (std::size_t block = 0; i + kBlock <= end4; i += kBlock, ++block) {
       if (block != 0 && i != 0 && (differing_in_a_row < 2 || block % 8 == 0)) {
         if (!block_differs(i)) {
@@ -313,15 +314,16 @@ template <class Simd, class X, class R>
       // c as above, below 1 by a margin when below 1 at all, so that c times
       // the bound, rounded, stays below the bound.
       const double c = worst_ratio * kMargin >= 1 ? 1.0 : worst_ratio * kMargin * kMargin;
-      const Quad c_atol = splat(c * tol.atol), c_rtol = splat(c * tol.rtol), rel_gate = splat(max_rel * kMargin);
-      Mask quiet{-1, -1, -1, -1};
+      const Quad c_atol = splat(c * tol.atol), rel_gate = splat(max_rel * kMargin);
+      // Per lane (elements k, k + 4, k + 8, k + 12): the largest error and the
+      // smallest |ref|, for the question asked of the block first.
+      Quad most = splat(0.0), least = splat(kInf);
       auto four = [&](std::size_t at4, Quad& e_lane, Quad& r_lane) __attribute__((always_inline)) {
         const Quad r = load4(ref + at4), err = abs4(load4(x + at4) - r), ar = abs4(r);
-        const Quad bound = c_atol + c_rtol * ar, rel = rel_gate * ar;
         e_lane += err * err;
         r_lane += r * r;
-        m4 = m4 < err ? err : m4;  // a NaN error leaves it unchanged
-        quiet &= err <= (bound < rel ? bound : rel);  // a NaN bound gives rel
+        most = most < err ? err : most;  // a NaN error leaves it unchanged
+        least = ar < least ? ar : least;
       };
       // Not unrolled: fewer values live at once (unrolled, GCC spilled the
       // accumulators to the stack).
@@ -330,7 +332,33 @@ template <class Simd, class X, class R>
         four(i + j, e_lo, r_lo);
         four(i + j + 4, e_hi, r_hi);
       }
-      if (i == 0 || !Simd::all(quiet)) bookkeep_block(i);
+      m4 = m4 < most ? most : m4;
+      // The question, of the block as a whole first: no bound is below
+      // c atol, and no element's max_rel |r| below max_rel times its lane's
+      // smallest |r|, so a lane whose largest error is within both has no
+      // element that asks. (A NaN error answers here as if it did not ask;
+      // it makes the unit's sum NaN, and the unit is scanned again below.)
+      // Only where that fails, element by element; or, where the block before
+      // needed its bookkeeping (a wrong tensor: so will this one, most
+      // likely), straight to the bookkeeping.
+      const Quad rel_least = rel_gate * least;
+      if (i != 0 && Simd::all(most <= (c_atol < rel_least ? c_atol : rel_least))) {
+        last_bookkept = false;
+        continue;
+      }
+      bool quiet_all = false;
+      if (i != 0 && !last_bookkept) {
+        const Quad c_rtol = splat(c * tol.rtol);
+        Mask quiet{-1, -1, -1, -1};
+        for (std::size_t j = 0; j < kBlock; j += 4) {
+          const Quad r = load4(ref + i + j), err = abs4(load4(x + i + j) - r), ar = abs4(r);
+          const Quad bound = c_atol + c_rtol * ar, rel = rel_gate * ar;
+          quiet &= err <= (bound < rel ? bound : rel);  // a NaN bound gives rel
+        }
+        quiet_all = Simd::all(quiet);
+      }
+      last_bookkept = !quiet_all;
+      if (!quiet_all) bookkeep_block(i);
     }
     max_abs = std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
     // The unit's last elements, one at a time, in their lanes.
