@@ -32,7 +32,17 @@ std::string last_error() {
       },
       &msg);
   H5Eclear2(H5E_DEFAULT);
-  return msg.empty() ? "unknown HDF5 error" : msg;
+  if (msg.empty()) return "unknown HDF5 error";
+  // A failed read or write of HDF5's file drivers says, over two lines, when,
+  // which descriptor, buffer and sizes: only the operation and the system's
+  // words ("file write failed: No space left on device") are for users.
+  const std::string key = "error message = '";
+  const auto at = msg.find(key), colon = msg.find(": time = ");
+  if (at != std::string::npos && colon != std::string::npos) {
+    const auto end = msg.find('\'', at + key.size());
+    if (end != std::string::npos) return msg.substr(0, colon) + ": " + msg.substr(at + key.size(), end - at - key.size());
+  }
+  return msg;
 }
 
 namespace {

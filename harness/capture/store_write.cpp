@@ -16,8 +16,10 @@
 #include "harness/capture/h5util.h"
 #include "harness/capture/store.h"
 #include "harness/capture/store_layout.h"
+#include "harness/core/agree.h"
 #include "harness/core/comm_native.h"
 #include "harness/core/error.h"
+#include "harness/core/interrupt.h"
 
 namespace dc {
 namespace {
@@ -240,7 +242,7 @@ static void write_with_hdf5(const Comm& world, const std::string& tmp, const std
                             const std::map<std::string, ReferenceEntry>& manifest,
                      const std::map<std::string, std::vector<HeldBox>>& boxes, const std::function<void()>& created) {
   const int rank = world.rank();
-  bool closed = true;
+  bool closed = true, stuck = false;
   std::string close_error;
   if (mode == WriteMode::collective || rank == 0) {
     Handle fapl(H5Pcreate(H5P_FILE_ACCESS));
@@ -254,6 +256,7 @@ static void write_with_hdf5(const Comm& world, const std::string& tmp, const std
     if (!file.valid() && mode == WriteMode::gathered) {
       // The others are about to send their rows to this rank.
       spdlog::error("rank {}: HDF5 cannot create run file '{}': {}", rank, tmp, h5::last_error());
+      interrupt::remove_partial_files();  // the watch directory among them
       Comm::abort(2);
     }
     if (!file.valid())
@@ -276,6 +279,7 @@ static void write_with_hdf5(const Comm& world, const std::string& tmp, const std
       spdlog::error("{}; nothing was written to '{}'", e.what(), path);
       std::remove(tmp.c_str());
       file.release();
+      interrupt::remove_partial_files();  // the watch directory among them
       Comm::abort(2);
     }
     const bool flushed = H5Fflush(file.get(), H5F_SCOPE_GLOBAL) >= 0;
@@ -283,23 +287,47 @@ static void write_with_hdf5(const Comm& world, const std::string& tmp, const std
     // the others, whose close would wait for this rank: end the job (main).
     if (!flushed && mode == WriteMode::collective)
       fail("rank {}: HDF5 cannot flush '{}': {}; nothing was written to '{}'", rank, tmp, h5::last_error(), path);
-    if (!flushed) close_error = "cannot flush: " + h5::last_error();
+    if (!flushed) {
+      close_error = "cannot flush: " + h5::last_error();
+      // The file is lost: its blocks are given back first, so that HDF5 can
+      // write what closing writes. A file HDF5 could not close stays open
+      // inside it, and its own clean-up at MPI_Finalize then faults on it.
+      if (::truncate(tmp.c_str(), 0) != 0) spdlog::warn("rank {}: cannot truncate '{}'", rank, tmp);
+    }
     taps_group.reset();
-    // Closing writes the last metadata: a full disk shows here. No rank
-    // renames a file that any rank could not close.
-    closed = H5Fclose(file.release()) >= 0 && flushed;
+    // Closing writes the last metadata: a full disk shows here.
+    const hid_t id = file.release();
+    closed = H5Fclose(id) >= 0 && flushed;
     if (!closed && flushed) close_error = h5::last_error();
+    stuck = H5Iis_valid(id) > 0;
   } else {
     if (created) created();
     send_rows_and_boxes(world, taps, manifest);
   }
-  if (world.max_int(closed ? 0 : 1) != 0) {
+  // No rank renames a file that any rank could not close. Every rank learns
+  // the first failure's words: an AgreedError, which rank 0 reports once
+  // before every rank finalizes (exit 2); but a rank that HDF5 could not
+  // close a file for must not finalize (see above): it reports and ends the
+  // job itself.
+  try {
+    agreed_on_all(world, [&] {
+      if (!closed)
+        fail("rank {}: closing run file '{}' failed ({}); nothing was written to '{}'", rank, tmp, close_error, path);
+      return std::string();
+    });
+  } catch (const Error& e) {
     if (rank == 0) {
       std::error_code ec;
       std::filesystem::remove(tmp, ec);
     }
-    fail("rank {}: closing run file '{}' failed ({}); nothing was written to '{}'", rank, tmp,
-         closed ? "on another rank" : close_error, path);
+    if (stuck) {
+      interrupt::verdict_reached();
+      interrupt::remove_partial_files();
+      spdlog::error("{}", e.what());
+      std::fflush(nullptr);
+      Comm::abort(2);
+    }
+    throw;
   }
 }
 
