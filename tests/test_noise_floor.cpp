@@ -160,6 +160,26 @@ TEST(MeasuredTolerance, FloorsAreWhatTheMeasuringCompareSees) {
   EXPECT_EQ(merged.at("t").rel_l2, f.at("t").rel_l2);
   EXPECT_EQ(merged.at("u").dtype, "bfloat16");
   EXPECT_EQ(decode_floors(encode_floors(merged)).at("t").rel_l2, merged.at("t").rel_l2);
+  EXPECT_EQ(f.at("t").elements, 4u);
+  EXPECT_EQ(decode_floors(encode_floors(f)).at("t").elements, 4u);
+}
+
+// Run 0's floor becomes the run's own only where it is a norm over enough
+// numbers: a tap of a few (one per sample and branch) keeps the other limits.
+TEST(MeasuredTolerance, OnlyTapsOfManyElementsKeepTheUnperturbedError) {
+  std::vector<double> small_ref(kSameInputsMinElements - 1, 1.0), big_ref(kSameInputsMinElements, 1.0);
+  std::vector<double> small_x = small_ref, big_x = big_ref;
+  small_x[0] = big_x[0] = 1.001;
+  Floors floors = floors_of(compare(one_tap(small_ref, small_x), floor_measuring_options({})));
+  const Floors big = floors_of(compare(one_tap(big_ref, big_x), floor_measuring_options({})));
+  floors["big"] = big.at("t");
+  keep_unperturbed(floors);
+  EXPECT_FALSE(floors.at("t").rel_l2_as_is.has_value());
+  ASSERT_TRUE(floors.at("big").rel_l2_as_is.has_value());
+  EXPECT_EQ(*floors.at("big").rel_l2_as_is, floors.at("big").rel_l2);
+  // So the same-input limit is absent from the small tap's tolerance.
+  EXPECT_FALSE(tolerance_from_floor(floors.at("t"), kElementFactor, kNormFactor, 2.0).rel_l2_limit_own_inputs);
+  EXPECT_TRUE(tolerance_from_floor(floors.at("big"), kElementFactor, kNormFactor, 2.0).rel_l2_limit_own_inputs);
 }
 
 // On the run's own inputs the norm limit is k_same x the unperturbed

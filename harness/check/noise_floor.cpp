@@ -26,9 +26,15 @@ Floors floors_of(const CompareResult& res) {
   Floors out;
   for (const auto& t : res.taps) {
     if (!t.reference.present) continue;
-    out[t.name] = {t.reference.worst_ratio, t.reference.rel_l2, t.dtype};
+    out[t.name] = {t.reference.worst_ratio, t.reference.rel_l2, t.dtype, std::nullopt,
+                   static_cast<std::size_t>(std::max(0LL, t.reference.n_total))};
   }
   return out;
+}
+
+void keep_unperturbed(Floors& floors) {
+  for (auto& [name, f] : floors)
+    if (f.elements >= kSameInputsMinElements) f.rel_l2_as_is = f.rel_l2;
 }
 
 void merge_floors(Floors& into, const Floors& more) {
@@ -47,8 +53,8 @@ void merge_floors(Floors& into, const Floors& more) {
 std::string encode_floors(const Floors& f) {
   std::string s;
   for (const auto& [name, x] : f)
-    s += fmt::format("{}\t{:.17g}\t{:.17g}\t{}\t{}\n", name, x.element, x.rel_l2, x.dtype,
-                     x.rel_l2_as_is ? fmt::format("{:.17g}", *x.rel_l2_as_is) : "-");
+    s += fmt::format("{}\t{:.17g}\t{:.17g}\t{}\t{}\t{}\n", name, x.element, x.rel_l2, x.dtype,
+                     x.rel_l2_as_is ? fmt::format("{:.17g}", *x.rel_l2_as_is) : "-", x.elements);
   return s;
 }
 
@@ -57,13 +63,15 @@ Floors decode_floors(const std::string& text) {
   std::stringstream ss(text);
   for (std::string line; std::getline(ss, line);) {
     std::stringstream ls(line);
-    std::string name, e, l, dtype, as_is;
+    std::string name, e, l, dtype, as_is, elements;
     std::getline(ls, name, '\t');
     std::getline(ls, e, '\t');
     std::getline(ls, l, '\t');
     std::getline(ls, dtype, '\t');
     std::getline(ls, as_is, '\t');
-    TapFloor& f = out[name] = {std::stod(e), std::stod(l), dtype, std::nullopt};
+    std::getline(ls, elements, '\t');
+    TapFloor& f = out[name] = {std::stod(e), std::stod(l), dtype, std::nullopt,
+                               elements.empty() ? 0 : static_cast<std::size_t>(std::stoull(elements))};
     if (!as_is.empty() && as_is != "-") f.rel_l2_as_is = std::stod(as_is);
   }
   return out;

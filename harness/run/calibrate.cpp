@@ -38,8 +38,7 @@ Floors one_run(const Comm& self, const NoiseFloorRequest& r, const Mesh& mesh, i
   o.threads = 1;
   o.processes = &self;
   Floors floors = floors_of(compare(set, floor_measuring_options(o)));
-  if (run == 0)
-    for (auto& [name, f] : floors) f.rel_l2_as_is = f.rel_l2;
+  if (run == 0) keep_unperturbed(floors);
   return floors;
 }
 
