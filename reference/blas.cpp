@@ -77,6 +77,4 @@ void set_threads(int n) {
   if (ready.load(std::memory_order_relaxed)) apply_threads(n);
 }
 
-bool loaded() { return ready.load(std::memory_order_acquire); }
-
 }  // namespace dc::ref::blas

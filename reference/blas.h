@@ -20,7 +20,4 @@ void dgemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const 
 // 0.1 s before they sleep).
 void set_threads(int n);
 
-// Whether OpenBLAS has been loaded in this process (for tests).
-bool loaded();
-
 }  // namespace dc::ref::blas

@@ -237,6 +237,17 @@ Handle run_file_creation_props() {
 
 // WriteMode::collective and ::gathered: HDF5 writes every byte (MPI-IO, or
 // rank 0 alone).
+// A run-file error only this rank saw, where the others may be waiting for it
+// in a collective (or sending to it): reported here, the partial files (the
+// watch directory among them) removed, and the job ended (exit 2).
+[[noreturn]] static void end_job_from_this_rank(const std::string& message) {
+  interrupt::verdict_reached();
+  interrupt::remove_partial_files();
+  spdlog::error("{}", message);
+  std::fflush(nullptr);
+  Comm::abort(2);
+}
+
 static void write_with_hdf5(const Comm& world, const std::string& tmp, const std::string& path, const RunInfo& info,
                             const TapRecorder& taps, WriteMode mode,
                             const std::map<std::string, ReferenceEntry>& manifest,
@@ -255,9 +266,7 @@ static void write_with_hdf5(const Comm& world, const std::string& tmp, const std
     Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()));
     if (!file.valid() && mode == WriteMode::gathered) {
       // The others are about to send their rows to this rank.
-      spdlog::error("rank {}: HDF5 cannot create run file '{}': {}", rank, tmp, h5::last_error());
-      interrupt::remove_partial_files();  // the watch directory among them
-      Comm::abort(2);
+      end_job_from_this_rank(fmt::format("rank {}: HDF5 cannot create run file '{}': {}", rank, tmp, h5::last_error()));
     }
     if (!file.valid())
       fail("rank {}: HDF5 cannot create run file '{}': {}", rank, tmp, h5::last_error());
@@ -276,11 +285,9 @@ static void write_with_hdf5(const Comm& world, const std::string& tmp, const std
       // A write failed on this rank (a full disk, a quota) while the others
       // may be inside the same collective write, or sending to this rank:
       // unwinding would wait for them forever. Say it and end the job.
-      spdlog::error("{}; nothing was written to '{}'", e.what(), path);
       std::remove(tmp.c_str());
       file.release();
-      interrupt::remove_partial_files();  // the watch directory among them
-      Comm::abort(2);
+      end_job_from_this_rank(fmt::format("{}; nothing was written to '{}'", e.what(), path));
     }
     const bool flushed = H5Fflush(file.get(), H5F_SCOPE_GLOBAL) >= 0;
     // Written with MPI-IO, a flush that failed here may not have failed on
@@ -320,13 +327,7 @@ static void write_with_hdf5(const Comm& world, const std::string& tmp, const std
       std::error_code ec;
       std::filesystem::remove(tmp, ec);
     }
-    if (stuck) {
-      interrupt::verdict_reached();
-      interrupt::remove_partial_files();
-      spdlog::error("{}", e.what());
-      std::fflush(nullptr);
-      Comm::abort(2);
-    }
+    if (stuck) end_job_from_this_rank(e.what());
     throw;
   }
 }
