@@ -115,8 +115,9 @@ void monitor(double limit, long long memory_limit) {
 
 // The executable segments of diffcheck's own program (the first object
 // dl_iterate_phdr reports), found once. During a read step, a fault whose
-// instruction lies outside them is in HDF5 or a library it called (libc's
-// memcpy, zlib): the file's doing. A fault in our own code is a bug of ours.
+// instruction lies outside them, or in HDF5's part of them (a static HDF5),
+// is in HDF5 or a library it called (libc's memcpy, zlib): the file's doing.
+// A fault in our own code is a bug of ours.
 struct Range {
   std::uintptr_t lo = 0, hi = 0;
 };
@@ -137,7 +138,21 @@ void find_own_text() {
       nullptr);
 }
 
+}  // namespace
+}  // namespace dc::h5
+
+// HDF5 linked from its static archive lies inside the program's text, between
+// these (hdf5_text.ld); without that script they are not defined (weak: null).
+extern "C" const char __diffcheck_hdf5_text_start[] __attribute__((weak));
+extern "C" const char __diffcheck_hdf5_text_end[] __attribute__((weak));
+
+namespace dc::h5 {
+namespace {
+
 bool in_own_code(std::uintptr_t pc) {
+  const auto hdf5_lo = reinterpret_cast<std::uintptr_t>(__diffcheck_hdf5_text_start),
+             hdf5_hi = reinterpret_cast<std::uintptr_t>(__diffcheck_hdf5_text_end);
+  if (hdf5_lo != 0 && pc >= hdf5_lo && pc < hdf5_hi) return false;
   for (std::size_t i = 0; i < own_ranges; ++i)
     if (pc >= own_text[i].lo && pc < own_text[i].hi) return true;
   return false;

@@ -24,6 +24,15 @@ void exec_with_huge_pages(char** argv) {
   if (!std::getline(mode, modes) || modes.find("[never]") != std::string::npos) return;
   tunables += std::string(tunables.empty() ? "" : ":") + "glibc.malloc.hugetlb=1";
   if (setenv("GLIBC_TUNABLES", tunables.c_str(), 1) != 0) return;
+  // By the program's path, not /proc/self/exe: the process takes its name
+  // from the file executed, and `ps`, `top` and `pgrep diffcheck` (the way to
+  // find a hung rank) would show every rank as "exe".
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n > 0) {
+    path[n] = 0;
+    execv(path, argv);  // fails when the file was replaced since (" (deleted)")
+  }
   execv("/proc/self/exe", argv);
   // Not re-executed (no /proc?): go on with small pages.
 }
