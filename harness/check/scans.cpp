@@ -207,21 +207,32 @@ template <class Simd, class X, class R>
   // the maxima as they stand at the block's start, which only grow), in
   // order. A block where every element fails (a wrong tensor) costs about
   // one more vector pass, not 16 rounds of branches.
+  // `each(j, r, err)` sees every four elements' reference and error on the
+  // way (the pass of a wrong tensor takes its sums there: one pass, not two).
+  // Whether any element failed or asked.
   // (Inlined, so that it is compiled for the build it is part of: AVX2 or not.)
-  auto bookkeep_block = [&](std::size_t i) __attribute__((always_inline)) {
+  auto bookkeep_block = [&](std::size_t i, auto&& each) __attribute__((always_inline)) {
     const Quad atol = splat(tol.atol), rtol = splat(tol.rtol), inf = splat(kInf), zero = splat(0.0);
     const Quad rel_gate = splat(max_rel * kMargin), worst_gate = splat(worst_ratio * kMargin);
-    unsigned ask = i == 0 ? 1u : 0u;
+    unsigned ask = i == 0 ? 1u : 0u, failed = 0;
+    // Unrolled: `each` then picks its summation lanes at compile time and
+    // keeps them in registers (rolled, GCC kept them on the stack).
+#pragma GCC unroll 4
     for (std::size_t j = 0; j < 16; j += 4) {
       const Quad r = load4(ref + i + j), err = abs4(load4(x + i + j) - r), ar = abs4(r);
+      each(j, r, err);
       const Quad bound = atol + rtol * ar;
       const Mask nan = err != err;
-      fails += __builtin_popcount(Simd::bits(~(err <= bound) | (err == inf)));
+      failed |= Simd::bits(~(err <= bound) | (err == inf)) << j;
       nan_error = nan_error || Simd::any(nan);
       ask |= Simd::bits(((r != zero) & (err > rel_gate * ar)) | (err > worst_gate * bound) | nan) << j;
     }
+    fails += __builtin_popcount(failed);
+    const bool any = (failed | ask) != 0;
     for (; ask; ask &= ask - 1) maxima(i + static_cast<std::size_t>(__builtin_ctz(ask)));
+    return any;
   };
+  const auto nothing_more = [](std::size_t, const Quad&, const Quad&) {};
   // One summation unit at a time (see ChunkPlan), its squares in eight
   // independent lanes so that no add waits long on another: element at + j
   // of a unit starting at `at` in lane j % 8, but those after the unit's last
@@ -311,6 +322,22 @@ template <class Simd, class X, class R>
         }
         ++differing_in_a_row;
       }
+      // After a block that needed its bookkeeping (a wrong tensor: so will
+      // this one, most likely), the sums are taken inside the bookkeeping's
+      // pass. Bookkeeping a block that needed none changes nothing (no
+      // element of it fails or raises a maximum), so the results are the
+      // same; a block where nothing failed or asked goes back to the question.
+      if (last_bookkept && i != 0) {
+        last_bookkept = bookkeep_block(i, [&](std::size_t j, const Quad& r, const Quad& err)
+                                              __attribute__((always_inline)) {
+          Quad& e_lane = j % 8 == 0 ? e_lo : e_hi;
+          Quad& r_lane = j % 8 == 0 ? r_lo : r_hi;
+          e_lane += err * err;
+          r_lane += r * r;
+          m4 = m4 < err ? err : m4;  // a NaN error leaves it unchanged
+        });
+        continue;
+      }
       // c as above, below 1 by a margin when below 1 at all, so that c times
       // the bound, rounded, stays below the bound.
       const double c = worst_ratio * kMargin >= 1 ? 1.0 : worst_ratio * kMargin * kMargin;
@@ -338,16 +365,11 @@ template <class Simd, class X, class R>
       // smallest |r|, so a lane whose largest error is within both has no
       // element that asks. (A NaN error answers here as if it did not ask;
       // it makes the unit's sum NaN, and the unit is scanned again below.)
-      // Only where that fails, element by element; or, where the block before
-      // needed its bookkeeping (a wrong tensor: so will this one, most
-      // likely), straight to the bookkeeping.
+      // Only where that fails, element by element.
       const Quad rel_least = rel_gate * least;
-      if (i != 0 && Simd::all(most <= (c_atol < rel_least ? c_atol : rel_least))) {
-        last_bookkept = false;
-        continue;
-      }
+      if (i != 0 && Simd::all(most <= (c_atol < rel_least ? c_atol : rel_least))) continue;
       bool quiet_all = false;
-      if (i != 0 && !last_bookkept) {
+      if (i != 0) {
         const Quad c_rtol = splat(c * tol.rtol);
         Mask quiet{-1, -1, -1, -1};
         for (std::size_t j = 0; j < kBlock; j += 4) {
@@ -358,7 +380,7 @@ template <class Simd, class X, class R>
         quiet_all = Simd::all(quiet);
       }
       last_bookkept = !quiet_all;
-      if (!quiet_all) bookkeep_block(i);
+      if (!quiet_all) bookkeep_block(i, nothing_more);
     }
     max_abs = std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
     // The unit's last elements, one at a time, in their lanes.
