@@ -55,6 +55,15 @@ struct PlannedRead {
   Slab slab;
 };
 
+// A slab's values as stored: in the caller's buffer, or straight in a mapping
+// of the file (no copy out of the page cache), which `keep` holds mapped while
+// the caller reads them. element_size 4 (float) or 8 (double); 0: not given.
+struct StoredSpan {
+  const void* data = nullptr;
+  std::size_t element_size = 0;
+  std::shared_ptr<const void> keep;
+};
+
 // Streamed access to tap values, as float64 in row-major order. Implementations
 // may be called from several threads at once (they serialize what must be).
 class ActivationData {
@@ -66,12 +75,12 @@ class ActivationData {
   virtual void read_reference(const TapData& t, const Slab& slab, double* out) const = 0;
   // The same values as they are stored, when the source can hand them over
   // without converting (a contiguous float32 or float64 dataset of a file):
-  // fills `out` (room for the slab as float64 is enough) and returns the
-  // bytes per element, 4 (float) or 8 (double); 0 when it cannot, and the
-  // caller reads as float64. Float32 data is scanned where it lies: no
-  // widening pass, half the memory traffic.
-  virtual std::size_t read_piece_stored(const TapData&, int, const Slab&, void*) const { return 0; }
-  virtual std::size_t read_reference_stored(const TapData&, const Slab&, void*) const { return 0; }
+  // in `buf` (room for the slab as float64 is enough), or where they lie in
+  // a mapping of the file; element_size 0 when it cannot, and the caller
+  // reads as float64. Float32 data is scanned where it lies: no widening
+  // pass, half the memory traffic.
+  virtual StoredSpan read_piece_stored(const TapData&, int, const Slab&, void* /*buf*/) const { return {}; }
+  virtual StoredSpan read_reference_stored(const TapData&, const Slab&, void* /*buf*/) const { return {}; }
 
   // Distributed sources (a run's taps, still in the memory of the ranks that
   // recorded them) return the processes that hold the values; null for

@@ -2,13 +2,19 @@
 #include "harness/capture/read_guard.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
+#include <mutex>
 #include <cstring>
+#include <optional>
 
 #include "harness/core/error.h"
 
@@ -19,6 +25,8 @@ DirectDataset::~DirectDataset() {
 }
 
 namespace {
+
+void may_map(DirectDataset& d);
 
 // The direct-read description of `ds`, or null when HDF5 must do the reading.
 std::shared_ptr<const DirectDataset> direct_access(hid_t ds, const std::string& file) {
@@ -44,7 +52,109 @@ std::shared_ptr<const DirectDataset> direct_access(hid_t ds, const std::string& 
   d->element_size = size;
   d->dims.assign(dims.begin(), dims.end());
   d->file = file;
+  may_map(*d);
   return d;
+}
+
+// Windows. A dataset of at least kMapMinBytes whose bytes the file holds
+// whole (one that ends early keeps pread, whose error says so; a mapping of
+// missing bytes faults) is read through read-only mappings of kWindowBytes
+// of it, shared by the threads (each faults in pages the other reads next)
+// and kept for the next reads, kWindows of them for the whole process: the
+// scans read the page cache where it lies, and what the process maps stays
+// bounded (a whole 4 GB run file mapped would count in its RSS). A file cut
+// short while being read still faults (SIGBUS), as any reader of a mapping
+// does. Smaller datasets are not worth mappings.
+constexpr std::size_t kMapMinBytes = std::size_t{1} << 20;
+constexpr std::size_t kWindowBytes = std::size_t{16} << 20;
+constexpr std::size_t kWindows = 4;
+
+void may_map(DirectDataset& d) {
+  std::size_t n = 1;
+  for (auto x : d.dims) {
+    if (x != 0 && n > (std::size_t{1} << 50) / x) return;  // beyond any file
+    n *= x;
+  }
+  const std::size_t bytes = n * d.element_size;
+  struct stat st {};
+  if (bytes < kMapMinBytes || d.offset < 0 || ::fstat(d.fd, &st) != 0 ||
+      static_cast<unsigned long long>(st.st_size) < static_cast<unsigned long long>(d.offset) + bytes)
+    return;
+  d.mappable = true;
+  d.elements = n;
+}
+
+// Elements [first, first + count) of a dataset, mapped.
+struct Window {
+  std::weak_ptr<const DirectDataset> of;
+  std::size_t first = 0, count = 0;
+  void* base = nullptr;
+  std::size_t bytes = 0;
+  const char* values = nullptr;  // element `first`
+  ~Window() {
+    if (base) ::munmap(base, bytes);
+  }
+};
+
+std::shared_ptr<const Window> map_window(const std::shared_ptr<const DirectDataset>& d, std::size_t first,
+                                         std::size_t count) {
+  static const long page = ::sysconf(_SC_PAGESIZE);
+  const long long at = d->offset + static_cast<long long>(first * d->element_size);
+  const long long start = at / page * page;
+  const std::size_t lead = static_cast<std::size_t>(at - start), bytes = lead + count * d->element_size;
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, d->fd, static_cast<off_t>(start));
+  if (p == MAP_FAILED) return nullptr;
+  auto w = std::make_shared<Window>();
+  w->of = d;
+  w->first = first;
+  w->count = count;
+  w->base = p;
+  w->bytes = bytes;
+  w->values = static_cast<const char*>(p) + lead;
+  return w;
+}
+
+// The process's most recently used windows, first the latest.
+struct Windows {
+  std::mutex mu;
+  std::array<std::shared_ptr<const Window>, kWindows> recent;
+};
+Windows& windows() {
+  static Windows* w = new Windows();  // never destroyed: worker threads may outlive statics
+  return *w;
+}
+
+// A window that holds [first, first + n) of `d`, mapping one (in the least
+// recently used one's place) when none does; null when the mapping fails
+// (the caller reads with pread).
+std::shared_ptr<const Window> window_for(const std::shared_ptr<const DirectDataset>& d, std::size_t first,
+                                         std::size_t n) {
+  Windows& all = windows();
+  {
+    std::lock_guard<std::mutex> lock(all.mu);
+    for (std::size_t i = 0; i < all.recent.size(); ++i) {
+      const auto& w = all.recent[i];
+      if (w && first >= w->first && first + n <= w->first + w->count && w->of.lock() == d) {
+        std::rotate(all.recent.begin(), all.recent.begin() + static_cast<long>(i),
+                    all.recent.begin() + static_cast<long>(i) + 1);
+        return all.recent.front();
+      }
+    }
+  }
+  // The aligned window around `first`, or the run itself when it crosses one.
+  // Mapped outside the lock: two threads may map the same window at once,
+  // and both mappings serve.
+  const std::size_t per = std::max<std::size_t>(1, kWindowBytes / d->element_size);
+  std::size_t wfirst = first / per * per, wcount = std::min(per, d->elements - wfirst);
+  if (first + n > wfirst + wcount) wfirst = first, wcount = n;
+  auto w = map_window(d, wfirst, wcount);
+  if (!w) return nullptr;
+  std::shared_ptr<const Window> evicted;  // unmapped after the lock is released
+  std::lock_guard<std::mutex> lock(all.mu);
+  std::rotate(all.recent.begin(), all.recent.end() - 1, all.recent.end());
+  evicted = std::move(all.recent.front());
+  all.recent.front() = w;
+  return w;
 }
 
 void pread_all(const DirectDataset& d, std::size_t first, std::size_t n, char* into,
@@ -115,6 +225,24 @@ void read_direct(const DirectDataset& d, const std::vector<hsize_t>& start,
   }
 }
 
+// The first element of the box (start, count) when the box is one
+// contiguous run of the dataset (a chunk of whole rows, say); none otherwise.
+std::optional<std::size_t> one_run(const DirectDataset& d, const std::vector<hsize_t>& start,
+                                   const std::vector<hsize_t>& count) {
+  const std::size_t nd = d.dims.size();
+  std::size_t k = nd;
+  while (k > 0 && start[k - 1] == 0 && count[k - 1] == d.dims[k - 1]) --k;
+  // Dimension k - 1 may be partial; every one before it must be a single index.
+  for (std::size_t i = 0; i + 1 < k; ++i)
+    if (count[i] != 1) return std::nullopt;
+  std::size_t first = 0, stride = 1;
+  for (std::size_t i = nd; i-- > 0;) {
+    first += start[i] * stride;
+    stride *= d.dims[i];
+  }
+  return first;
+}
+
 }  // namespace
 
 std::shared_ptr<H5Data> H5Data::run_file(std::string path) {
@@ -179,18 +307,23 @@ std::pair<std::vector<hsize_t>, std::vector<hsize_t>> dataset_box(long long lead
 
 }  // namespace
 
-std::size_t H5Data::read_stored(const Location& at, const Slab& slab, void* out) const {
+StoredSpan H5Data::read_stored(const Location& at, const Slab& slab, void* out) const {
   std::unique_lock<std::mutex> lock(mu_);
   std::shared_ptr<const DirectDataset> direct;
   {
     h5::ReadGuard guard(at.what + ": reading values");
     direct = dataset(at.file, at.dataset).direct;  // keeps the descriptor alive past an eviction
   }
-  if (!direct) return 0;
+  if (!direct) return {};
   lock.unlock();
   const auto [start, count] = dataset_box(at.leading, slab);
+  const std::size_t n = numel(slab.count);
+  if (direct->mappable && n != 0)
+    if (const auto first = one_run(*direct, start, count); first && *first + n <= direct->elements)
+      if (auto w = window_for(direct, *first, n))
+        return {w->values + (*first - w->first) * direct->element_size, direct->element_size, std::move(w)};
   read_direct(*direct, start, count, out, false, at.what);
-  return direct->element_size;
+  return {out, direct->element_size, nullptr};
 }
 
 void H5Data::read(const Location& at, const Slab& slab, double* out) const {
@@ -234,7 +367,7 @@ void H5Data::read_piece(const TapData& t, int rank, const Slab& slab, double* ou
   read(piece_location(t, rank), slab, out);
 }
 
-std::size_t H5Data::read_piece_stored(const TapData& t, int rank, const Slab& slab, void* out) const {
+StoredSpan H5Data::read_piece_stored(const TapData& t, int rank, const Slab& slab, void* out) const {
   return read_stored(piece_location(t, rank), slab, out);
 }
 
@@ -242,7 +375,7 @@ void H5Data::read_reference(const TapData& t, const Slab& slab, double* out) con
   read(reference_location(t), slab, out);
 }
 
-std::size_t H5Data::read_reference_stored(const TapData& t, const Slab& slab, void* out) const {
+StoredSpan H5Data::read_reference_stored(const TapData& t, const Slab& slab, void* out) const {
   return read_stored(reference_location(t), slab, out);
 }
 

@@ -27,6 +27,12 @@ struct DirectDataset {
   std::size_t element_size = 0;
   Shape dims;
   std::string file;
+  // A large dataset whose bytes the file holds whole is read through
+  // mappings of it (h5_data.cpp, "Windows"): a slab that is one run of it is
+  // scanned where it lies in the page cache, not copied out by pread (a
+  // third of a 256 MiB pair's check went to that copy).
+  bool mappable = false;
+  std::size_t elements = 0;
   ~DirectDataset();
 };
 
@@ -43,8 +49,8 @@ class H5Data final : public ActivationData {
 
   void read_piece(const TapData& t, int rank, const Slab& slab, double* out) const override;
   void read_reference(const TapData& t, const Slab& slab, double* out) const override;
-  std::size_t read_piece_stored(const TapData& t, int rank, const Slab& slab, void* out) const override;
-  std::size_t read_reference_stored(const TapData& t, const Slab& slab, void* out) const override;
+  StoredSpan read_piece_stored(const TapData& t, int rank, const Slab& slab, void* out) const override;
+  StoredSpan read_reference_stored(const TapData& t, const Slab& slab, void* out) const override;
 
  private:
   H5Data() = default;
@@ -59,9 +65,9 @@ class H5Data final : public ActivationData {
   Location piece_location(const TapData& t, int rank) const;
   Location reference_location(const TapData& t) const;
   void read(const Location& at, const Slab& slab, double* out) const;
-  // As read(), but the values as stored when the dataset is direct; 0 (and
-  // nothing read) otherwise.
-  std::size_t read_stored(const Location& at, const Slab& slab, void* out) const;
+  // As read(), but the values as stored when the dataset is direct (in `out`,
+  // or in a window mapping the dataset); element_size 0 (and nothing read) otherwise.
+  StoredSpan read_stored(const Location& at, const Slab& slab, void* out) const;
   struct Open {
     h5::Handle ds;
     std::shared_ptr<const DirectDataset> direct;  // null: read through HDF5

@@ -23,11 +23,16 @@ namespace {
 
 constexpr std::size_t kCacheChunk = std::size_t{1} << 16;
 
-// Values into `buf` as the source stores them when it can give them so
-// (`stored` returns their element size, 0 if not), else widened to float64.
+// Values as the source stores them when it can give them so (in `buf` or in
+// a mapping of its file, which `keep` then holds), else widened to float64
+// into `buf`.
 template <class Stored, class Widened>
-StoredValues as_stored(double* buf, Stored stored, Widened widened) {
-  if (const std::size_t size = stored(static_cast<void*>(buf))) return {buf, size};
+StoredValues as_stored(double* buf, std::shared_ptr<const void>& keep, Stored stored, Widened widened) {
+  StoredSpan span = stored(static_cast<void*>(buf));
+  if (span.element_size != 0) {
+    keep = std::move(span.keep);
+    return {span.data, span.element_size};
+  }
   widened(buf);
   return {buf, sizeof(double)};
 }
@@ -171,13 +176,14 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
       // One piece (no replica, no partial sum): scanned as stored, when the
       // source can give it so (a float32 file: no widening pass).
       const int l = g.leaders.front();
+      std::shared_ptr<const void> keep_x, keep_r;  // mappings the scans read from
       const StoredValues x = as_stored(
-          b.leader.data(), [&](void* out) { return set.data->read_piece_stored(t, l, slab, out); },
+          b.leader.data(), keep_x, [&](void* out) { return set.data->read_piece_stored(t, l, slab, out); },
           [&](double* out) { set.data->read_piece(t, l, slab, out); });
       if (!has_ref) return scan_nonfinite(x, n, l, first, st);
       const Slab global = to_global(slab, t.local_shape, g.block);
       const StoredValues r = as_stored(
-          b.ref.data(), [&](void* out) { return set.data->read_reference_stored(t, global, out); },
+          b.ref.data(), keep_r, [&](void* out) { return set.data->read_reference_stored(t, global, out); },
           [&](double* out) { set.data->read_reference(t, global, out); });
       // The reference scan tells whether the values may hold a NaN or an Inf
       // (the non-finite scan's own pass over them is then needed).
