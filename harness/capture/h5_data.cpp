@@ -62,7 +62,8 @@ std::shared_ptr<const DirectDataset> direct_access(hid_t ds, const std::string& 
 // of it, shared by the threads (each faults in pages the other reads next)
 // and kept for the next reads, kWindows of them for the whole process: the
 // scans read the page cache where it lies, and what the process maps stays
-// bounded (a whole 4 GB run file mapped would count in its RSS). A file cut
+// bounded, about (kWindows + 2 per thread) x kWindowBytes (a whole 4 GB run
+// file mapped would count in its RSS). A file cut
 // short while being read still faults (SIGBUS), as any reader of a mapping
 // does. Smaller datasets are not worth mappings.
 constexpr std::size_t kMapMinBytes = std::size_t{1} << 20;
