@@ -6,7 +6,11 @@
 // fault that always happens: libc's strlen on an unmapped address.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstring>
+#include <memory>
 
 #include "harness/capture/read_guard.h"
 
@@ -48,6 +52,32 @@ TEST(ReadGuardDeathTest, FaultOutsideAnyStepIsNotAnInputError) {
         (void)libc_strlen(unmapped);
       },
       [](int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 2); }, "");
+}
+
+// A mapped file that another program cuts short: the read of a page it lost
+// faults (SIGBUS). While the mapping is guarded, that is an input error
+// naming the file; the same read of an unguarded mapping stays a crash.
+void read_a_mapping_of_a_file_cut_short(bool guarded) {
+  char path[] = "/tmp/diffcheck-read-guard-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::size_t bytes = 1 << 20;
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+  void* p = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  std::unique_ptr<dc::h5::GuardedMapping> guard;
+  if (guarded) guard = std::make_unique<dc::h5::GuardedMapping>(p, bytes, "cut.h5");
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+  unlink(path);
+  (void)static_cast<const volatile char*>(p)[bytes / 2];
+}
+
+TEST(ReadGuardDeathTest, AMappedFileCutShortIsAnInputErrorNamingTheFile) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(read_a_mapping_of_a_file_cut_short(true), testing::ExitedWithCode(2),
+              "diffcheck error: cut\\.h5: the file is shorter than when it was opened");
+  EXPECT_EXIT(read_a_mapping_of_a_file_cut_short(false),
+              [](int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 2); }, "");
 }
 
 }  // namespace

@@ -63,9 +63,9 @@ std::shared_ptr<const DirectDataset> direct_access(hid_t ds, const std::string& 
 // and kept for the next reads, kWindows of them for the whole process: the
 // scans read the page cache where it lies, and what the process maps stays
 // bounded, about (kWindows + 2 per thread) x kWindowBytes (a whole 4 GB run
-// file mapped would count in its RSS). A file cut
-// short while being read still faults (SIGBUS), as any reader of a mapping
-// does. Smaller datasets are not worth mappings.
+// file mapped would count in its RSS). A file cut short while being read
+// faults (SIGBUS) on the pages it lost: the read guard makes that an input
+// error naming the file (GuardedMapping). Smaller datasets are not worth mappings.
 constexpr std::size_t kMapMinBytes = std::size_t{1} << 20;
 constexpr std::size_t kWindowBytes = std::size_t{16} << 20;
 constexpr std::size_t kWindows = 4;
@@ -92,7 +92,9 @@ struct Window {
   void* base = nullptr;
   std::size_t bytes = 0;
   const char* values = nullptr;  // element `first`
+  std::unique_ptr<h5::GuardedMapping> guard;  // a read past a cut file: exit 2, naming it
   ~Window() {
+    guard.reset();
     if (base) ::munmap(base, bytes);
   }
 };
@@ -112,6 +114,7 @@ std::shared_ptr<const Window> map_window(const std::shared_ptr<const DirectDatas
   w->base = p;
   w->bytes = bytes;
   w->values = static_cast<const char*>(p) + lead;
+  w->guard = std::make_unique<h5::GuardedMapping>(p, bytes, d->file);
   return w;
 }
 

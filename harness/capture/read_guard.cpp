@@ -174,7 +174,34 @@ const char* signal_failure(int sig) {
   }
 }
 
+// Registered mappings (GuardedMapping): [lo, hi) and the file, in slots a
+// signal handler can read without a lock. A slot is taken by setting `file`
+// (from null) and freed by clearing `hi` first.
+struct MappingSlot {
+  std::atomic<std::uintptr_t> lo{0}, hi{0};
+  std::atomic<const char*> file{nullptr};
+};
+constexpr int kMappingSlots = 64;
+std::array<MappingSlot, kMappingSlots> mapping_slots;
+
+const char* mapped_file_at(std::uintptr_t addr) {
+  for (auto& m : mapping_slots) {
+    const char* file = m.file.load();
+    if (file && addr >= m.lo.load() && addr < m.hi.load()) return file;
+  }
+  return nullptr;
+}
+
 void on_fatal_signal(int sig, siginfo_t* info, void* context) {
+  if (sig == SIGBUS && info) {
+    if (const char* file = mapped_file_at(reinterpret_cast<std::uintptr_t>(info->si_addr))) {
+      say("diffcheck error: ");
+      say(file);
+      say(": the file is shorter than when it was opened (cut or rewritten by another program while "
+          "being compared); giving up\n");
+      _exit(2);
+    }
+  }
   std::uintptr_t pc = 0;
 #if defined(__x86_64__)
   pc = static_cast<std::uintptr_t>(static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RIP]);
@@ -255,5 +282,36 @@ ReadGuard::~ReadGuard() {
 }
 
 void set_read_failure_handler(ReadFailureHandler handler) { registry().handler = handler; }
+
+GuardedMapping::GuardedMapping(const void* start, std::size_t bytes, std::string file) : file_(std::move(file)) {
+  {
+    Registry& r = registry();
+    std::lock_guard lock(r.mu);
+    if (!r.started) {
+      r.started = true;
+      dc::h5::start(stall_limit_seconds());
+    }
+  }
+  for (int i = 0; i < kMappingSlots; ++i) {
+    MappingSlot& m = mapping_slots[static_cast<std::size_t>(i)];
+    const char* none = nullptr;
+    // Claimed with an empty range, then the range set: the handler never sees a half-set slot.
+    if (!m.file.compare_exchange_strong(none, "")) continue;
+    m.hi.store(0);
+    m.lo.store(reinterpret_cast<std::uintptr_t>(start));
+    m.hi.store(reinterpret_cast<std::uintptr_t>(start) + bytes);
+    m.file.store(file_.c_str());
+    slot_ = i;
+    return;
+  }
+}
+
+GuardedMapping::~GuardedMapping() {
+  if (slot_ < 0) return;
+  MappingSlot& m = mapping_slots[static_cast<std::size_t>(slot_)];
+  m.hi.store(0);
+  m.lo.store(0);
+  m.file.store(nullptr);
+}
 
 }  // namespace dc::h5

@@ -14,6 +14,7 @@
 // without faulting. Only a separate process would contain that.
 // Private to capture, like every other HDF5 matter.
 #pragma once
+#include <cstddef>
 #include <string>
 
 namespace dc::h5 {
@@ -37,6 +38,23 @@ const char* current_read_step();
 
 // Seconds one step may take: DIFFCHECK_READ_STALL (default 10; 0 = no limit).
 double stall_limit_seconds();
+
+// A read-only mapping of a file that the checker reads values from
+// (h5_data.cpp's windows). A file cut short after it was mapped makes the
+// read of its missing pages fault (SIGBUS); while registered, that ends the
+// process with exit 2 naming the file (another program rewriting it, most
+// likely), not as a crash of diffcheck.
+class GuardedMapping {
+ public:
+  GuardedMapping(const void* start, std::size_t bytes, std::string file);
+  ~GuardedMapping();
+  GuardedMapping(const GuardedMapping&) = delete;
+  GuardedMapping& operator=(const GuardedMapping&) = delete;
+
+ private:
+  int slot_ = -1;  // -1: every slot was taken (the fault stays a crash)
+  std::string file_;
+};
 
 // Replaces the default action (print one line, _exit(2)); the handler must
 // not return and, for a signal, must be async-signal-safe enough for a dying
