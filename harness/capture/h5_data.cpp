@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <mutex>
 #include <cstring>
+#include <mutex>
 #include <optional>
 
 #include "harness/core/error.h"
@@ -161,6 +161,16 @@ std::shared_ptr<const Window> window_for(const std::shared_ptr<const DirectDatas
   return w;
 }
 
+// Drops the kept windows of datasets no longer open (their mappings would
+// hold deleted files' blocks and count in the RSS until evicted).
+void forget_closed_windows() {
+  Windows& all = windows();
+  std::array<std::shared_ptr<const Window>, kWindows> dropped;  // unmapped after the lock
+  std::lock_guard<std::mutex> lock(all.mu);
+  for (std::size_t i = 0; i < all.recent.size(); ++i)
+    if (all.recent[i] && all.recent[i]->of.expired()) dropped[i] = std::move(all.recent[i]);
+}
+
 void pread_all(const DirectDataset& d, std::size_t first, std::size_t n, char* into,
                const std::string& what) {
   std::size_t bytes = n * d.element_size;
@@ -248,6 +258,12 @@ std::optional<std::size_t> one_run(const DirectDataset& d, const std::vector<hsi
 }
 
 }  // namespace
+
+H5Data::~H5Data() {
+  open_.clear();
+  index_.clear();
+  forget_closed_windows();
+}
 
 std::shared_ptr<H5Data> H5Data::run_file(std::string path) {
   std::shared_ptr<H5Data> d(new H5Data());

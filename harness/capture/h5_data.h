@@ -42,6 +42,7 @@ class H5Data final : public ActivationData {
   // tap datasets [*local].
   static std::shared_ptr<H5Data> run_file(std::string path);
   static std::shared_ptr<H5Data> rank_files(std::vector<std::string> files);
+  ~H5Data() override;
 
   // Registers a tap (its dataset path below the root); returns its data_id.
   std::size_t add_tap(const std::string& dataset);
