@@ -179,10 +179,6 @@ class FluxTp final : public Scenario {
       for (auto [a, e] : all) shape.push_back(e - a);
       return Tensor(shape, tp_comm.all_gather(std::span<const float>(part.data)));
     };
-    // The generated float32 values as they are (the reference's weights are
-    // never rounded to the run's dtype), widened block by block inside each
-    // product: at flux1-dev size the whole float64 copy would be 1.1 GB per rank.
-    const auto w = ref::make_flux_weights<float>(ctx.seed, z, 1, 0, false, DType::float32, shared);
     const std::function<void(RefTensor&)> exact = [](RefTensor&) {};
     const ref::GatherTokens<double> gather = [&](const RefTensor& mine) {
       Shape all = mine.shape;
@@ -195,7 +191,17 @@ class FluxTp final : public Scenario {
           {count, d});
     };
     RefTensor h = input("hidden", t0, rows, n), temb = input("temb", 0, 1, 1);
-    auto a = ref::flux_block_forward(h, temb, w, z, rope, true, exact, t0, parts > 1 ? gather : ref::GatherTokens<double>{});
+    // The weights live only through the forward: the copies made while
+    // recording below (the packed proj_out input, y, out) take their memory,
+    // not new pages (new memory is the dearest thing on a VM that hands freed
+    // pages back to its host: docs/usage.md, "Memory").
+    auto a = [&] {
+      // The generated float32 values as they are (the reference's weights are
+      // never rounded to the run's dtype), widened block by block inside each
+      // product: at flux1-dev size the whole float64 copy would be 1.1 GB per rank.
+      const auto w = ref::make_flux_weights<float>(ctx.seed, z, 1, 0, false, DType::float32, shared);
+      return ref::flux_block_forward(h, temb, w, z, rope, true, exact, t0, parts > 1 ? gather : ref::GatherTokens<double>{});
+    }();
     // Tap shapes are [dp, tokens, ...]: this part is sample b, tokens [t0, t0 + rows).
     // Activations move into the recorder (at flux1-dev size they are GBs).
     auto put = [&](const char* name, RefTensor&& t) {
