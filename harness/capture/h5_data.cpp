@@ -212,16 +212,26 @@ void read_run(const DirectDataset& d, std::size_t first, std::size_t n, double* 
 
 // Reads the box (start, count) of a direct dataset into `out`, one contiguous
 // run at a time: as float64 (`widen`) or as stored.
+// The contiguous runs a box (start, count) of the dataset is made of: their
+// length (the trailing dimensions the box covers whole, times the next one's
+// count) and how many leading dimensions an odometer walks to visit them.
+struct BoxRuns {
+  std::size_t run, leading;
+};
+BoxRuns box_runs(const DirectDataset& d, const std::vector<hsize_t>& start, const std::vector<hsize_t>& count) {
+  std::size_t run = 1, k = d.dims.size();
+  while (k > 0 && start[k - 1] == 0 && count[k - 1] == d.dims[k - 1]) run *= d.dims[--k];
+  if (k > 0) run *= count[--k];
+  return {run, k};
+}
+
 void read_direct(const DirectDataset& d, const std::vector<hsize_t>& start,
                  const std::vector<hsize_t>& count, void* out, bool widen, const std::string& what) {
   const std::size_t nd = d.dims.size();
   std::size_t n = 1;
   for (auto c : count) n *= c;
   if (n == 0) return;
-  // Runs: the trailing dimensions the box covers whole, plus the next one's count.
-  std::size_t run = 1, k = nd;
-  while (k > 0 && start[k - 1] == 0 && count[k - 1] == d.dims[k - 1]) run *= d.dims[--k];
-  if (k > 0) run *= count[--k];
+  const auto [run, k] = box_runs(d, start, count);
   std::vector<std::size_t> stride(nd, 1);
   for (std::size_t i = nd; i-- > 1;) stride[i - 1] = stride[i] * d.dims[i];
   std::vector<hsize_t> idx(k, 0);  // odometer over dimensions [0, k)
@@ -243,14 +253,11 @@ void read_direct(const DirectDataset& d, const std::vector<hsize_t>& start,
 // contiguous run of the dataset (a chunk of whole rows, say); none otherwise.
 std::optional<std::size_t> one_run(const DirectDataset& d, const std::vector<hsize_t>& start,
                                    const std::vector<hsize_t>& count) {
-  const std::size_t nd = d.dims.size();
-  std::size_t k = nd;
-  while (k > 0 && start[k - 1] == 0 && count[k - 1] == d.dims[k - 1]) --k;
-  // Dimension k - 1 may be partial; every one before it must be a single index.
-  for (std::size_t i = 0; i + 1 < k; ++i)
-    if (count[i] != 1) return std::nullopt;
+  std::size_t n = 1;
+  for (auto c : count) n *= c;
+  if (box_runs(d, start, count).run != n) return std::nullopt;
   std::size_t first = 0, stride = 1;
-  for (std::size_t i = nd; i-- > 0;) {
+  for (std::size_t i = d.dims.size(); i-- > 0;) {
     first += start[i] * stride;
     stride *= d.dims[i];
   }

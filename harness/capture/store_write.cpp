@@ -235,8 +235,6 @@ Handle run_file_creation_props() {
   return fcpl;
 }
 
-// WriteMode::collective and ::gathered: HDF5 writes every byte (MPI-IO, or
-// rank 0 alone).
 // A run-file error only this rank saw, where the others may be waiting for it
 // in a collective (or sending to it): reported here, the partial files (the
 // watch directory among them) removed, and the job ended (exit 2).
@@ -248,6 +246,8 @@ Handle run_file_creation_props() {
   Comm::abort(2);
 }
 
+// WriteMode::collective and ::gathered: HDF5 writes every byte (MPI-IO, or
+// rank 0 alone).
 static void write_with_hdf5(const Comm& world, const std::string& tmp, const std::string& path, const RunInfo& info,
                             const TapRecorder& taps, WriteMode mode,
                             const std::map<std::string, ReferenceEntry>& manifest,
