@@ -134,18 +134,51 @@ class Calibrate(E2ETest):
         y = next(t["reference"] for t in res.report["taps"] if t["name"] == "y")
         self.assertAlmostEqual(float(y["rel_l2_limit"]),
                                2 * float(y["noise_floor"]["rel_l2_as_is"]) + 2.0 ** -24, delta=1e-12)
+        def limits(res, tap="y"):
+            ref = next(t["reference"] for t in res.report["taps"] if t["name"] == tap)
+            return float(ref["l2_ratio"]), float(ref["column_ratio"])
+
         res = self.mpirun(4, "--scenario", "flux_tp", "--dtype", "bfloat16", "--seed", "77", "--tolerances", own, *fault)
         self.assertExit(res, 1)
         self.assertEqual(res.report["first_divergence"]["tap"], "proj_out/partial")
         self.assertIn("one-device error on this run's inputs", res.out)
+        self.assertGreater(limits(res)[0], 1)  # the norm, held to 2x the one-device error
+        # The other seed's norm limit passes it; the column means (the bias is
+        # the same in every token) catch it on any seed.
         res = self.mpirun(4, "--scenario", "flux_tp", "--dtype", "bfloat16", "--seed", "77", "--tolerances", other,
                           *fault)
-        self.assertExit(res, 0)
+        self.assertExit(res, 1)
         self.assertNotIn("rel_l2_as_is", json.dumps(res.report))
+        l2, column = limits(res)
+        self.assertLess(l2, 1)
+        self.assertGreater(column, 1)
+        self.assertIn("the column-mean error", res.out)
         # Other flags are other inputs: no same-input limit.
         res = self.mpirun(4, "--scenario", "flux_tp", "--dtype", "bfloat16", "--seed", "77", "--tolerances", own,
                           "--flag", "async_allreduce=true", *fault)
+        self.assertNotIn("rel_l2_as_is", json.dumps(res.report))
+        self.assertLess(limits(res)[0], 1)
+
+    def test_column_means_catch_a_bias_a_tenth_of_what_the_derived_rule_needs(self):
+        # A bias added on every tp rank is the same error in every token of a
+        # column: its column mean stands out of rounding noise, which changes
+        # sign from token to token. At A = 0.012 (the derived rule needs about
+        # 0.125 in bfloat16) the own-seed file catches it by its column means alone.
+        own = self.calibrate("flux_tp", "bfloat16", seed=77)
+        fault = ("--inject", "proj_out_bias_every_rank", "--fault-scale", "0.012")
+        res = self.mpirun(4, "--scenario", "flux_tp", "--dtype", "bfloat16", "--seed", "77", *fault)
         self.assertExit(res, 0)
+        res = self.mpirun(4, "--scenario", "flux_tp", "--dtype", "bfloat16", "--seed", "77", "--tolerances", own, *fault)
+        self.assertExit(res, 1)
+        first = res.report["taps"][res.report["first_divergence"]["order"]]["reference"]
+        self.assertEqual(first["n_fail"], 0)
+        self.assertLess(float(first["l2_ratio"]), 1)
+        self.assertGreater(float(first["column_ratio"]), 1)
+        self.assertIn("the column-mean error", res.out)
+        with open(own) as f:
+            y = json.load(f)["taps"]["y"]
+        self.assertGreater(y["floor_column_mean"], y["floor_column_mean_as_is"])
+        self.assertAlmostEqual(y["column_mean_limit"], 3 * y["floor_column_mean"] + 2.0 ** -24, delta=1e-12)
 
     def test_a_tap_of_a_few_numbers_is_not_held_to_the_one_device_error(self):
         # flux_pipeline's cache statistic is one number per sample and branch.

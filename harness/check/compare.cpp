@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "harness/check/chunks.h"
+#include "harness/check/column_error.h"
 #include "harness/check/scans.h"
 #include "harness/check/tap_plan.h"
 #include "harness/check/tap_stats.h"
@@ -147,6 +148,10 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
     if (tolerance_needs_rms(in)) in.reference_rms = reference_rms(set, p, chunk, unit, opts.memory_budget, threads, bufs);
     tol = derive_tolerance(in);
   }
+  // Column means when a floor is measured or a limit asks for them (they cost
+  // an exact sum per column).
+  const ColumnLayout columns =
+      has_ref && (opts.measure_floor || tol.column_mean_limit) ? column_layout(p.global) : ColumnLayout{};
 
   // A distributed source: each block is checked by its owner, a run of chunk
   // indices per round, as many as keep what a round stages for the busiest
@@ -188,6 +193,7 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
       // The reference scan tells whether the values may hold a NaN or an Inf
       // (the non-finite scan's own pass over them is then needed).
       if (scan_reference(x, r, n, tol, p, g, first, plan, st)) scan_nonfinite(x, n, l, first, st);
+      add_column_errors(x, r, n, columns, global, first, plan, st.column_err);
       return;
     }
     const bool sum = has_ref && g.leaders.size() > 1;
@@ -205,8 +211,12 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
         for (std::size_t j = 0; j < n; ++j) b.sum[j] += b.leader[j];
     }
     if (!has_ref) return;
-    set.data->read_reference(t, to_global(slab, t.local_shape, g.block), b.ref.data());
-    scan_reference(sum ? b.sum.data() : b.leader.data(), b.ref.data(), n, tol, p, g, first, plan, st);
+    const Slab global = to_global(slab, t.local_shape, g.block);
+    set.data->read_reference(t, global, b.ref.data());
+    const double* x = sum ? b.sum.data() : b.leader.data();
+    scan_reference(x, b.ref.data(), n, tol, p, g, first, plan, st);
+    add_column_errors({x, sizeof(double)}, {b.ref.data(), sizeof(double)}, n, columns, global, first, plan,
+                      st.column_err);
   };
   TapStats s;
   if (!holders) {
@@ -303,6 +313,14 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
     if (tol.rel_l2_limit) {
       ref.l2_ratio = *tol.rel_l2_limit > 0 ? ref.rel_l2 / *tol.rel_l2_limit : ref.rel_l2 > 0 ? INFINITY : 0.0;
       ref.pass = ref.pass && *ref.l2_ratio <= 1;
+    }
+    if (columns.tracked()) {
+      ref.column_mean = column_mean_error(s.column_err, columns, s.ref_sq.rms(numel(p.global)));
+      if (tol.column_mean_limit) {
+        const double c = *ref.column_mean, limit = *tol.column_mean_limit;
+        ref.column_ratio = !(c >= 0) ? INFINITY : limit > 0 ? c / limit : c > 0 ? INFINITY : 0.0;
+        ref.pass = ref.pass && *ref.column_ratio <= 1;
+      }
     }
   }
   return v;

@@ -87,8 +87,16 @@ struct ReferenceCheck {
   double worst_ratio = 0;  // |x-ref| / (atol + rtol|ref|) at the worst element; > 1 fails
   // rel_l2 / tol.rel_l2_limit when the tolerance has a norm-wise limit; > 1 fails
   std::optional<double> l2_ratio;
-  // The larger of the element-wise and norm-wise ratios: > 1 fails.
-  double margin() const { return l2_ratio && !(*l2_ratio <= worst_ratio) ? *l2_ratio : worst_ratio; }
+  // The column-mean error (check/column_error.h), measured when a noise
+  // floor is measured or the tolerance limits it; and its ratio to the limit.
+  std::optional<double> column_mean, column_ratio;
+  // The largest of the element-wise, norm-wise and column-mean ratios: > 1 fails.
+  double margin() const {
+    double m = worst_ratio;
+    for (const auto& r : {l2_ratio, column_ratio})
+      if (r && !(*r <= m)) m = *r;
+    return m;
+  }
   std::vector<int> worst_ranks;  // every rank contributing to the worst element
   bool pass = true;
 };

@@ -27,14 +27,18 @@ Floors floors_of(const CompareResult& res) {
   for (const auto& t : res.taps) {
     if (!t.reference.present) continue;
     out[t.name] = {t.reference.worst_ratio, t.reference.rel_l2, t.dtype, std::nullopt,
-                   static_cast<std::size_t>(std::max(0LL, t.reference.n_total))};
+                   static_cast<std::size_t>(std::max(0LL, t.reference.n_total)), t.reference.column_mean,
+                   std::nullopt};
   }
   return out;
 }
 
 void keep_unperturbed(Floors& floors) {
   for (auto& [name, f] : floors)
-    if (f.elements >= kSameInputsMinElements) f.rel_l2_as_is = f.rel_l2;
+    if (f.elements >= kSameInputsMinElements) {
+      f.rel_l2_as_is = f.rel_l2;
+      f.column_mean_as_is = f.column_mean;
+    }
 }
 
 void merge_floors(Floors& into, const Floors& more) {
@@ -47,14 +51,27 @@ void merge_floors(Floors& into, const Floors& more) {
     it->second.rel_l2 = worst(it->second.rel_l2, f.rel_l2);
     if (f.rel_l2_as_is)  // only run 0 has one
       it->second.rel_l2_as_is = worst(it->second.rel_l2_as_is.value_or(0), *f.rel_l2_as_is);
+    if (f.column_mean_as_is)
+      it->second.column_mean_as_is = worst(it->second.column_mean_as_is.value_or(0), *f.column_mean_as_is);
+    // A tap has column means in every run or in none (its shape decides).
+    if (f.column_mean || it->second.column_mean)
+      it->second.column_mean = worst(it->second.column_mean.value_or(NAN), f.column_mean.value_or(NAN));
   }
 }
+
+namespace {
+std::string optional(const std::optional<double>& v) { return v ? fmt::format("{:.17g}", *v) : "-"; }
+std::optional<double> optional(const std::string& s) {
+  if (s.empty() || s == "-") return std::nullopt;
+  return std::stod(s);
+}
+}  // namespace
 
 std::string encode_floors(const Floors& f) {
   std::string s;
   for (const auto& [name, x] : f)
-    s += fmt::format("{}\t{:.17g}\t{:.17g}\t{}\t{}\t{}\n", name, x.element, x.rel_l2, x.dtype,
-                     x.rel_l2_as_is ? fmt::format("{:.17g}", *x.rel_l2_as_is) : "-", x.elements);
+    s += fmt::format("{}\t{:.17g}\t{:.17g}\t{}\t{}\t{}\t{}\t{}\n", name, x.element, x.rel_l2, x.dtype, optional(x.rel_l2_as_is),
+                     x.elements, optional(x.column_mean), optional(x.column_mean_as_is));
   return s;
 }
 
@@ -63,16 +80,18 @@ Floors decode_floors(const std::string& text) {
   std::stringstream ss(text);
   for (std::string line; std::getline(ss, line);) {
     std::stringstream ls(line);
-    std::string name, e, l, dtype, as_is, elements;
+    std::string name, e, l, dtype, as_is, elements, column, column_as_is;
     std::getline(ls, name, '\t');
     std::getline(ls, e, '\t');
     std::getline(ls, l, '\t');
     std::getline(ls, dtype, '\t');
     std::getline(ls, as_is, '\t');
     std::getline(ls, elements, '\t');
-    TapFloor& f = out[name] = {std::stod(e), std::stod(l), dtype, std::nullopt,
-                               elements.empty() ? 0 : static_cast<std::size_t>(std::stoull(elements))};
-    if (!as_is.empty() && as_is != "-") f.rel_l2_as_is = std::stod(as_is);
+    std::getline(ls, column, '\t');
+    std::getline(ls, column_as_is, '\t');
+    out[name] = {std::stod(e), std::stod(l), dtype, optional(as_is),
+                 elements.empty() ? 0 : static_cast<std::size_t>(std::stoull(elements)), optional(column),
+                 optional(column_as_is)};
   }
   return out;
 }
@@ -92,6 +111,16 @@ MeasuredTolerance tolerance_from_floor(const TapFloor& f, double k_element, doub
   if (k_same > 0 && f.rel_l2_as_is && k_same * *f.rel_l2_as_is + u < m.rel_l2_limit) {
     m.rel_l2_limit_own_inputs = k_same * *f.rel_l2_as_is + u;
     m.floor_rel_l2_as_is = f.rel_l2_as_is;
+  }
+  // Column means: the norm's k (they are averages too) and the same rule on
+  // the run's own inputs.
+  if (f.column_mean) {
+    m.floor_column_mean = f.column_mean;
+    m.column_mean_limit = k_norm * *f.column_mean + u;
+    if (k_same > 0 && f.column_mean_as_is && k_same * *f.column_mean_as_is + u < *m.column_mean_limit) {
+      m.column_mean_limit_own_inputs = k_same * *f.column_mean_as_is + u;
+      m.floor_column_mean_as_is = f.column_mean_as_is;
+    }
   }
   return m;
 }
@@ -131,6 +160,11 @@ void write_tolerance_file(const std::string& path, const ToleranceFile& f) {
                        {"rtol", num(m.rtol)},
                        {"rel_l2_limit", num(m.rel_l2_limit)}};
     if (x.rel_l2_as_is) j["taps"][name]["floor_rel_l2_as_is"] = num(*x.rel_l2_as_is);
+    if (x.column_mean) {
+      j["taps"][name]["floor_column_mean"] = num(*x.column_mean);
+      j["taps"][name]["column_mean_limit"] = num(*m.column_mean_limit);
+    }
+    if (x.column_mean_as_is) j["taps"][name]["floor_column_mean_as_is"] = num(*x.column_mean_as_is);
   }
   write_whole_file(path, j.dump(2) + "\n", "tolerance file");
 }
@@ -170,7 +204,11 @@ ToleranceFile parse_tolerance_file(const std::string& text, const std::string& p
     for (const auto& [name, t] : j.at("taps").items()) {
       TapFloor x{number(t.at("floor_element")), number(t.at("floor_rel_l2")), t.value("dtype", i.dtype), std::nullopt};
       if (t.contains("floor_rel_l2_as_is")) x.rel_l2_as_is = number(t.at("floor_rel_l2_as_is"));
-      if (!(x.element >= 0) || !(x.rel_l2 >= 0) || !(x.rel_l2_as_is.value_or(0) >= 0))
+      // Files older than the column means have none: those taps keep the other limits.
+      if (t.contains("floor_column_mean")) x.column_mean = number(t.at("floor_column_mean"));
+      if (t.contains("floor_column_mean_as_is")) x.column_mean_as_is = number(t.at("floor_column_mean_as_is"));
+      if (!(x.element >= 0) || !(x.rel_l2 >= 0) || !(x.rel_l2_as_is.value_or(0) >= 0) ||
+          !(x.column_mean.value_or(0) >= 0) || !(x.column_mean_as_is.value_or(0) >= 0))
         input_error("tolerance file '{}': tap '{}' has a floor that is not a number >= 0", path, name);
       f.floors[name] = x;
     }

@@ -62,6 +62,9 @@ struct TapFloor {
   // The unperturbed one-device run's rel_l2 (calibration run 0), when measured.
   std::optional<double> rel_l2_as_is;
   std::size_t elements = 0;  // how many the floor was measured on (0: not known)
+  // The column-mean error (check/column_error.h) for taps that have one, and
+  // run 0's when measured.
+  std::optional<double> column_mean, column_mean_as_is;
 };
 using Floors = std::map<std::string, TapFloor>;
 

@@ -132,6 +132,12 @@ std::string tolerance_line(const ReferenceCheck& ref) {
                        margin(limit, *m.floor_rel_l2_as_is));
     else
       s += fmt::format("(noise floor {}, {})", sci(m.floor_rel_l2), margin(limit, m.floor_rel_l2));
+    if (tol.column_mean_limit) {
+      const double floor = tol.column_own_inputs ? *m.floor_column_mean_as_is : m.floor_column_mean.value_or(0);
+      s += fmt::format(", column mean <= {} ({} {}, {})", sci(*tol.column_mean_limit),
+                       tol.column_own_inputs ? "one-device error on this run's inputs" : "noise floor", sci(floor),
+                       margin(*tol.column_mean_limit, floor));
+    }
   }
   return s + fmt::format("; err/tol {}", sci(ref.margin()));
 }
@@ -163,14 +169,19 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
   const auto& ref = t.reference;
   if (ref.present && !ref.pass) {
     const bool l2_fails = ref.l2_ratio && !(*ref.l2_ratio <= 1);
+    const bool column_fails = ref.column_ratio && !(*ref.column_ratio <= 1);
     s += fmt::format(
         "  reference DISAGREES: {} of {} elements outside atol {} + rtol {}*|ref|{}; max abs err {}, "
         "max rel err {}, rel L2 {}; worst at global index {} on rank(s) {}: got {:.6g}, "
         "reference {:.6g}\n",
         ref.n_fail, ref.n_total, sci(ref.tol.atol), sci(ref.tol.rtol),
-        l2_fails ? fmt::format(", and rel L2 {} over its limit {} ({:.3g}x)", sci(ref.rel_l2),
-                               sci(*ref.tol.rel_l2_limit), *ref.l2_ratio)
-                 : "",
+        (l2_fails ? fmt::format(", and rel L2 {} over its limit {} ({:.3g}x)", sci(ref.rel_l2),
+                                sci(*ref.tol.rel_l2_limit), *ref.l2_ratio)
+                  : "") +
+            (column_fails ? fmt::format(", and the column-mean error {} over its limit {} ({:.3g}x: the same "
+                                        "error in every token of a column, as a bias added twice)",
+                                        sci(*ref.column_mean), sci(*ref.tol.column_mean_limit), *ref.column_ratio)
+                          : ""),
         sci(ref.max_abs), sci(ref.max_rel), sci(ref.rel_l2), index_str(ref.worst.index),
         rank_ranges(ref.worst_ranks), ref.worst_value, ref.worst_reference);
     s += "  tolerance " + tolerance_line(ref) + "\n";

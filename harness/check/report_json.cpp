@@ -56,6 +56,10 @@ json tap_json(const TapVerdict& t, std::size_t order) {
                            {"tolerance_source", source_name(ref.tol.source)}});
     if (ref.tol.rel_l2_limit)
       j["reference"].update({{"rel_l2_limit", num(*ref.tol.rel_l2_limit)}, {"l2_ratio", num(ref.l2_ratio.value_or(0))}});
+    if (ref.column_mean) j["reference"]["column_mean"] = num(*ref.column_mean);
+    if (ref.tol.column_mean_limit)
+      j["reference"].update({{"column_mean_limit", num(*ref.tol.column_mean_limit)},
+                             {"column_ratio", num(ref.column_ratio.value_or(0))}});
     if (const auto* m = ref.tol.measured)
       j["reference"]["noise_floor"] = {{"element", num(m->floor_element)}, {"rel_l2", num(m->floor_rel_l2)},
                                        {"clean_margin_element", m->floor_element > 0 ? num(m->rtol / m->floor_element) : json(nullptr)},
@@ -66,6 +70,12 @@ json tap_json(const TapVerdict& t, std::size_t order) {
       nf["rel_l2_as_is"] = num(*m->floor_rel_l2_as_is);
       nf["clean_margin_rel_l2"] =
           *m->floor_rel_l2_as_is > 0 ? num(*ref.tol.rel_l2_limit / *m->floor_rel_l2_as_is) : json(nullptr);
+    }
+    if (const auto* m = ref.tol.measured; m && ref.tol.column_mean_limit) {
+      auto& nf = j["reference"]["noise_floor"];
+      const double floor = ref.tol.column_own_inputs ? *m->floor_column_mean_as_is : m->floor_column_mean.value_or(0);
+      nf[ref.tol.column_own_inputs ? "column_mean_as_is" : "column_mean"] = num(floor);
+      nf["clean_margin_column_mean"] = floor > 0 ? num(*ref.tol.column_mean_limit / floor) : json(nullptr);
     }
   }
   // Every rank's share (index = rank), for pictures of the whole mesh.

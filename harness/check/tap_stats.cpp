@@ -115,7 +115,7 @@ void fields(Stats& s, IO& io) {
       io.put_or_get(s.n_fail), io.put_or_get(s.n_total), io.put_or_get(s.any_nan_error),
       io.put_or_get(s.max_abs), io.put_or_get(s.max_rel), io.put_or_get(s.err_sq),
       io.put_or_get(s.ref_sq), io.put_or_get(s.ref_worst), io.put_or_get(s.rank_nonfinite),
-      io.put_or_get(s.rank_replica_diff), io.put_or_get(s.owner_err_ratio);
+      io.put_or_get(s.rank_replica_diff), io.put_or_get(s.owner_err_ratio), io.put_or_get(s.column_err);
 }
 
 struct Encode : Writer {
@@ -173,6 +173,12 @@ void TapStats::merge(const TapStats& o) {
   err_sq.add(o.err_sq);
   ref_sq.add(o.ref_sq);
   if (o.ref_worst) offer_reference(*o.ref_worst);
+  if (column_err.empty()) {
+    column_err = o.column_err;
+  } else if (!o.column_err.empty()) {
+    if (o.column_err.size() != column_err.size()) fail("comparator: column sums of different sizes to merge");
+    for (std::size_t c = 0; c < column_err.size(); ++c) column_err[c].add(o.column_err[c]);
+  }
   append(rank_nonfinite, o.rank_nonfinite);
   append(rank_replica_diff, o.rank_replica_diff);
   append(owner_err_ratio, o.owner_err_ratio);

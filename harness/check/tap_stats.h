@@ -45,6 +45,9 @@ struct TapStats {
   bool any_nan_error = false;
   double max_abs = 0, max_rel = 0;
   SquareSum err_sq, ref_sq;  // per summation unit, see compare.cpp
+  // Exact sums of x - ref per column (check/column_error.h); empty unless the
+  // tap's column means are measured.
+  std::vector<ExactSum> column_err;
   struct RefWorst {
     double ratio = -1;
     std::size_t global_flat = 0;

@@ -56,6 +56,11 @@ Tolerance derive_tolerance(const ToleranceInputs& in) {
       t.rel_l2_limit = in.measured->rel_l2_limit_own_inputs;
       t.own_inputs = true;
     }
+    t.column_mean_limit = in.measured->column_mean_limit;
+    if (in.measured->column_mean_limit_own_inputs && !in.per_mesh) {
+      t.column_mean_limit = in.measured->column_mean_limit_own_inputs;
+      t.column_own_inputs = true;
+    }
     t.source = in.measured_source;
     t.measured = in.measured;
     return t;

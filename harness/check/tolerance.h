@@ -53,6 +53,11 @@ struct MeasuredTolerance {
   // one-device run computes alike (not `per_mesh` ones).
   std::optional<double> floor_rel_l2_as_is;
   std::optional<double> rel_l2_limit_own_inputs;
+  // Column means (check/column_error.h), for taps that have them: the floor
+  // (max over runs), its limit, and on the run's own inputs run 0's and the
+  // tighter limit made of it.
+  std::optional<double> floor_column_mean, column_mean_limit;
+  std::optional<double> floor_column_mean_as_is, column_mean_limit_own_inputs;
 };
 
 // Per-tap measured tolerances and where they came from.
@@ -73,6 +78,8 @@ struct Tolerance {
   ToleranceSource source = ToleranceSource::derived;
   const MeasuredTolerance* measured = nullptr;  // the floor behind a measured tolerance
   bool own_inputs = false;  // rel_l2_limit is measured->rel_l2_limit_own_inputs
+  std::optional<double> column_mean_limit;  // measured tolerances of taps with column means
+  bool column_own_inputs = false;  // column_mean_limit is measured->column_mean_limit_own_inputs
 };
 
 struct ToleranceInputs {

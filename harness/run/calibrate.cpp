@@ -131,14 +131,18 @@ int calibrate_scenario(const CalibrateOptions& opts) {
                            "(element), {} (rel L2):\n",
                            s->name(), opts.size, opts.dtype, opts.runs, file.info.mesh, file.info.k_element,
                            file.info.k_norm);
-  std::cout << fmt::format("  {:<{}}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>14}\n", "tap", w, "floor elem", "rtol",
-                           "floor rel L2", "rel L2 limit", "run 0 rel L2", fmt::format("limit, seed {}", opts.seed));
+  std::cout << fmt::format("  {:<{}}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}  {:>14}  {:>12}  {:>14}\n", "tap", w,
+                           "floor elem", "rtol", "floor rel L2", "rel L2 limit", "run 0 rel L2",
+                           fmt::format("limit, seed {}", opts.seed), "column mean", "its limit, seed");
   for (const auto& [name, f] : floors) {
     const auto m = tolerance_from_floor(f, file.info.k_element, file.info.k_norm);
     const auto same = tolerance_from_floor(f, file.info.k_element, file.info.k_norm, file.info.k_same_inputs);
-    std::cout << fmt::format("  {:<{}}  {:>12.3e}  {:>12.3e}  {:>12.3e}  {:>12.3e}  {:>12.3e}  {:>14.3e}\n", name, w,
-                             f.element, m.rtol, f.rel_l2, m.rel_l2_limit, f.rel_l2_as_is.value_or(NAN),
-                             same.rel_l2_limit_own_inputs.value_or(same.rel_l2_limit));
+    const double column_limit =
+        same.column_mean_limit_own_inputs ? *same.column_mean_limit_own_inputs : same.column_mean_limit.value_or(NAN);
+    std::cout << fmt::format("  {:<{}}  {:>12.3e}  {:>12.3e}  {:>12.3e}  {:>12.3e}  {:>12.3e}  {:>14.3e}  {:>12.3e}  {:>14.3e}\n",
+                             name, w, f.element, m.rtol, f.rel_l2, m.rel_l2_limit, f.rel_l2_as_is.value_or(NAN),
+                             same.rel_l2_limit_own_inputs.value_or(same.rel_l2_limit), f.column_mean.value_or(NAN),
+                             column_limit);
   }
   std::cout << fmt::format("A run on seed {} with these flags holds rel L2 to at most {} x run 0's (unperturbed) "
                            "error; one on another seed to the rel L2 limit.\n",
