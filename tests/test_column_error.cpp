@@ -159,6 +159,14 @@ TEST(ColumnMeans, FloorsLimitsAndFilesCarryThem) {
   Floors floors = floors_of(compare(tap_set("dp,tp,-", "", 1e-2, 0), floor_measuring_options({})));
   ASSERT_TRUE(floors.at("t").column_mean);
   EXPECT_NEAR(*floors.at("t").column_mean, direct_column_mean(1e-2, 0), 1e-12);
+  // B x D = 16 columns: one-device column means over so few say little of
+  // another sample's, so run 0's figure is not the run's own...
+  EXPECT_EQ(floors.at("t").columns, B * D);
+  keep_unperturbed(floors);
+  EXPECT_FALSE(floors.at("t").column_mean_as_is);
+  EXPECT_TRUE(floors.at("t").rel_l2_as_is);
+  // ...from kSameInputsMinColumns on it is.
+  floors.at("t").columns = kSameInputsMinColumns;
   keep_unperturbed(floors);
   EXPECT_EQ(floors.at("t").column_mean_as_is, floors.at("t").column_mean);
   // A perturbed run's larger figure is the floor; run 0's stays the run's own.
@@ -170,6 +178,7 @@ TEST(ColumnMeans, FloorsLimitsAndFilesCarryThem) {
   const Floors back = decode_floors(encode_floors(floors));
   EXPECT_EQ(back.at("t").column_mean, f.column_mean);
   EXPECT_EQ(back.at("t").column_mean_as_is, f.column_mean_as_is);
+  EXPECT_EQ(back.at("t").columns, f.columns);
   // Limits: k_norm x the floor; on the run's own inputs k_same x run 0's.
   const auto other = tolerance_from_floor(f);
   EXPECT_DOUBLE_EQ(*other.column_mean_limit, kNormFactor * *f.column_mean + u);

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/check/column_error.h"
 #include "harness/core/error.h"
 #include "harness/core/files.h"
 
@@ -28,17 +29,16 @@ Floors floors_of(const CompareResult& res) {
     if (!t.reference.present) continue;
     out[t.name] = {t.reference.worst_ratio, t.reference.rel_l2, t.dtype, std::nullopt,
                    static_cast<std::size_t>(std::max(0LL, t.reference.n_total)), t.reference.column_mean,
-                   std::nullopt};
+                   std::nullopt, t.reference.column_mean ? column_layout(t.global_shape).columns : 0};
   }
   return out;
 }
 
 void keep_unperturbed(Floors& floors) {
-  for (auto& [name, f] : floors)
-    if (f.elements >= kSameInputsMinElements) {
-      f.rel_l2_as_is = f.rel_l2;
-      f.column_mean_as_is = f.column_mean;
-    }
+  for (auto& [name, f] : floors) {
+    if (f.elements >= kSameInputsMinElements) f.rel_l2_as_is = f.rel_l2;
+    if (f.columns >= kSameInputsMinColumns) f.column_mean_as_is = f.column_mean;
+  }
 }
 
 void merge_floors(Floors& into, const Floors& more) {
@@ -70,8 +70,9 @@ std::optional<double> optional(const std::string& s) {
 std::string encode_floors(const Floors& f) {
   std::string s;
   for (const auto& [name, x] : f)
-    s += fmt::format("{}\t{:.17g}\t{:.17g}\t{}\t{}\t{}\t{}\t{}\n", name, x.element, x.rel_l2, x.dtype, optional(x.rel_l2_as_is),
-                     x.elements, optional(x.column_mean), optional(x.column_mean_as_is));
+    s += fmt::format("{}\t{:.17g}\t{:.17g}\t{}\t{}\t{}\t{}\t{}\t{}\n", name, x.element, x.rel_l2, x.dtype,
+                     optional(x.rel_l2_as_is), x.elements, optional(x.column_mean), optional(x.column_mean_as_is),
+                     x.columns);
   return s;
 }
 
@@ -80,7 +81,7 @@ Floors decode_floors(const std::string& text) {
   std::stringstream ss(text);
   for (std::string line; std::getline(ss, line);) {
     std::stringstream ls(line);
-    std::string name, e, l, dtype, as_is, elements, column, column_as_is;
+    std::string name, e, l, dtype, as_is, elements, column, column_as_is, columns;
     std::getline(ls, name, '\t');
     std::getline(ls, e, '\t');
     std::getline(ls, l, '\t');
@@ -89,9 +90,10 @@ Floors decode_floors(const std::string& text) {
     std::getline(ls, elements, '\t');
     std::getline(ls, column, '\t');
     std::getline(ls, column_as_is, '\t');
-    out[name] = {std::stod(e), std::stod(l), dtype, optional(as_is),
-                 elements.empty() ? 0 : static_cast<std::size_t>(std::stoull(elements)), optional(column),
-                 optional(column_as_is)};
+    std::getline(ls, columns, '\t');
+    auto count = [](const std::string& c) { return c.empty() ? std::size_t{0} : static_cast<std::size_t>(std::stoull(c)); };
+    out[name] = {std::stod(e), std::stod(l), dtype, optional(as_is), count(elements), optional(column),
+                 optional(column_as_is), count(columns)};
   }
   return out;
 }

@@ -23,6 +23,12 @@
 // Element-wise catches a few elements gone wrong (a tile's missing corner);
 // norm-wise catches a small error spread over all of them (an offset LSE),
 // which hides below an element-wise bound set by the worst of millions.
+// A third figure, for taps with tokens (check/column_error.h), the error's
+// mean over the tokens of each column, gets the norm's limits
+// (kNormFactor x its floor; kSameInputsFactor x run 0's on the run's own
+// inputs): it catches the same wrong amount in every token of a feature (a
+// bias added on every tensor-parallel rank), which rounding noise, changing
+// sign from token to token, does not reach.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -55,6 +61,14 @@ inline constexpr double kSameInputsFactor = 2.0;
 // 2.4x the one-device error in 42 cells of the same-seed night). Over 64
 // numbers a norm is an average: the 2x held for every tap of the 100-seed sweep.
 inline constexpr std::size_t kSameInputsMinElements = 64;
+// Likewise column means (check/column_error.h) over fewer columns than this
+// at the calibration: the one-device run has one sample where the run has
+// several, and an RMS over 16 columns of one sample says little of another
+// sample's. Measured (docs/tolerances.md): 100 seeds of every scenario, the
+// sharded run's column-mean error reached 2.24x the one-device run's on
+// flux_pipeline's latents (16 columns: one sample's channels), 1.67x on its
+// v_branch (32); at 256 columns or more at most 1.45x outside ring steps.
+inline constexpr std::size_t kSameInputsMinColumns = 64;
 
 struct TapFloor {
   double element = 0, rel_l2 = 0;
@@ -65,11 +79,13 @@ struct TapFloor {
   // The column-mean error (check/column_error.h) for taps that have one, and
   // run 0's when measured.
   std::optional<double> column_mean, column_mean_as_is;
+  std::size_t columns = 0;  // how many columns the column mean was measured over (0: not known)
 };
 using Floors = std::map<std::string, TapFloor>;
 
-// Calibration run 0's floors as the run's own (rel_l2_as_is), for the taps of
-// at least kSameInputsMinElements elements.
+// Calibration run 0's floors as the run's own: rel_l2_as_is for the taps of
+// at least kSameInputsMinElements elements, column_mean_as_is for those of at
+// least kSameInputsMinColumns columns.
 void keep_unperturbed(Floors& floors);
 
 // The options that make compare() measure floors: every tap with a reference

@@ -178,8 +178,8 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
         (l2_fails ? fmt::format(", and rel L2 {} over its limit {} ({:.3g}x)", sci(ref.rel_l2),
                                 sci(*ref.tol.rel_l2_limit), *ref.l2_ratio)
                   : "") +
-            (column_fails ? fmt::format(", and the column-mean error {} over its limit {} ({:.3g}x: the same "
-                                        "error in every token of a column, as a bias added twice)",
+            (column_fails ? fmt::format(", and the column-mean error {} over its limit {} ({:.3g}x: an error shared by "
+                                        "every token of a column, as from a bias added twice)",
                                         sci(*ref.column_mean), sci(*ref.tol.column_mean_limit), *ref.column_ratio)
                           : ""),
         sci(ref.max_abs), sci(ref.max_rel), sci(ref.rel_l2), index_str(ref.worst.index),

@@ -92,8 +92,9 @@ int main(int argc, char** argv) {
                  "Where the reference check's tolerances come from: derived (a rule of dtype and reduction depth) or "
                  "calibrated (each tap's noise floor measured within the run: the scenario on one device in the run's "
                  "dtype, --calibration-runs times with inputs perturbed by one rounding; on the run's own inputs, "
-                 "so each tap of 64 elements or more is also held to 2x the unperturbed one-device run's rel L2 error; "
-                 "docs/tolerances.md)")
+                 "so each tap of 64 elements or more is also held to 2x the unperturbed one-device run's rel L2 error, "
+                 "and a tap with tokens to 2x its column-mean error, the error averaged over tokens per column, where "
+                 "a bias added twice shows; docs/tolerances.md)")
       ->check(CLI::IsMember({"derived", "calibrated"}))
       ->capture_default_str();
   app.add_option("--calibration-runs", run.calibration_runs, "Runs of the noise-floor measurement (--tolerance calibrated)")

@@ -62,7 +62,8 @@ void add_report_options(CLI::App& app, dc::ReportOptions& r, std::string& tolera
                  "Per-tap tolerances measured by 'diffcheck calibrate' (JSON); taps it does not name keep the derived "
                  "rule, with a warning. A file made for another scenario, size or dtype is refused. A run on the "
                  "file's seed, flags and steps also holds each tap of 64 elements or more to 2x the file's unperturbed "
-                 "one-device rel L2 error (its own inputs)");
+                 "one-device rel L2 error (its own inputs); every tap with tokens is also held to a limit on its column-mean "
+                 "error (the error averaged over tokens per column: a bias added on every rank)");
   app.add_option("--atol", r.compare.atol, "Absolute tolerance for every tap (overrides the dtype-derived default; a tap's own atol attribute still wins)");
   app.add_option("--rtol", r.compare.rtol, "Relative tolerance for every tap (same precedence as --atol)");
   app.add_option("--replica-ulps", r.compare.replica_ulps, "Allowed ULP distance between replicas (default 0: bitwise)")
