@@ -8,7 +8,7 @@ replica check that caught it.
         [--set flag=value]... [SCENARIO ...]
 
 err/tol is the tap's margin: the larger of its element-wise and (for
-calibrated tolerances) norm-wise ratio.
+calibrated tolerances) norm-wise and column-mean ratios.
 """
 import argparse
 import json
