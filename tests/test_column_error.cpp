@@ -150,6 +150,11 @@ TEST(ColumnMeans, ABiasInEveryTokenFailsTheColumnLimitWhereTheNormPasses) {
   EXPECT_NEAR(*rc.column_ratio, biased / (2 * clean), 1e-9);
   EXPECT_FALSE(res.pass());
   EXPECT_DOUBLE_EQ(rc.margin(), *rc.column_ratio);
+  // A limit on the whole tensor fails every block of it: the ranks' err/tol
+  // (heatmaps, step summaries) show it, not only the elements' ratios.
+  ASSERT_EQ(res.taps[0].ranks.err_over_tol.size(), 4u);
+  for (double r : res.taps[0].ranks.err_over_tol) EXPECT_DOUBLE_EQ(r, *rc.column_ratio);
+  for (double r : pass.taps[0].ranks.err_over_tol) EXPECT_LE(r, 1.0);
   EXPECT_NE(describe_tap(res.taps[0], 0).find("column-mean error"), std::string::npos) << describe_tap(res.taps[0], 0);
   EXPECT_NE(tolerance_line(rc).find("column mean <="), std::string::npos) << tolerance_line(rc);
 }

@@ -133,6 +133,8 @@ TEST(MeasuredTolerance, NormWiseLimitCatchesAnErrorSpreadBelowTheElementBound) {
   EXPECT_FALSE(rc.pass);
   EXPECT_FALSE(res.pass());
   EXPECT_DOUBLE_EQ(rc.margin(), *rc.l2_ratio);
+  ASSERT_EQ(res.taps[0].ranks.err_over_tol.size(), 1u);
+  EXPECT_DOUBLE_EQ(res.taps[0].ranks.err_over_tol[0], *rc.l2_ratio);  // the heatmap's cell fails too
   EXPECT_NE(describe_tap(res.taps[0], 0).find("rel L2"), std::string::npos);
   EXPECT_NE(tolerance_line(rc).find("file"), std::string::npos);
   // The same error under a looser limit passes, and a table without the tap

@@ -322,6 +322,13 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
         ref.pass = ref.pass && *ref.column_ratio <= 1;
       }
     }
+    // A limit on the whole tensor (rel L2, column means) is every block's:
+    // each rank's err/tol (heatmaps, step summaries) shows at least its ratio,
+    // or a tap failing by it alone would look like a pass there.
+    for (const auto& whole : {ref.l2_ratio, ref.column_ratio})
+      if (whole)
+        for (double& r : pr.err_over_tol)
+          if (*whole > r) r = *whole;
   }
   return v;
 }
