@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -14,8 +15,29 @@ constexpr int kDefaultMmapMax = 65536;
 constexpr int kDefaultTrimThreshold = 128 * 1024;
 }  // namespace
 
+bool free_pages_reported_to_host(const std::string& balloon_devices) {
+  // The virtio spec's VIRTIO_BALLOON_F_REPORTING: feature bit 5. sysfs shows
+  // the features the driver negotiated as a string of '0'/'1', bit 0 first.
+  constexpr std::size_t kReportingBit = 5;
+  std::error_code ec;
+  for (const auto& dev : std::filesystem::directory_iterator(balloon_devices, ec)) {
+    std::ifstream f(dev.path() / "features");
+    std::string bits;
+    if (std::getline(f, bits) && bits.size() > kReportingBit && bits[kReportingBit] == '1') return true;
+  }
+  return false;
+}
+
+bool want_huge_pages() {
+  const char* asked = std::getenv("DIFFCHECK_HUGEPAGES");
+  const std::string a = asked ? asked : "";
+  if (a == "0") return false;
+  if (a == "1") return true;
+  return !free_pages_reported_to_host("/sys/bus/virtio/drivers/virtio_balloon");
+}
+
 void exec_with_huge_pages(char** argv) {
-  if (const char* off = std::getenv("DIFFCHECK_HUGEPAGES"); off && std::string(off) == "0") return;
+  if (!want_huge_pages()) return;
   const char* given = std::getenv("GLIBC_TUNABLES");
   std::string tunables = given ? given : "";
   if (tunables.find("glibc.malloc.hugetlb") != std::string::npos) return;
