@@ -117,9 +117,12 @@ RefTensor linear(const RefTensor& x, const Tensor& w, const Tensor& b) {
   const Shape out_shape = linear_output_shape(x.shape, w.shape, b.shape, b.size());
   const std::size_t k = w.shape[1], m = w.shape[0], n = x.size() / k;
   RefTensor y(out_shape);
-  // Rows of w per block: about 4 MiB of float64, and at least 64 columns of
-  // y per dgemm so BLAS stays near its peak.
-  const std::size_t block = std::min(m, std::max<std::size_t>(64, (std::size_t{4} << 20) / (8 * std::max<std::size_t>(k, 1))));
+  // Rows of w per block: about 64 MiB of float64, and at least 256. BLAS
+  // packs all of x again for every dgemm (its n x k panel: x is the operand
+  // it reuses across the block's rows), at memory speed, against 2 x rows
+  // flops per packed value: with 4 MiB blocks (64-170 rows at flux1-dev
+  // size) that packing took 5% of a first run's samples.
+  const std::size_t block = std::min(m, std::max<std::size_t>(256, (std::size_t{64} << 20) / (8 * std::max<std::size_t>(k, 1))));
   std::vector<double> wide(block * k);
   for (std::size_t r0 = 0; r0 < m && k; r0 += block) {
     const std::size_t rows = std::min(block, m - r0);

@@ -84,7 +84,9 @@ BasicTensor<T> per_head_copies(const BasicTensor<T>& q, const BasicTensor<T>& k,
 
 using Dims = std::tuple<std::size_t, std::size_t, std::size_t, std::size_t>;  // nq, nk, heads, d
 const Dims kShapes[] = {{1, 1, 1, 1},   {67, 129, 1, 5}, {130, 67, 3, 17}, {65, 200, 5, 9},
-                        {64, 64, 24, 8}, {3, 1000, 2, 128}, {129, 7, 1, 3}};
+                        {64, 64, 24, 8}, {3, 1000, 2, 128}, {129, 7, 1, 3},
+                        // past one query block of 256 rows, and two with a remainder
+                        {257, 33, 2, 7}, {600, 19, 1, 4}};
 
 template <class T>
 void expect_matches(double exact_tol, double old_tol) {

@@ -73,12 +73,12 @@ TEST(Generate, BlocksOfEveryRankAgreeWithTheWhole) {
 }
 
 TEST(Linear, FloatWeightsWidenedBlockwiseGiveTheFloat64Product) {
-  // k = 9000: blocks of 64 weight rows; m = 203 is three full blocks and a
-  // partial one. The float64 product of the widened weights, to rounding:
+  // k = 16000: blocks of 524 weight rows (64 MiB of float64); m = 1100 is two
+  // full blocks and a partial one. The float64 product of the widened weights, to rounding:
   // OpenBLAS's order of a sum over k can change with the width of the product
   // (seen: last-bit differences), so not bit for bit.
-  for (std::size_t k : {7, 9000}) {
-    const std::size_t n = 5, m = 203;
+  for (std::size_t k : {7, 16000}) {
+    const std::size_t n = 5, m = 1100;
     const RefTensor x = ref::to_ref(ref::generate(1, "x", {n, k}, 1.0f));
     const Tensor w = ref::generate(1, "w", {m, k}, 0.1f), b = ref::generate(1, "b", {m}, 0.5f);
     const RefTensor got = ref::linear(x, w, b);
