@@ -123,6 +123,8 @@ if a.make:
     sys.exit(0)
 
 d = a.dir or tempfile.mkdtemp(prefix="bench_compare_")
+if a.dir:
+    os.makedirs(a.dir, exist_ok=True)  # a directory named but not yet made
 try:
     if a.sizes:
         for mi in (int(s) for s in a.sizes.split(",")):

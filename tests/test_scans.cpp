@@ -190,7 +190,7 @@ TEST(ScanReference, SameAsThePerElementLoop) {
   tols[3].atol = tols[3].rtol = 1e-6;
   for (std::size_t n : {1, 3, 4, 15, 16, 17, 31, 32, 33, 100, 1000, 4099}) {
     for (std::size_t unit : {1, 7, 64, 100000}) {
-      for (int variant = 0; variant < 5; ++variant) {
+      for (int variant = 0; variant < 7; ++variant) {
         for (const Tolerance& tol : tols) {
           SCOPED_TRACE(testing::Message() << "n " << n << " unit " << unit << " variant " << variant << " atol "
                                           << tol.atol << " rtol " << tol.rtol);
@@ -208,6 +208,30 @@ TEST(ScanReference, SameAsThePerElementLoop) {
               c.ref[50] = kInf;
               c.x[50] = 1.0;
               c.ref[69] = c.x[69] = -kInf;
+            }
+          }
+          if (variant >= 5) {
+            // A wrong tensor: every element fails (the scan's pass for runs
+            // of failing blocks), some at an exact zero of the reference,
+            // and every 97th by a growing error, so that max_rel and err/tol
+            // rise all along; every 89th passes with its error exactly at its
+            // bound. With 6, a NaN, an infinite error no bound excludes, and
+            // an Inf equal to its reference.
+            std::mt19937_64 rng(n + unit);
+            std::normal_distribution<double> normal;
+            for (std::size_t i = 0; i < n; ++i) {
+              if (i % 53 == 7) c.ref[i] = 0;
+              c.x[i] = c.ref[i] + 1.0 + 0.25 * normal(rng);
+              if (i % 97 == 40) c.x[i] = c.ref[i] + 10.0 * (1.0 + double(i) / double(n));
+              // An error exactly at its bound, which passes (where rtol = 0:
+              // x - r = 2 atol - atol = atol, exactly).
+              if (i % 89 == 20) c.ref[i] = tol.atol, c.x[i] = 2 * tol.atol;
+            }
+            if (variant == 6 && n > 300) {
+              c.x[130] = NAN;
+              c.ref[201] = kInf;
+              c.x[201] = 2.0;
+              c.ref[260] = c.x[260] = kInf;
             }
           }
           TapData t;
@@ -248,7 +272,7 @@ TEST(ScanReference, SameAsThePerElementLoop) {
                 if (has_nonfinite) {
                   EXPECT_TRUE(maybe_nonfinite);
                 }
-                if (variant < 2 || variant == 3) {
+                if (variant < 2 || variant == 3 || variant == 5) {
                   EXPECT_FALSE(maybe_nonfinite);
                 }
               }

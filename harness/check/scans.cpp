@@ -207,20 +207,15 @@ template <class Simd, class X, class R>
   // the maxima as they stand at the block's start, which only grow), in
   // order. A block where every element fails (a wrong tensor) costs about
   // one more vector pass, not 16 rounds of branches.
-  // `each(j, r, err)` sees every four elements' reference and error on the
-  // way (the pass of a wrong tensor takes its sums there: one pass, not two).
   // Whether any element failed or asked.
   // (Inlined, so that it is compiled for the build it is part of: AVX2 or not.)
-  auto bookkeep_block = [&](std::size_t i, auto&& each) __attribute__((always_inline)) {
+  auto bookkeep_block = [&](std::size_t i) __attribute__((always_inline)) {
     const Quad atol = splat(tol.atol), rtol = splat(tol.rtol), inf = splat(kInf), zero = splat(0.0);
     const Quad rel_gate = splat(max_rel * kMargin), worst_gate = splat(worst_ratio * kMargin);
     unsigned ask = i == 0 ? 1u : 0u, failed = 0;
-    // Unrolled: `each` then picks its summation lanes at compile time and
-    // keeps them in registers (rolled, GCC kept them on the stack).
 #pragma GCC unroll 4
     for (std::size_t j = 0; j < 16; j += 4) {
       const Quad r = load4(ref + i + j), err = abs4(load4(x + i + j) - r), ar = abs4(r);
-      each(j, r, err);
       const Quad bound = atol + rtol * ar;
       const Mask nan = err != err;
       failed |= Simd::bits(~(err <= bound) | (err == inf)) << j;
@@ -232,7 +227,6 @@ template <class Simd, class X, class R>
     for (; ask; ask &= ask - 1) maxima(i + static_cast<std::size_t>(__builtin_ctz(ask)));
     return any;
   };
-  const auto nothing_more = [](std::size_t, const Quad&, const Quad&) {};
   // One summation unit at a time (see ChunkPlan), its squares in eight
   // independent lanes so that no add waits long on another: element at + j
   // of a unit starting at `at` in lane j % 8, but those after the unit's last
@@ -323,19 +317,62 @@ template <class Simd, class X, class R>
         ++differing_in_a_row;
       }
       // After a block that needed its bookkeeping (a wrong tensor: so will
-      // this one, most likely), the sums are taken inside the bookkeeping's
-      // pass. Bookkeeping a block that needed none changes nothing (no
+      // this one, most likely), one pass takes the sums and asks whether
+      // every element fails and none may raise a maximum. Then the
+      // bookkeeping would only count 16 failures, and this pass does it with
+      // about half of its operations (vector masks, one test per block). An
+      // element that fails by `err > bound` is one the bookkeeping counts (it
+      // fails by `!(err <= bound)`); a NaN error, or an infinite one against
+      // an infinite bound, is not `err > bound` and sends the block to the
+      // bookkeeping, as does any element that might raise max_rel (asked
+      // without the bookkeeping's `r != 0`: more often, never less) or
+      // err/tol. Bookkeeping a block that needed none changes nothing (no
       // element of it fails or raises a maximum), so the results are the
       // same; a block where nothing failed or asked goes back to the question.
       if (last_bookkept && i != 0) {
-        last_bookkept = bookkeep_block(i, [&](std::size_t j, const Quad& r, const Quad& err)
-                                              __attribute__((always_inline)) {
-          Quad& e_lane = j % 8 == 0 ? e_lo : e_hi;
-          Quad& r_lane = j % 8 == 0 ? r_lo : r_hi;
-          e_lane += err * err;
-          r_lane += r * r;
-          m4 = m4 < err ? err : m4;  // a NaN error leaves it unchanged
-        });
+        const Quad atol = splat(tol.atol), rtol = splat(tol.rtol);
+        const Quad rel_gate = splat(max_rel * kMargin), worst_gate = splat(worst_ratio * kMargin);
+        // Block after block while they fail plainly, in a loop of its own
+        // whose sums are locals: in the scan's loop GCC kept them on the
+        // stack, and the adds waited on stores and loads.
+        Quad el = e_lo, eh = e_hi, rl = r_lo, rh = r_hi, most = m4;
+        long long plain_blocks = 0;
+        bool stopped = false;
+        for (;;) {
+          // Fails and asks nothing: err > bound, and err <= both gates (one
+          // mask, to keep fewer registers live). A NaN gate (an infinite |r|,
+          // or an infinite worst err/tol times a zero bound) compares false
+          // and sends the block to the bookkeeping.
+          Mask plain{-1, -1, -1, -1};
+          auto quad = [&](std::size_t at4, Quad& e_lane, Quad& r_lane) __attribute__((always_inline)) {
+            const Quad r = load4(ref + at4), err = abs4(load4(x + at4) - r), ar = abs4(r);
+            e_lane += err * err;
+            r_lane += r * r;
+            most = most < err ? err : most;  // a NaN error leaves it unchanged
+            const Quad bound = atol + rtol * ar, rel = rel_gate * ar, worst = worst_gate * bound;
+            plain &= (err > bound) & (err <= (rel < worst ? rel : worst));
+          };
+          // Not unrolled: fewer values live at once (unrolled, GCC kept the
+          // masks of all four quads and spilled them).
+#pragma GCC unroll 1
+          for (std::size_t j = 0; j < kBlock; j += 8) {
+            quad(i + j, el, rl);
+            quad(i + j + 4, eh, rh);
+          }
+          if (!Simd::all(plain)) {
+            stopped = true;
+            break;
+          }
+          ++plain_blocks;
+          if (i + 2 * kBlock > end4) break;  // the scan's loop steps past this block
+          i += kBlock;
+          ++block;
+        }
+        e_lo = el, e_hi = eh, r_lo = rl, r_hi = rh, m4 = most;
+        fails += plain_blocks * static_cast<long long>(kBlock);
+        // The block that did not fail plainly (its sums are taken) gets the
+        // bookkeeping; after a run of plain ones the next most likely fails too.
+        if (stopped) last_bookkept = bookkeep_block(i);
         continue;
       }
       // c as above, below 1 by a margin when below 1 at all, so that c times
@@ -380,7 +417,7 @@ template <class Simd, class X, class R>
         quiet_all = Simd::all(quiet);
       }
       last_bookkept = !quiet_all;
-      if (!quiet_all) bookkeep_block(i, nothing_more);
+      if (!quiet_all) bookkeep_block(i);
     }
     max_abs = std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
     // The unit's last elements, one at a time, in their lanes.
