@@ -148,12 +148,16 @@ void flux_post_attention(FluxActivations<T>& a, BasicTensor<T> attn, const FluxW
   round(a.partial);
 }
 
-template <class T, class W>
-FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor<T>& temb,
-                                      const FluxWeights<W>& w, const FluxSizes& z,
-                                      const RopeTable& all_rope, bool add_bias,
-                                      const std::function<void(BasicTensor<T>&)>& round,
-                                      std::size_t first_token, const GatherTokens<T>& gather) {
+namespace {
+
+// The forward, with the caller's say between its parts: `after_pre()` once
+// the token-local part before attention is done, and `post_weights()` for
+// proj_out's weights once attention is.
+template <class T, class W, class AfterPre, class PostWeights>
+FluxActivations<T> forward_in_parts(const BasicTensor<T>& h, const BasicTensor<T>& temb, const FluxWeights<W>& w,
+                                    const FluxSizes& z, const RopeTable& all_rope, bool add_bias,
+                                    const std::function<void(BasicTensor<T>&)>& round, std::size_t first_token,
+                                    const GatherTokens<T>& gather, AfterPre&& after_pre, PostWeights&& post_weights) {
   const std::size_t n = h.shape[0];
   if (first_token + n > all_rope.cos.shape[0] || (n != all_rope.cos.shape[0] && !gather))
     fail("flux_block_forward: tokens [{}, {}) of a {}-token sample{}", first_token, first_token + n,
@@ -161,11 +165,43 @@ FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor
   const RopeTable rope{take_rows(all_rope.cos, first_token, first_token + n),
                        take_rows(all_rope.sin, first_token, first_token + n)};
   FluxActivations<T> a = flux_pre_attention(h, temb, w, z, rope, round);
+  after_pre();
   const double scale = 1.0 / std::sqrt(double(z.head_dim));
   BasicTensor<T> attn = gather ? attention(a.q, gather(a.k), gather(a.v), scale) : attention(a.q, a.k, a.v, scale);
   round(attn);
-  flux_post_attention(a, std::move(attn), w, add_bias, round);
+  flux_post_attention(a, std::move(attn), post_weights(), add_bias, round);
   return a;
+}
+
+}  // namespace
+
+template <class T, class W>
+FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor<T>& temb,
+                                      const FluxWeights<W>& w, const FluxSizes& z,
+                                      const RopeTable& all_rope, bool add_bias,
+                                      const std::function<void(BasicTensor<T>&)>& round,
+                                      std::size_t first_token, const GatherTokens<T>& gather) {
+  return forward_in_parts(h, temb, w, z, all_rope, add_bias, round, first_token, gather, [] {},
+                          [&]() -> const FluxWeights<W>& { return w; });
+}
+
+template <class T, class W>
+FluxActivations<T> flux_block_forward_lean(const BasicTensor<T>& h, const BasicTensor<T>& temb, FluxWeights<W>&& w,
+                                           const std::function<BasicTensor<W>()>& make_out_w, const FluxSizes& z,
+                                           const RopeTable& all_rope, bool add_bias,
+                                           const std::function<void(BasicTensor<T>&)>& round,
+                                           std::size_t first_token, const GatherTokens<T>& gather) {
+  FluxWeights<W> post;
+  return forward_in_parts(
+      h, temb, w, z, all_rope, add_bias, round, first_token, gather,
+      [&] {
+        post.out_b = std::move(w.out_b);
+        w = {};
+      },
+      [&]() -> const FluxWeights<W>& {
+        post.out_w = make_out_w();
+        return post;
+      });
 }
 
 template <class T>
@@ -202,7 +238,11 @@ DC_INSTANTIATE(double)
                                                  const FluxWeights<W>&, const FluxSizes&,        \
                                                  const RopeTable&, bool,                         \
                                                  const std::function<void(BasicTensor<T>&)>&,   \
-                                                 std::size_t, const GatherTokens<T>&);
+                                                 std::size_t, const GatherTokens<T>&);          \
+  template FluxActivations<T> flux_block_forward_lean(                                          \
+      const BasicTensor<T>&, const BasicTensor<T>&, FluxWeights<W>&&,                           \
+      const std::function<BasicTensor<W>()>&, const FluxSizes&, const RopeTable&, bool,         \
+      const std::function<void(BasicTensor<T>&)>&, std::size_t, const GatherTokens<T>&);
 DC_INSTANTIATE_FORWARD(float, float)
 DC_INSTANTIATE_FORWARD(double, double)
 DC_INSTANTIATE_FORWARD(double, float)

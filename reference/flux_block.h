@@ -114,6 +114,19 @@ FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor
                                       std::size_t first_token = 0, const GatherTokens<T>& gather = {});
 
 // out = gate * y + h
+// The same forward for weights too big to hold at once (the float64
+// reference of flux1-dev: 452 MB of float32 weights on every rank). `w` is
+// given up once the part before attention is done and needs no proj_out
+// weight: `make_out_w` makes it only after attention. So the weights before
+// attention, the gathered k and v, and proj_out's weight take the same
+// memory in turn (new memory is dear on a VM: docs/usage.md, "Memory").
+template <class T, class W>
+FluxActivations<T> flux_block_forward_lean(const BasicTensor<T>& h, const BasicTensor<T>& temb, FluxWeights<W>&& w,
+                                           const std::function<BasicTensor<W>()>& make_out_w, const FluxSizes& z,
+                                           const RopeTable& rope, bool add_bias,
+                                           const std::function<void(BasicTensor<T>&)>& round,
+                                           std::size_t first_token = 0, const GatherTokens<T>& gather = {});
+
 template <class T>
 BasicTensor<T> gated_residual(const BasicTensor<T>& y, const BasicTensor<T>& ada,
                               const BasicTensor<T>& h);

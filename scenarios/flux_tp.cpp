@@ -191,17 +191,27 @@ class FluxTp final : public Scenario {
           {count, d});
     };
     RefTensor h = input("hidden", t0, rows, n), temb = input("temb", 0, 1, 1);
-    // The weights live only through the forward: the copies made while
-    // recording below (the packed proj_out input, y, out) take their memory,
+    // The weights live only while they are used: those before attention
+    // until attention, proj_out's (made only then) through its product. The
+    // gathered k and v, proj_out's weight and the copies made while recording
+    // below (the packed proj_out input, y, out) take their memory in turn,
     // not new pages (new memory is the dearest thing on a VM that hands freed
     // pages back to its host: docs/usage.md, "Memory").
-    auto a = [&] {
-      // The generated float32 values as they are (the reference's weights are
-      // never rounded to the run's dtype), widened block by block inside each
-      // product: at flux1-dev size the whole float64 copy would be 1.1 GB per rank.
-      const auto w = ref::make_flux_weights<float>(ctx.seed, z, 1, 0, false, DType::float32, shared);
-      return ref::flux_block_forward(h, temb, w, z, rope, true, exact, t0, parts > 1 ? gather : ref::GatherTokens<double>{});
-    }();
+    // The generated float32 values as they are (the reference's weights are
+    // never rounded to the run's dtype), widened block by block inside each
+    // product: at flux1-dev size the whole float64 copy would be 1.1 GB per rank.
+    const std::string out_w_name = "proj_out.w";
+    const ref::GenerateBlock all_but_out_w = [&](const std::string& name, const Shape& global, float scale,
+                                                 const ref::Ranges& block) {
+      return name == out_w_name ? Tensor() : shared(name, global, scale, block);
+    };
+    const std::function<Tensor()> make_out_w = [&] {
+      return shared(out_w_name, {d, d + z.mlp}, 1.0f / std::sqrt(static_cast<float>(d + z.mlp)), {{0, d}, {0, d + z.mlp}});
+    };
+    auto a = ref::flux_block_forward_lean(h, temb,
+                                          ref::make_flux_weights<float>(ctx.seed, z, 1, 0, false, DType::float32, all_but_out_w),
+                                          make_out_w, z, rope, true, exact, t0,
+                                          parts > 1 ? gather : ref::GatherTokens<double>{});
     // Tap shapes are [dp, tokens, ...]: this part is sample b, tokens [t0, t0 + rows).
     // Activations move into the recorder (at flux1-dev size they are GBs).
     auto put = [&](const char* name, RefTensor&& t) {

@@ -122,6 +122,52 @@ TEST(FluxBlock, MatchesPyTorch) {
   expect_close(out, "out/out");
 }
 
+TEST(FluxBlock, TheLeanForwardIsTheForwardWithItsWeightsGivenUpOnTheWay) {
+  // flux_tp's float64 reference (float32 weights) at a small size, on all
+  // tokens and on the second half with the first's k and v gathered: the
+  // same bits as the forward that holds every weight. The weights before
+  // attention are given up before proj_out's is made, and that once.
+  ref::FluxSizes z{32, 4, 8, 128, 4, 3, 4, {2, 2, 4}};
+  const auto rope = ref::flux_rope(z);
+  const std::size_t n = z.tokens();
+  const RefTensor h = ref::to_ref(ref::generate(5, "h", {n, z.dim}, 1.0f));
+  const RefTensor temb = ref::to_ref(ref::generate(5, "t", {1, z.dim}, 1.0f));
+  const std::function<void(RefTensor&)> exact = [](RefTensor&) {};
+  const auto all = ref::make_flux_weights<float>(5, z, 1, 0, false, DType::float32);
+  const auto full = ref::flux_block_forward(h, temb, all, z, rope, true, exact);
+  for (std::size_t first : {std::size_t{0}, n / 2}) {
+    SCOPED_TRACE(first);
+    const RefTensor mine = ref::take_rows(h, first, n);
+    // k or v of all tokens, for this part's k or v.
+    const ref::GatherTokens<double> gather = [&](const RefTensor& part) {
+      return ref::take_rows(full.k, first, n).data == part.data ? full.k : full.v;
+    };
+    const auto want = ref::flux_block_forward(mine, temb, all, z, rope, true, exact, first,
+                                              first ? gather : ref::GatherTokens<double>{});
+    auto w = all;
+    w.out_w = Tensor();  // made by make_out_w
+    int made = 0;
+    bool weights_given_up = false;
+    const std::function<Tensor()> make_out_w = [&] {
+      ++made;
+      weights_given_up = w.ada_w.size() == 0 && w.q_w.size() == 0 && w.k_w.size() == 0 && w.v_w.size() == 0 &&
+                         w.mlp_w.size() == 0;
+      return all.out_w;
+    };
+    const auto got = ref::flux_block_forward_lean(mine, temb, std::move(w), make_out_w, z, rope, true, exact, first,
+                                                  first ? gather : ref::GatherTokens<double>{});
+    EXPECT_EQ(made, 1);
+    EXPECT_TRUE(weights_given_up);
+    for (auto [g, e] : {std::pair{&got.ada, &want.ada}, {&got.nx, &want.nx}, {&got.q, &want.q}, {&got.k, &want.k},
+                        {&got.v, &want.v}, {&got.mlp, &want.mlp}, {&got.attn, &want.attn}, {&got.cat, &want.cat},
+                        {&got.partial, &want.partial}}) {
+      EXPECT_EQ(g->shape, e->shape);
+      EXPECT_EQ(g->data, e->data);
+    }
+    EXPECT_GT(want.partial.size(), 0u);
+  }
+}
+
 TEST(FlashAttention, MatchesExactForBlocksThatDoNotDivideTheLengths) {
   const std::size_t heads = 2, nq = 37, nk = 45, d = 8;
   auto q = rnd("fq", {heads, nq, d}), k = rnd("fk", {heads, nk, d}), v = rnd("fv", {heads, nk, d});
