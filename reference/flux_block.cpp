@@ -118,7 +118,12 @@ std::pair<BasicTensor<T>, BasicTensor<T>> flux_modulated_input(const BasicTensor
 template <class T, class W>
 FluxActivations<T> flux_pre_attention(const BasicTensor<T>& h, const BasicTensor<T>& temb, const FluxWeights<W>& w,
                                       const FluxSizes& z, const RopeTable& rope,
-                                      const std::function<void(BasicTensor<T>&)>& round) {
+                                      const std::function<void(BasicTensor<T>&)>& round, FluxWeights<W>* give_up) {
+  // Each weight given up (when asked: give_up is w itself) right after its
+  // last use, and never read again below.
+  auto drop = [&](auto... member) {
+    if (give_up) ((give_up->*member = BasicTensor<W>()), ...);
+  };
   auto r = [&](BasicTensor<T> x) {
     round(x);
     return x;
@@ -126,15 +131,21 @@ FluxActivations<T> flux_pre_attention(const BasicTensor<T>& h, const BasicTensor
   const std::size_t n = h.shape[0];
   if (rope.cos.shape[0] != n) fail("flux_pre_attention: {} RoPE rows for {} tokens", rope.cos.shape[0], n);
   FluxActivations<T> a;
+  using Wt = FluxWeights<W>;
   std::tie(a.ada, a.nx) = flux_modulated_input(h, temb, w, z, round);
+  drop(&Wt::ada_w, &Wt::ada_b);
   a.mlp = r(gelu_tanh(r(linear(a.nx, w.mlp_w, w.mlp_b))));
+  drop(&Wt::mlp_w, &Wt::mlp_b);
   const std::size_t heads = w.q_w.shape[0] / z.head_dim;
   auto project = [&](const BasicTensor<W>& wt, const BasicTensor<W>& b) {
     return reshape(r(linear(a.nx, wt, b)), {n, heads, z.head_dim});
   };
   a.q = r(apply_rope(r(rms_norm(project(w.q_w, w.q_b), w.gq, kEps)), rope));
+  drop(&Wt::q_w, &Wt::q_b, &Wt::gq);
   a.k = r(apply_rope(r(rms_norm(project(w.k_w, w.k_b), w.gk, kEps)), rope));
+  drop(&Wt::k_w, &Wt::k_b, &Wt::gk);
   a.v = project(w.v_w, w.v_b);
+  drop(&Wt::v_w, &Wt::v_b);
   return a;
 }
 
@@ -157,14 +168,15 @@ template <class T, class W, class AfterPre, class PostWeights>
 FluxActivations<T> forward_in_parts(const BasicTensor<T>& h, const BasicTensor<T>& temb, const FluxWeights<W>& w,
                                     const FluxSizes& z, const RopeTable& all_rope, bool add_bias,
                                     const std::function<void(BasicTensor<T>&)>& round, std::size_t first_token,
-                                    const GatherTokens<T>& gather, AfterPre&& after_pre, PostWeights&& post_weights) {
+                                    const GatherTokens<T>& gather, FluxWeights<W>* give_up, AfterPre&& after_pre,
+                                    PostWeights&& post_weights) {
   const std::size_t n = h.shape[0];
   if (first_token + n > all_rope.cos.shape[0] || (n != all_rope.cos.shape[0] && !gather))
     fail("flux_block_forward: tokens [{}, {}) of a {}-token sample{}", first_token, first_token + n,
          all_rope.cos.shape[0], gather ? "" : " without a way to gather the others' k and v");
   const RopeTable rope{take_rows(all_rope.cos, first_token, first_token + n),
                        take_rows(all_rope.sin, first_token, first_token + n)};
-  FluxActivations<T> a = flux_pre_attention(h, temb, w, z, rope, round);
+  FluxActivations<T> a = flux_pre_attention(h, temb, w, z, rope, round, give_up);
   after_pre();
   const double scale = 1.0 / std::sqrt(double(z.head_dim));
   BasicTensor<T> attn = gather ? attention(a.q, gather(a.k), gather(a.v), scale) : attention(a.q, a.k, a.v, scale);
@@ -181,7 +193,8 @@ FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor
                                       const RopeTable& all_rope, bool add_bias,
                                       const std::function<void(BasicTensor<T>&)>& round,
                                       std::size_t first_token, const GatherTokens<T>& gather) {
-  return forward_in_parts(h, temb, w, z, all_rope, add_bias, round, first_token, gather, [] {},
+  return forward_in_parts(h, temb, w, z, all_rope, add_bias, round, first_token, gather,
+                          static_cast<FluxWeights<W>*>(nullptr), [] {},
                           [&]() -> const FluxWeights<W>& { return w; });
 }
 
@@ -193,7 +206,7 @@ FluxActivations<T> flux_block_forward_lean(const BasicTensor<T>& h, const BasicT
                                            std::size_t first_token, const GatherTokens<T>& gather) {
   FluxWeights<W> post;
   return forward_in_parts(
-      h, temb, w, z, all_rope, add_bias, round, first_token, gather,
+      h, temb, w, z, all_rope, add_bias, round, first_token, gather, &w,
       [&] {
         post.out_b = std::move(w.out_b);
         w = {};
@@ -231,7 +244,8 @@ DC_INSTANTIATE(double)
   template FluxActivations<T> flux_pre_attention(const BasicTensor<T>&, const BasicTensor<T>&,  \
                                                  const FluxWeights<W>&, const FluxSizes&,        \
                                                  const RopeTable&,                               \
-                                                 const std::function<void(BasicTensor<T>&)>&);  \
+                                                 const std::function<void(BasicTensor<T>&)>&,   \
+                                                 FluxWeights<W>*);                               \
   template void flux_post_attention(FluxActivations<T>&, BasicTensor<T>, const FluxWeights<W>&, \
                                     bool, const std::function<void(BasicTensor<T>&)>&);         \
   template FluxActivations<T> flux_block_forward(const BasicTensor<T>&, const BasicTensor<T>&,  \

@@ -84,10 +84,13 @@ std::pair<BasicTensor<T>, BasicTensor<T>> flux_modulated_input(const BasicTensor
 
 // The token-local part before attention (fills ada, nx, mlp, q, k, v) of the
 // rows of h, whose RoPE rows are `rope`.
+// `give_up`, when given, is w itself: each weight is then freed right after
+// its last use (the lean forward below).
 template <class T, class W = T>
 FluxActivations<T> flux_pre_attention(const BasicTensor<T>& h, const BasicTensor<T>& temb, const FluxWeights<W>& w,
                                       const FluxSizes& z, const RopeTable& rope,
-                                      const std::function<void(BasicTensor<T>&)>& round);
+                                      const std::function<void(BasicTensor<T>&)>& round,
+                                      FluxWeights<W>* give_up = nullptr);
 // After attention: `attn` [rows, heads, D] or [rows, heads*D] becomes a.attn,
 // then cat = [attn | mlp] and partial = cat · out_wᵀ (+ bias if asked).
 template <class T, class W = T>
@@ -115,9 +118,9 @@ FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor
 
 // out = gate * y + h
 // The same forward for weights too big to hold at once (the float64
-// reference of flux1-dev: 452 MB of float32 weights on every rank). `w` is
-// given up once the part before attention is done and needs no proj_out
-// weight: `make_out_w` makes it only after attention. So the weights before
+// reference of flux1-dev: 452 MB of float32 weights on every rank). Each
+// weight of `w` is given up right after its last use, before attention; w
+// needs no proj_out weight: `make_out_w` makes it only after attention. So the weights before
 // attention, the gathered k and v, and proj_out's weight take the same
 // memory in turn (new memory is dear on a VM: docs/usage.md, "Memory").
 template <class T, class W>

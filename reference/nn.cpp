@@ -146,6 +146,13 @@ BasicTensor<T> silu(const BasicTensor<T>& x) {
 }
 
 template <class T>
+BasicTensor<T> gelu_tanh(BasicTensor<T>&& x) {
+  BasicTensor<T> y = std::move(x);
+  gelu_tanh_values(y.ptr(), y.ptr(), y.size());  // elementwise: each value read before it is written
+  return y;
+}
+
+template <class T>
 BasicTensor<T> gelu_tanh(const BasicTensor<T>& x) {
   BasicTensor<T> y(x.shape);
   gelu_tanh_values(x.ptr(), y.ptr(), x.size());
@@ -176,6 +183,7 @@ RefTensor to_ref(const BasicTensor<T>& x) {
   template BasicTensor<T> matmul_nn(const BasicTensor<T>&, const BasicTensor<T>&);            \
   template BasicTensor<T> silu(const BasicTensor<T>&);                                         \
   template BasicTensor<T> gelu_tanh(const BasicTensor<T>&);                                    \
+  template BasicTensor<T> gelu_tanh(BasicTensor<T>&&);                                         \
   template BasicTensor<T> add(const BasicTensor<T>&, const BasicTensor<T>&);                   \
   template BasicTensor<T> cast<T>(const BasicTensor<double>&);                                 \
   template RefTensor to_ref(const BasicTensor<T>&);                                            \

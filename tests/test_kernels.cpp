@@ -166,6 +166,29 @@ TEST(FluxBlock, TheLeanForwardIsTheForwardWithItsWeightsGivenUpOnTheWay) {
     }
     EXPECT_GT(want.partial.size(), 0u);
   }
+  // The part before attention, asked to give up each weight after its last
+  // use: the same bits, every weight it used freed, proj_out's kept.
+  auto w = all;
+  const auto kept = ref::flux_pre_attention(h, temb, all, z, rope, exact);
+  const auto lean = ref::flux_pre_attention(h, temb, w, z, rope, exact, &w);
+  EXPECT_EQ(lean.mlp.data, kept.mlp.data);
+  EXPECT_EQ(lean.q.data, kept.q.data);
+  EXPECT_EQ(lean.k.data, kept.k.data);
+  EXPECT_EQ(lean.v.data, kept.v.data);
+  for (const Tensor* t : {&w.ada_w, &w.ada_b, &w.q_w, &w.q_b, &w.k_w, &w.k_b, &w.v_w, &w.v_b, &w.mlp_w, &w.mlp_b,
+                          &w.gq, &w.gk})
+    EXPECT_EQ(t->size(), 0u);
+  EXPECT_EQ(w.out_w.data, all.out_w.data);
+  EXPECT_EQ(w.out_b.data, all.out_b.data);
+}
+
+TEST(Gelu, InPlaceForAnActivationGivenUp) {
+  const RefTensor x = ref::to_ref(ref::generate(2, "g", {7, 13}, 3.0f));
+  RefTensor y = x;
+  const double* memory = y.ptr();
+  const RefTensor in_place = ref::gelu_tanh(std::move(y));
+  EXPECT_EQ(in_place.ptr(), memory);
+  EXPECT_EQ(in_place.data, ref::gelu_tanh(x).data);
 }
 
 TEST(FlashAttention, MatchesExactForBlocksThatDoNotDivideTheLengths) {
