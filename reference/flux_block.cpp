@@ -37,6 +37,14 @@ ColumnRanges packed_columns(const FluxSizes& z, std::size_t w) {
   return all;
 }
 
+Tensor proj_out_weight(std::uint64_t seed, const FluxSizes& z, const Ranges& block, const GenerateBlock& gen,
+                       const std::string& prefix) {
+  const std::string name = prefix + "proj_out.w";
+  const Shape global{z.dim, z.dim + z.mlp};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(z.dim + z.mlp));
+  return gen ? gen(name, global, scale, block) : ref::generate(seed, name, global, scale, block);
+}
+
 template <class T>
 FluxWeights<T> make_flux_weights(std::uint64_t seed, const FluxSizes& z, std::size_t w,
                                  std::size_t i, bool contiguous, DType dtype, const GenerateBlock& gen_block,
@@ -66,7 +74,7 @@ FluxWeights<T> make_flux_weights(std::uint64_t seed, const FluxSizes& z, std::si
   // Row-parallel proj_out: this rank's columns of [d, d+m], packed side by side.
   Tensor out_cols;
   for (auto [a, b] : proj_out_columns(z, w, i, contiguous)) {
-    Tensor block = generate("proj_out.w", {d, d + m}, scale(d + m), {{0, d}, {a, b}});
+    Tensor block = proj_out_weight(seed, z, {{0, d}, {a, b}}, gen_block, prefix);
     out_cols = out_cols.size() ? concat_last(out_cols, block) : block;
   }
   return FluxWeights<T>{full("adaln.w", {3 * d, d}, d), full("adaln.b", {3 * d}, d),
@@ -149,27 +157,41 @@ FluxActivations<T> flux_pre_attention(const BasicTensor<T>& h, const BasicTensor
   return a;
 }
 
-template <class T, class W>
-void flux_post_attention(FluxActivations<T>& a, BasicTensor<T> attn, const FluxWeights<W>& w, bool add_bias,
-                         const std::function<void(BasicTensor<T>&)>& round) {
+namespace {
+
+// After attention: the packed proj_out input and its product, through
+// `product(cat)` (the proj_out linear, with or without its bias).
+template <class T, class Product>
+void post_attention(FluxActivations<T>& a, BasicTensor<T> attn, Product&& product,
+                    const std::function<void(BasicTensor<T>&)>& round) {
   const std::size_t n = attn.shape[0], width = attn.size() / std::max<std::size_t>(n, 1);
   a.attn = reshape(std::move(attn), {n, width});
   a.cat = concat_last(a.attn, a.mlp);
-  a.partial = linear(a.cat, w.out_w, add_bias ? w.out_b : BasicTensor<W>());
+  a.partial = product(a.cat);
   round(a.partial);
+}
+
+}  // namespace
+
+template <class T, class W>
+void flux_post_attention(FluxActivations<T>& a, BasicTensor<T> attn, const FluxWeights<W>& w, bool add_bias,
+                         const std::function<void(BasicTensor<T>&)>& round) {
+  post_attention(a, std::move(attn),
+                 [&](const BasicTensor<T>& cat) { return linear(cat, w.out_w, add_bias ? w.out_b : BasicTensor<W>()); },
+                 round);
 }
 
 namespace {
 
 // The forward, with the caller's say between its parts: `after_pre()` once
-// the token-local part before attention is done, and `post_weights()` for
-// proj_out's weights once attention is.
-template <class T, class W, class AfterPre, class PostWeights>
+// the token-local part before attention is done, and `product(cat)` for
+// proj_out's product once attention is.
+template <class T, class W, class AfterPre, class Product>
 FluxActivations<T> forward_in_parts(const BasicTensor<T>& h, const BasicTensor<T>& temb, const FluxWeights<W>& w,
-                                    const FluxSizes& z, const RopeTable& all_rope, bool add_bias,
+                                    const FluxSizes& z, const RopeTable& all_rope,
                                     const std::function<void(BasicTensor<T>&)>& round, std::size_t first_token,
                                     const GatherTokens<T>& gather, FluxWeights<W>* give_up, AfterPre&& after_pre,
-                                    PostWeights&& post_weights) {
+                                    Product&& product) {
   const std::size_t n = h.shape[0];
   if (first_token + n > all_rope.cos.shape[0] || (n != all_rope.cos.shape[0] && !gather))
     fail("flux_block_forward: tokens [{}, {}) of a {}-token sample{}", first_token, first_token + n,
@@ -181,7 +203,7 @@ FluxActivations<T> forward_in_parts(const BasicTensor<T>& h, const BasicTensor<T
   const double scale = 1.0 / std::sqrt(double(z.head_dim));
   BasicTensor<T> attn = gather ? attention(a.q, gather(a.k), gather(a.v), scale) : attention(a.q, a.k, a.v, scale);
   round(attn);
-  flux_post_attention(a, std::move(attn), post_weights(), add_bias, round);
+  post_attention(a, std::move(attn), product, round);
   return a;
 }
 
@@ -193,27 +215,26 @@ FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor
                                       const RopeTable& all_rope, bool add_bias,
                                       const std::function<void(BasicTensor<T>&)>& round,
                                       std::size_t first_token, const GatherTokens<T>& gather) {
-  return forward_in_parts(h, temb, w, z, all_rope, add_bias, round, first_token, gather,
-                          static_cast<FluxWeights<W>*>(nullptr), [] {},
-                          [&]() -> const FluxWeights<W>& { return w; });
+  return forward_in_parts(
+      h, temb, w, z, all_rope, round, first_token, gather, static_cast<FluxWeights<W>*>(nullptr), [] {},
+      [&](const BasicTensor<T>& cat) { return linear(cat, w.out_w, add_bias ? w.out_b : BasicTensor<W>()); });
 }
 
 template <class T, class W>
 FluxActivations<T> flux_block_forward_lean(const BasicTensor<T>& h, const BasicTensor<T>& temb, FluxWeights<W>&& w,
-                                           const std::function<BasicTensor<W>()>& make_out_w, const FluxSizes& z,
+                                           const OutWeightRows<W>& out_w_rows, const FluxSizes& z,
                                            const RopeTable& all_rope, bool add_bias,
                                            const std::function<void(BasicTensor<T>&)>& round,
                                            std::size_t first_token, const GatherTokens<T>& gather) {
-  FluxWeights<W> post;
+  BasicTensor<W> out_b;
   return forward_in_parts(
-      h, temb, w, z, all_rope, add_bias, round, first_token, gather, &w,
+      h, temb, w, z, all_rope, round, first_token, gather, &w,
       [&] {
-        post.out_b = std::move(w.out_b);
+        out_b = std::move(w.out_b);
         w = {};
       },
-      [&]() -> const FluxWeights<W>& {
-        post.out_w = make_out_w();
-        return post;
+      [&](const BasicTensor<T>& cat) {
+        return linear_by_rows<T, W>(cat, z.dim, out_w_rows, add_bias ? out_b : BasicTensor<W>());
       });
 }
 
@@ -255,7 +276,7 @@ DC_INSTANTIATE(double)
                                                  std::size_t, const GatherTokens<T>&);          \
   template FluxActivations<T> flux_block_forward_lean(                                          \
       const BasicTensor<T>&, const BasicTensor<T>&, FluxWeights<W>&&,                           \
-      const std::function<BasicTensor<W>()>&, const FluxSizes&, const RopeTable&, bool,         \
+      const OutWeightRows<W>&, const FluxSizes&, const RopeTable&, bool,                        \
       const std::function<void(BasicTensor<T>&)>&, std::size_t, const GatherTokens<T>&);
 DC_INSTANTIATE_FORWARD(float, float)
 DC_INSTANTIATE_FORWARD(double, double)

@@ -52,6 +52,11 @@ FluxWeights<T> make_flux_weights(std::uint64_t seed, const FluxSizes& z, std::si
                                  std::size_t i, bool contiguous, DType dtype, const GenerateBlock& gen = {},
                                  const std::string& prefix = "");
 
+// A block of proj_out's generated [d, d + mlp] weight (name, shape and scale
+// as make_flux_weights makes it), through `gen` when given.
+Tensor proj_out_weight(std::uint64_t seed, const FluxSizes& z, const Ranges& block, const GenerateBlock& gen = {},
+                       const std::string& prefix = "");
+
 // FLUX position ids: text tokens (0,0,0), image tokens (0, row, col).
 RopeTable flux_rope(const FluxSizes& z);
 // The same for some tokens of the [text | image] sequence, by index: a
@@ -117,15 +122,22 @@ FluxActivations<T> flux_block_forward(const BasicTensor<T>& h, const BasicTensor
                                       std::size_t first_token = 0, const GatherTokens<T>& gather = {});
 
 // out = gate * y + h
+// Rows [r0, r1) of proj_out's [d, d + mlp] weight (its output features), as
+// generated: the lean forward asks for them a block at a time.
+template <class W>
+using OutWeightRows = std::function<BasicTensor<W>(std::size_t r0, std::size_t r1)>;
+
 // The same forward for weights too big to hold at once (the float64
 // reference of flux1-dev: 452 MB of float32 weights on every rank). Each
 // weight of `w` is given up right after its last use, before attention; w
-// needs no proj_out weight: `make_out_w` makes it only after attention. So the weights before
-// attention, the gathered k and v, and proj_out's weight take the same
-// memory in turn (new memory is dear on a VM: docs/usage.md, "Memory").
+// needs no proj_out weight: its rows come from `out_w_rows` after attention,
+// a block at a time, each block given up for the next (linear_by_rows). So
+// the weights before attention, the gathered k and v, and proj_out's blocks
+// take the same memory in turn (new memory is dear on a VM: docs/usage.md,
+// "Memory"), and proj_out's 189 MB never exist whole.
 template <class T, class W>
 FluxActivations<T> flux_block_forward_lean(const BasicTensor<T>& h, const BasicTensor<T>& temb, FluxWeights<W>&& w,
-                                           const std::function<BasicTensor<W>()>& make_out_w, const FluxSizes& z,
+                                           const OutWeightRows<W>& out_w_rows, const FluxSizes& z,
                                            const RopeTable& rope, bool add_bias,
                                            const std::function<void(BasicTensor<T>&)>& round,
                                            std::size_t first_token = 0, const GatherTokens<T>& gather = {});

@@ -113,28 +113,78 @@ BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& w, const Ba
   return y;
 }
 
-RefTensor linear(const RefTensor& x, const Tensor& w, const Tensor& b) {
-  const Shape out_shape = linear_output_shape(x.shape, w.shape, b.shape, b.size());
-  const std::size_t k = w.shape[1], m = w.shape[0], n = x.size() / k;
-  RefTensor y(out_shape);
-  // Rows of w per block: about 64 MiB of float64, and at least 256. BLAS
-  // packs all of x again for every dgemm (its n x k panel: x is the operand
-  // it reuses across the block's rows), at memory speed, against 2 x rows
-  // flops per packed value: with 4 MiB blocks (64-170 rows at flux1-dev
-  // size) that packing took 5% of a first run's samples.
-  const std::size_t block = std::min(m, std::max<std::size_t>(256, (std::size_t{64} << 20) / (8 * std::max<std::size_t>(k, 1))));
-  std::vector<double> wide(block * k);
+namespace {
+
+// Rows of a weight per block of a blockwise product: about 64 MiB of float64,
+// at least 256, a multiple of 64 (so ranks that share out a block's
+// generation split it evenly). BLAS packs all of x again for every gemm (its
+// n x k panel: x is the operand it reuses across the block's rows), at memory
+// speed, against 2 x rows flops per packed value: with 4 MiB blocks (64-170
+// rows at flux1-dev size) that packing took 5% of a first run's samples.
+std::size_t block_rows(std::size_t m, std::size_t k) {
+  std::size_t rows = std::max<std::size_t>(256, (std::size_t{64} << 20) / (8 * std::max<std::size_t>(k, 1)));
+  return std::min(m, rows - rows % 64);
+}
+
+// y[n, m] = x[n, k] · Wᵀ (+ b), W's rows [r0, r0 + rows) at rows_at(r0, rows)
+// (of type W, widened to T into one reused buffer when they differ), each
+// block a gemm into its columns of y.
+template <class T, class W, class RowsAt>
+BasicTensor<T> blockwise_linear(const BasicTensor<T>& x, std::size_t m, std::size_t k, const BasicTensor<W>& b,
+                                RowsAt&& rows_at) {
+  const Shape out_shape = linear_output_shape(x.shape, {m, k}, b.shape, b.size());
+  const std::size_t n = x.size() / std::max<std::size_t>(k, 1), block = block_rows(m, k);
+  BasicTensor<T> y(out_shape);
+  std::vector<T> wide(std::is_same_v<T, W> ? 0 : block * k);
   for (std::size_t r0 = 0; r0 < m && k; r0 += block) {
     const std::size_t rows = std::min(block, m - r0);
-    std::copy(w.data.begin() + static_cast<std::ptrdiff_t>(r0 * k),
-              w.data.begin() + static_cast<std::ptrdiff_t>((r0 + rows) * k), wide.begin());
-    gemm_strided<double>(true, n, rows, k, x.ptr(), k, wide.data(), k, y.ptr() + r0, m);
+    const W* w = rows_at(r0, rows);
+    const T* rows_t;
+    if constexpr (std::is_same_v<T, W>) {
+      rows_t = w;
+    } else {
+      std::copy(w, w + rows * k, wide.begin());
+      rows_t = wide.data();
+    }
+    gemm_strided<T>(true, n, rows, k, x.ptr(), k, rows_t, k, y.ptr() + r0, m);
   }
   if (b.size())
     for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t j = 0; j < m; ++j) y.data[i * m + j] += static_cast<double>(b.data[j]);
+      for (std::size_t j = 0; j < m; ++j) y.data[i * m + j] += static_cast<T>(b.data[j]);
   return y;
 }
+
+}  // namespace
+
+RefTensor linear(const RefTensor& x, const Tensor& w, const Tensor& b) {
+  linear_output_shape(x.shape, w.shape, b.shape, b.size());
+  const std::size_t k = w.shape[1];
+  return blockwise_linear(x, w.shape[0], k, b, [&](std::size_t r0, std::size_t) { return w.ptr() + r0 * k; });
+}
+
+template <class T, class W>
+BasicTensor<T> linear_by_rows(const BasicTensor<T>& x, std::size_t m,
+                              const std::function<BasicTensor<W>(std::size_t, std::size_t)>& w_rows,
+                              const BasicTensor<W>& b) {
+  const std::size_t k = x.shape.empty() ? 0 : x.shape.back();
+  BasicTensor<W> held;  // the block being multiplied; the next one takes its memory
+  return blockwise_linear(x, m, k, b, [&](std::size_t r0, std::size_t rows) {
+    held = {};
+    held = w_rows(r0, r0 + rows);
+    if (held.shape != Shape{rows, k})
+      fail("linear_by_rows: rows [{}, {}) of a [{}, {}] weight came as {}", r0, r0 + rows, m, k, shape_str(held.shape));
+    return held.ptr();
+  });
+}
+template BasicTensor<float> linear_by_rows(const BasicTensor<float>&, std::size_t,
+                                           const std::function<BasicTensor<float>(std::size_t, std::size_t)>&,
+                                           const BasicTensor<float>&);
+template BasicTensor<double> linear_by_rows(const BasicTensor<double>&, std::size_t,
+                                            const std::function<BasicTensor<double>(std::size_t, std::size_t)>&,
+                                            const BasicTensor<double>&);
+template BasicTensor<double> linear_by_rows(const BasicTensor<double>&, std::size_t,
+                                            const std::function<BasicTensor<float>(std::size_t, std::size_t)>&,
+                                            const BasicTensor<float>&);
 
 template <class T>
 BasicTensor<T> silu(const BasicTensor<T>& x) {

@@ -3,6 +3,8 @@
 // produce a tensor of the run's dtype are followed by dc::round_to() in the
 // scenario (bfloat16 emulation), not here.
 #pragma once
+#include <functional>
+
 #include "harness/core/tensor.h"
 
 namespace dc::ref {
@@ -16,6 +18,14 @@ BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& w, const Ba
 // reused buffer, each block a dgemm into its columns of y, so a float64 copy
 // of a large weight never exists whole.
 RefTensor linear(const RefTensor& x, const Tensor& w, const Tensor& b);
+// The same product for a weight too big to hold at once: its [m, k] rows
+// (output features) come from w_rows(r0, r1) a block at a time, in the blocks
+// `linear` takes (multiples of 64 rows), so the two give the same bits. W is
+// T, or float under a double x (widened as above).
+template <class T, class W>
+BasicTensor<T> linear_by_rows(const BasicTensor<T>& x, std::size_t m,
+                              const std::function<BasicTensor<W>(std::size_t, std::size_t)>& w_rows,
+                              const BasicTensor<W>& b);
 
 // y[m,n] = a[k,m]ᵀ · b[k,n]: a contraction over the leading dimension (einsum
 // 'km,kn->mn'), through BLAS.

@@ -100,39 +100,43 @@ class FluxTp final : public Scenario {
     } else {
       tp_comm.all_reduce_sum(std::span<float>(y.data));
     }
-    record(ctx, z, a, h, temb, w.out_w);
+    const Tensor ada = a.ada;  // the gate, after the activations have moved into the taps
+    record(ctx, z, std::move(a), h, temb, std::move(w.out_w));
     pending.wait();
     round(y);
-    Tensor out = ref::gated_residual(y, a.ada, h);
+    Tensor out = ref::gated_residual(y, ada, h);
     round(out);
     const Layout by_sample = Layout::parse("dp", "");
-    ctx.taps.tap("y", ref::with_batch_dim(y), {.layout = by_sample, .reduction_depth = long(d + z.mlp)});
-    ctx.taps.tap("out", ref::with_batch_dim(out), {.layout = by_sample, .reduction_depth = long(d + z.mlp)});
+    ctx.taps.tap("y", ref::with_batch_dim(std::move(y)), {.layout = by_sample, .reduction_depth = long(d + z.mlp)});
+    ctx.taps.tap("out", ref::with_batch_dim(std::move(out)), {.layout = by_sample, .reduction_depth = long(d + z.mlp)});
     }
+    ctx.taps.all_taps_recorded();  // their writing may begin beside the reference
 
     record_reference(ctx, z, tp_comm, b, i, dp, rope);
   }
 
  private:
+  // The activations move into the taps (copies would be GBs of new pages at
+  // flux1-dev size); h and temb are copied, the gate needs h after.
   template <class T>
-  static void record(RunContext& ctx, const FluxSizes& z, const ref::FluxActivations<T>& a, const BasicTensor<T>& h,
-                     const BasicTensor<T>& temb, const BasicTensor<T>& out_w) {
+  static void record(RunContext& ctx, const FluxSizes& z, ref::FluxActivations<T>&& a, const BasicTensor<T>& h,
+                     const BasicTensor<T>& temb, BasicTensor<T>&& out_w) {
     const long d = long(z.dim), m = long(z.mlp), n = long(z.tokens());
     const Layout sample = Layout::parse("dp", ""), heads = Layout::parse("dp,-,tp,-", ""),
                  cols = Layout::parse("dp,-,tp", "");
     ctx.taps.tap("input/hidden", ref::with_batch_dim(h), {.layout = sample});
     ctx.taps.tap("input/temb", ref::with_batch_dim(temb), {.layout = sample});
-    ctx.taps.tap("adaln", ref::with_batch_dim(a.ada), {.layout = sample, .reduction_depth = d});
-    ctx.taps.tap("nx", ref::with_batch_dim(a.nx), {.layout = sample, .reduction_depth = d});
-    ctx.taps.tap("attn/q", ref::with_batch_dim(a.q), {.layout = heads, .reduction_depth = d});
-    ctx.taps.tap("attn/k", ref::with_batch_dim(a.k), {.layout = heads, .reduction_depth = d});
-    ctx.taps.tap("attn/v", ref::with_batch_dim(a.v), {.layout = heads, .reduction_depth = d});
-    ctx.taps.tap("attn/out", ref::with_batch_dim(a.attn), {.layout = cols, .reduction_depth = n});
-    ctx.taps.tap("mlp", ref::with_batch_dim(a.mlp), {.layout = cols, .reduction_depth = d});
-    ctx.taps.tap("proj_out/input_packed", ref::with_batch_dim(a.cat), {.layout = cols, .reduction_depth = d});
+    ctx.taps.tap("adaln", ref::with_batch_dim(std::move(a.ada)), {.layout = sample, .reduction_depth = d});
+    ctx.taps.tap("nx", ref::with_batch_dim(std::move(a.nx)), {.layout = sample, .reduction_depth = d});
+    ctx.taps.tap("attn/q", ref::with_batch_dim(std::move(a.q)), {.layout = heads, .reduction_depth = d});
+    ctx.taps.tap("attn/k", ref::with_batch_dim(std::move(a.k)), {.layout = heads, .reduction_depth = d});
+    ctx.taps.tap("attn/v", ref::with_batch_dim(std::move(a.v)), {.layout = heads, .reduction_depth = d});
+    ctx.taps.tap("attn/out", ref::with_batch_dim(std::move(a.attn)), {.layout = cols, .reduction_depth = n});
+    ctx.taps.tap("mlp", ref::with_batch_dim(std::move(a.mlp)), {.layout = cols, .reduction_depth = d});
+    ctx.taps.tap("proj_out/input_packed", ref::with_batch_dim(std::move(a.cat)), {.layout = cols, .reduction_depth = d});
     // The weight block must be exactly the reference's packed columns.
-    ctx.taps.tap("proj_out/weight", out_w, {.layout = Layout::parse("-,tp", ""), .atol = 0.0, .rtol = 0.0});
-    ctx.taps.tap("proj_out/partial", ref::with_batch_dim(a.partial),
+    ctx.taps.tap("proj_out/weight", std::move(out_w), {.layout = Layout::parse("-,tp", ""), .atol = 0.0, .rtol = 0.0});
+    ctx.taps.tap("proj_out/partial", ref::with_batch_dim(std::move(a.partial)),
                  {.layout = Layout::parse("dp", "tp"), .reduction_depth = d + m});
   }
 
@@ -152,8 +156,7 @@ class FluxTp final : public Scenario {
       // its rows spread over the ranks.
       const std::size_t world = static_cast<std::size_t>(ctx.world.size()), me = static_cast<std::size_t>(ctx.world.rank());
       const std::size_t r0 = me * d / world, r1 = (me + 1) * d / world;
-      const Tensor w_run = ref::generate(ctx.seed, "proj_out.w", {d, d + z.mlp},
-                                         1.0f / std::sqrt(static_cast<float>(d + z.mlp)), {{r0, r1}, {0, d + z.mlp}});
+      const Tensor w_run = ref::proj_out_weight(ctx.seed, z, {{r0, r1}, {0, d + z.mlp}});
       ctx.taps.reference_rows("proj_out/weight", {d, d + z.mlp}, r0,
                               ref::to_ref(ref::take_last(ref::as_run_values<float>(w_run, ctx.dtype), packed)));
     }
@@ -192,25 +195,24 @@ class FluxTp final : public Scenario {
     };
     RefTensor h = input("hidden", t0, rows, n), temb = input("temb", 0, 1, 1);
     // The weights live only while they are used: those before attention
-    // until attention, proj_out's (made only then) through its product. The
-    // gathered k and v, proj_out's weight and the copies made while recording
+    // until attention, proj_out's (made only then) a block of rows at a time
+    // in its product. The gathered k and v, proj_out's blocks and the copies made while recording
     // below (the packed proj_out input, y, out) take their memory in turn,
     // not new pages (new memory is the dearest thing on a VM that hands freed
     // pages back to its host: docs/usage.md, "Memory").
     // The generated float32 values as they are (the reference's weights are
     // never rounded to the run's dtype), widened block by block inside each
     // product: at flux1-dev size the whole float64 copy would be 1.1 GB per rank.
-    const std::string out_w_name = "proj_out.w";
     const ref::GenerateBlock all_but_out_w = [&](const std::string& name, const Shape& global, float scale,
                                                  const ref::Ranges& block) {
-      return name == out_w_name ? Tensor() : shared(name, global, scale, block);
+      return name == "proj_out.w" ? Tensor() : shared(name, global, scale, block);
     };
-    const std::function<Tensor()> make_out_w = [&] {
-      return shared(out_w_name, {d, d + z.mlp}, 1.0f / std::sqrt(static_cast<float>(d + z.mlp)), {{0, d}, {0, d + z.mlp}});
+    const ref::OutWeightRows<float> out_w_rows = [&](std::size_t r0, std::size_t r1) {
+      return ref::proj_out_weight(ctx.seed, z, {{r0, r1}, {0, d + z.mlp}}, shared);
     };
     auto a = ref::flux_block_forward_lean(h, temb,
                                           ref::make_flux_weights<float>(ctx.seed, z, 1, 0, false, DType::float32, all_but_out_w),
-                                          make_out_w, z, rope, true, exact, t0,
+                                          out_w_rows, z, rope, true, exact, t0,
                                           parts > 1 ? gather : ref::GatherTokens<double>{});
     // Tap shapes are [dp, tokens, ...]: this part is sample b, tokens [t0, t0 + rows).
     // Activations move into the recorder (at flux1-dev size they are GBs).

@@ -85,15 +85,23 @@ class InRunMatchesCompare(E2ETest):
         """--store gather (rank 0 writes, the rows come over MPI in pieces)
         writes the file --store mpiio writes, value for value, also in pieces
         of at most 1000 elements (slices split along the first dimension);
-        so does --store pwrite (every rank at its offsets, O_DIRECT)."""
+        so does --store pwrite (every rank at its offsets, O_DIRECT), also
+        when the taps' part is begun beside the references (their bytes above
+        the gather limit: DIFFCHECK_GATHER_MAX_MIB=0)."""
         files = {}
-        for store, piece in (("mpiio", None), ("gather", None), ("gather", "1000"), ("pwrite", None)):
-            env = dict(os.environ, DIFFCHECK_GATHER_ELEMENTS=piece) if piece else None
+        for store, piece in (("mpiio", None), ("gather", None), ("gather", "1000"), ("pwrite", None),
+                             ("pwrite", "begun")):
+            env = dict(os.environ)
+            if piece == "begun":
+                env.update(DIFFCHECK_GATHER_MAX_MIB="0", DIFFCHECK_LOG="info")
+            elif piece:
+                env.update(DIFFCHECK_GATHER_ELEMENTS=piece)
             out = self.path(f"{store}{piece}.h5")
             res = subprocess.run([MPIEXEC, "-n", "16", EXE, "--scenario", "flux_tp", "--inject",
                                   "proj_out_contiguous", "--store", store, "--out", out], capture_output=True,
                                  text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
             self.assertEqual(res.returncode, 1, res.stderr)
+            self.assertEqual("begun: the taps'" in res.stderr, piece == "begun", res.stderr[-3000:])
             files[(store, piece)] = out
         for key, out in files.items():
             diff = subprocess.run(["h5diff", files[("mpiio", None)], out], capture_output=True, text=True)

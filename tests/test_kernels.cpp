@@ -126,7 +126,7 @@ TEST(FluxBlock, TheLeanForwardIsTheForwardWithItsWeightsGivenUpOnTheWay) {
   // flux_tp's float64 reference (float32 weights) at a small size, on all
   // tokens and on the second half with the first's k and v gathered: the
   // same bits as the forward that holds every weight. The weights before
-  // attention are given up before proj_out's is made, and that once.
+  // attention are given up before proj_out's rows are asked for, each row once.
   ref::FluxSizes z{32, 4, 8, 128, 4, 3, 4, {2, 2, 4}};
   const auto rope = ref::flux_rope(z);
   const std::size_t n = z.tokens();
@@ -145,18 +145,22 @@ TEST(FluxBlock, TheLeanForwardIsTheForwardWithItsWeightsGivenUpOnTheWay) {
     const auto want = ref::flux_block_forward(mine, temb, all, z, rope, true, exact, first,
                                               first ? gather : ref::GatherTokens<double>{});
     auto w = all;
-    w.out_w = Tensor();  // made by make_out_w
-    int made = 0;
+    w.out_w = Tensor();  // its rows come from out_w_rows
+    std::vector<std::pair<std::size_t, std::size_t>> asked;
     bool weights_given_up = false;
-    const std::function<Tensor()> make_out_w = [&] {
-      ++made;
+    const ref::OutWeightRows<float> out_w_rows = [&](std::size_t r0, std::size_t r1) {
+      asked.emplace_back(r0, r1);
       weights_given_up = w.ada_w.size() == 0 && w.q_w.size() == 0 && w.k_w.size() == 0 && w.v_w.size() == 0 &&
                          w.mlp_w.size() == 0;
-      return all.out_w;
+      return ref::take_rows(all.out_w, r0, r1);
     };
-    const auto got = ref::flux_block_forward_lean(mine, temb, std::move(w), make_out_w, z, rope, true, exact, first,
+    const auto got = ref::flux_block_forward_lean(mine, temb, std::move(w), out_w_rows, z, rope, true, exact, first,
                                                   first ? gather : ref::GatherTokens<double>{});
-    EXPECT_EQ(made, 1);
+    // Every row once, in order (one block at this size).
+    ASSERT_FALSE(asked.empty());
+    for (std::size_t b = 0; b < asked.size(); ++b)
+      EXPECT_EQ(asked[b].first, b ? asked[b - 1].second : 0);
+    EXPECT_EQ(asked.back().second, z.dim);
     EXPECT_TRUE(weights_given_up);
     for (auto [g, e] : {std::pair{&got.ada, &want.ada}, {&got.nx, &want.nx}, {&got.q, &want.q}, {&got.k, &want.k},
                         {&got.v, &want.v}, {&got.mlp, &want.mlp}, {&got.attn, &want.attn}, {&got.cat, &want.cat},

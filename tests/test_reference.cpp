@@ -4,11 +4,14 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "harness/core/dtype.h"
+#include "harness/core/error.h"
 #include "reference/generate.h"
 #include "reference/nn.h"
+#include "reference/ops.h"
 #include "reference/timestep.h"
 
 using namespace dc;
@@ -73,8 +76,8 @@ TEST(Generate, BlocksOfEveryRankAgreeWithTheWhole) {
 }
 
 TEST(Linear, FloatWeightsWidenedBlockwiseGiveTheFloat64Product) {
-  // k = 16000: blocks of 524 weight rows (64 MiB of float64); m = 1100 is two
-  // full blocks and a partial one. The float64 product of the widened weights, to rounding:
+  // k = 16000: blocks of 512 weight rows (64 MiB of float64, to a multiple of
+  // 64); m = 1100 is two full blocks and a partial one. The float64 product of the widened weights, to rounding:
   // OpenBLAS's order of a sum over k can change with the width of the product
   // (seen: last-bit differences), so not bit for bit.
   for (std::size_t k : {7, 16000}) {
@@ -90,6 +93,39 @@ TEST(Linear, FloatWeightsWidenedBlockwiseGiveTheFloat64Product) {
     EXPECT_GT(std::abs(want.data[0]), 1e-3);
     EXPECT_EQ(ref::linear(x, w, Tensor()).data.size(), n * m);  // no bias
   }
+}
+
+TEST(Linear, WeightRowsGivenABlockAtATimeGiveTheSameBits) {
+  // The weight's rows asked for in linear's own blocks (k = 16000: [0, 512),
+  // [512, 1024), [1024, 1100)), each once and in order: the same bits as the
+  // whole weight, in float64 with float32 weights and in float32; a block of
+  // the wrong shape is an error naming the rows.
+  for (std::size_t k : {7, 16000}) {
+    const std::size_t n = 5, m = 1100;
+    const Tensor w = ref::generate(2, "w", {m, k}, 0.1f), b = ref::generate(2, "b", {m}, 0.5f);
+    const Tensor x32 = ref::generate(2, "x", {n, k}, 1.0f);
+    const RefTensor x = ref::to_ref(x32);
+    std::vector<std::pair<std::size_t, std::size_t>> asked;
+    const std::function<Tensor(std::size_t, std::size_t)> rows = [&](std::size_t r0, std::size_t r1) {
+      asked.emplace_back(r0, r1);
+      return ref::take_rows(w, r0, r1);
+    };
+    EXPECT_EQ((ref::linear_by_rows<double, float>(x, m, rows, b).data), ref::linear(x, w, b).data) << k;
+    if (k == 16000) {
+      EXPECT_EQ(asked, (std::vector<std::pair<std::size_t, std::size_t>>{{0, 512}, {512, 1024}, {1024, 1100}}));
+    } else {
+      EXPECT_EQ(asked, (std::vector<std::pair<std::size_t, std::size_t>>{{0, 1100}}));
+    }
+    const Tensor got32 = ref::linear_by_rows<float, float>(x32, m, rows, b), want32 = ref::linear(x32, w, b);
+    ASSERT_EQ(got32.shape, want32.shape);
+    for (std::size_t i = 0; i < got32.size(); ++i)
+      ASSERT_NEAR(got32.data[i], want32.data[i], 1e-5 * (1 + std::abs(want32.data[i]))) << "k " << k << " at " << i;
+  }
+  const std::function<Tensor(std::size_t, std::size_t)> short_rows = [](std::size_t r0, std::size_t r1) {
+    return Tensor({r1 - r0 - 1, 3});
+  };
+  const RefTensor x23({2, 3});
+  EXPECT_THROW((ref::linear_by_rows<double, float>(x23, 4, short_rows, Tensor())), Error);
 }
 
 TEST(Linear, MatchesLoops) {

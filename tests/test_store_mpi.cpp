@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
@@ -163,12 +164,17 @@ TEST(Store, ReferenceBoxesFromEveryRank) {
 // share the pages at their rows' ends), and reference boxes split inside
 // their last dimension (runs of 515 doubles, 4120 bytes, each crossing a page
 // boundary), with O_DIRECT and with the page cache alone
-// (DIFFCHECK_DIRECT_IO=0); the file must hold exactly what was written.
+// (DIFFCHECK_DIRECT_IO=0); the file must hold exactly what was written. Also
+// begun before the references exist (begin_run_file: the taps' rows going
+// out while the references are made, which are added to the file after).
 TEST(Store, PositionalWriteOfUnalignedRowsAndSplitBoxes) {
   const int n = world().size(), me = world().rank();
-  for (const char* direct : {"1", "0"}) {
-    SCOPED_TRACE(std::string("DIFFCHECK_DIRECT_IO=") + direct);
+  for (const char* direct : {"1", "0"})
+  for (const bool begin_early : {false, true}) {
+    SCOPED_TRACE(std::string("DIFFCHECK_DIRECT_IO=") + direct + (begin_early ? ", begun before the references" : ""));
     setenv("DIFFCHECK_DIRECT_IO", direct, 1);
+    std::string path = temp_path("positional");
+    const RunInfo info{"unit", "", "float32", 1, "test"};
     Mesh mesh = Mesh::parse(fmt::format("dp={}", n));
     TapRecorder taps(mesh, me, DType::float32);
     const std::size_t row = (std::size_t{3} << 20) + 5;  // 12 MiB + 20 bytes
@@ -176,6 +182,12 @@ TEST(Store, PositionalWriteOfUnalignedRowsAndSplitBoxes) {
     for (std::size_t i = 0; i < row; ++i) big.data[i] = static_cast<float>(me) * 1e7f + static_cast<float>(i % 9973);
     taps.tap("big", big, {.layout = Layout::parse("dp", "")});
     taps.tap("y", Tensor({1, 6, 1030}, 1.0f), {.layout = Layout::parse("dp,-,-", "")});
+    std::optional<PendingRunFile> begun;
+    if (begin_early) {
+      taps.all_taps_recorded();
+      begun.emplace(begin_run_file(world(), path, info, taps));
+      EXPECT_THROW(taps.tap("late", Tensor({1}, 1.0f)), Error);  // the file has no room for it
+    }
     const std::size_t N = static_cast<std::size_t>(n);
     RefTensor want({N, 6, 1030}, 0.0);
     for (std::size_t i = 0; i < want.size(); ++i) want.data[i] = static_cast<double>(i) + 0.25;
@@ -186,11 +198,14 @@ TEST(Store, PositionalWriteOfUnalignedRowsAndSplitBoxes) {
                     515, box.data.begin() + static_cast<long>(j * 515));
       taps.reference_block("y", want.shape, {static_cast<std::size_t>(me), 0, half * 515}, box);
     }
-    std::string path = temp_path("positional");
-    write_run_file(world(), path, {"unit", "", "float32", 1, "test"}, taps, WriteMode::positional);
+    if (begun)
+      start_run_file(world(), path, info, taps, WriteMode::positional, {}, &*begun).finish();
+    else
+      write_run_file(world(), path, info, taps, WriteMode::positional);
     if (me == 0) {
       ActivationSet s = read_activations(path);
       ASSERT_EQ(s.taps.size(), 2u);
+      EXPECT_EQ(s.info["scenario"], "unit");
       for (int r = 0; r < n; ++r) {
         const auto piece = read_whole_piece(s, s.taps[0], r);
         ASSERT_EQ(piece.size(), row);
@@ -242,4 +257,19 @@ TEST(TapRecorder, ReferenceRowsOverlappingOrMisshapenAreRefused) {
   EXPECT_THROW(taps.reference_block("z", {2, 4, 3}, {0, 3, 0}, RefTensor({1, 2, 3}, 1.0)), Error);
   EXPECT_THROW(taps.reference_block("z", {2, 4, 3}, {0, 2}, RefTensor({1, 2, 3}, 1.0)), Error);
   taps.reference_block("z", {2, 4, 3}, {0, 2, 0}, RefTensor({1, 2, 3}, 1.0));
+}
+
+// A tensor the scenario is done with moves into its tap: at flux1-dev size a
+// copy is GBs of new pages. A tensor still in use is copied, as before.
+TEST(TapRecorder, ATensorGivenUpMovesInAndOneStillInUseIsCopied) {
+  Mesh mesh = Mesh::parse("dp=1");
+  TapRecorder taps(mesh, 0, DType::float32);
+  Tensor moved({3, 4}, 1.0f);
+  const float* where = moved.data.data();
+  taps.tap("moved", std::move(moved));
+  EXPECT_EQ(taps.records().back().local.data.data(), where);
+  Tensor kept({3, 4}, 2.0f);
+  taps.tap("kept", kept);
+  EXPECT_NE(taps.records().back().local.data.data(), kept.data.data());
+  EXPECT_EQ(taps.records().back().local.data, kept.data);
 }

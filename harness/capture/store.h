@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "harness/capture/activations.h"
 #include "harness/core/comm.h"
@@ -64,21 +65,32 @@ class PendingRunFile {
   PendingRunFile(PendingRunFile&&) noexcept;
   ~PendingRunFile();
   void finish();
-  // Seconds this rank's writes took on their thread (0 when written before
+  // Seconds this rank's writes took on their threads (0 when written before
   // start_run_file returned); known after finish().
   double background_seconds() const { return background_s_; }
+  // A second part's writes (start_run_file of a begun file).
+  void add(std::unique_ptr<PositionalWrites> writes);
 
  private:
   const Comm* world_;
   std::string path_;
-  std::unique_ptr<PositionalWrites> writes_;
+  std::vector<std::unique_ptr<PositionalWrites>> writes_;
   bool finished_ = false;
   double background_s_ = 0;
 };
 
+// A run file begun before its references exist (WriteMode::positional only):
+// once the scenario has recorded every tap, begin_run_file() agrees on the
+// taps, lays out the file's header and tap datasets, and writes this rank's
+// rows on a thread, beside the references being computed. start_run_file()
+// given the begun file adds the reference datasets and writes the boxes;
+// its taps must not change in between (TapRecorder::all_taps_recorded).
+PendingRunFile begin_run_file(const Comm& world, const std::string& path, const RunInfo& info,
+                              const TapRecorder& taps);
+
 PendingRunFile start_run_file(const Comm& world, const std::string& path, const RunInfo& info,
                               const TapRecorder& taps, WriteMode mode = WriteMode::collective,
-                              const std::function<void()>& created = {});
+                              const std::function<void()>& created = {}, PendingRunFile* begun = nullptr);
 
 // `source` is a run file, one rank file, or the prefix of rank files
 // (`<prefix>.rank<R>.h5`). `reference_path`, when not empty, is a separate file

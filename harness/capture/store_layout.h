@@ -44,6 +44,11 @@ void receive_and_write(hid_t file, const Comm& world, const TapRecorder& taps,
                        const std::map<std::string, ReferenceEntry>& manifest,
                        const std::map<std::string, std::vector<HeldBox>>& boxes);
 
+// What a PositionalWrites lays out and writes: the whole file; its header
+// and taps only (begun before the references exist: begin_run_file); or the
+// references, added to a file whose taps part was laid out before.
+enum class PositionalPart { all, taps, references };
+
 // WriteMode::positional (store_positional.cpp). The constructor is
 // collective: rank 0 lays `tmp` out, every rank learns the offsets, runs
 // `created`, and starts a thread writing its own rows and boxes. wait() is
@@ -52,7 +57,8 @@ void receive_and_write(hid_t file, const Comm& world, const TapRecorder& taps,
 class PositionalWrites {
  public:
   PositionalWrites(const Comm& world, const std::string& tmp, const RunInfo& info, const TapRecorder& taps,
-                   const std::map<std::string, ReferenceEntry>& manifest, const std::function<void()>& created);
+                   const std::map<std::string, ReferenceEntry>& manifest, const std::function<void()>& created,
+                   PositionalPart part = PositionalPart::all);
   ~PositionalWrites();  // joins the thread
   PositionalWrites(const PositionalWrites&) = delete;
   PositionalWrites& operator=(const PositionalWrites&) = delete;
@@ -64,6 +70,7 @@ class PositionalWrites {
   const Comm& world_;
   std::string tmp_;
   std::map<std::string, ReferenceEntry> manifest_;  // the thread's own copy
+  PositionalPart part_;
   std::thread thread_;
   std::string error_;     // the thread's, or ""
   bool direct_ = false;   // some bytes went out with O_DIRECT

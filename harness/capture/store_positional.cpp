@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -150,17 +151,25 @@ class PositionalWriter {
   std::uint64_t direct_bytes_ = 0;
 };
 
-// Rank 0: the file with its attributes and every dataset allocated; returns
-// the datasets' file offsets, taps (in record order) then references (in
-// manifest order), one per line ("-" for an empty dataset, which has none).
+// Rank 0: the file with its attributes and every dataset of `part`
+// allocated; returns those datasets' file offsets, taps (in record order)
+// then references (in manifest order), one per line ("-" for an empty
+// dataset, which has none). PositionalPart::references reopens the file the
+// taps part made, to add the references after it.
 std::string lay_out(const std::string& tmp, const RunInfo& info, const TapRecorder& taps, int world_size,
-                    const std::map<std::string, ReferenceEntry>& manifest) {
+                    const std::map<std::string, ReferenceEntry>& manifest, PositionalPart part) {
   Handle fapl(H5Pcreate(H5P_FILE_ACCESS));
   H5Pset_alignment(fapl.get(), kPage, kPage);  // objects of a page or more start on a page
-  Handle fcpl = run_file_creation_props();
-  Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()));
-  if (!file.valid()) fail("rank 0: HDF5 cannot create run file '{}': {}", tmp, h5::last_error());
-  Handle taps_group = write_run_file_header(file.get(), tmp, info, taps, world_size, 0);
+  Handle file, taps_group;
+  if (part == PositionalPart::references) {
+    file = Handle(H5Fopen(tmp.c_str(), H5F_ACC_RDWR, fapl.get()));
+    if (!file.valid()) fail("rank 0: HDF5 cannot reopen run file '{}' to add its references: {}", tmp, h5::last_error());
+  } else {
+    Handle fcpl = run_file_creation_props();
+    file = Handle(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()));
+    if (!file.valid()) fail("rank 0: HDF5 cannot create run file '{}': {}", tmp, h5::last_error());
+    taps_group = write_run_file_header(file.get(), tmp, info, taps, world_size, 0);
+  }
   Handle dcpl(H5Pcreate(H5P_DATASET_CREATE));
   H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
   H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);
@@ -172,9 +181,11 @@ std::string lay_out(const std::string& tmp, const RunInfo& info, const TapRecord
       fail("rank 0: HDF5 gives no file offset for '{}' in '{}'", what, tmp);
     offsets += a == HADDR_UNDEF ? "-\n" : std::to_string(a) + "\n";
   };
-  for (const auto& r : taps.records()) note(create_tap(file.get(), r, taps, world_size, 0, dcpl.get()), r.name);
-  for (const auto& [name, entry] : manifest)
-    note(create_dataset(file.get(), "/reference/" + name, H5T_IEEE_F64LE, entry.shape, 0, dcpl.get()), name);
+  if (part != PositionalPart::references)
+    for (const auto& r : taps.records()) note(create_tap(file.get(), r, taps, world_size, 0, dcpl.get()), r.name);
+  if (part != PositionalPart::taps)
+    for (const auto& [name, entry] : manifest)
+      note(create_dataset(file.get(), "/reference/" + name, H5T_IEEE_F64LE, entry.shape, 0, dcpl.get()), name);
   taps_group.reset();
   if (H5Fclose(file.release()) < 0) fail("rank 0: HDF5 cannot close run file '{}': {}", tmp, h5::last_error());
   return offsets;
@@ -213,25 +224,28 @@ void for_each_run(const Shape& global, const std::vector<std::size_t>& start, co
   }
 }
 
-// This rank's rows and boxes into `tmp`, at the offsets rank 0 laid out.
-// True when some went out with O_DIRECT.
+// This rank's rows and boxes of `part` into `tmp`, at the offsets rank 0
+// laid out. True when some went out with O_DIRECT.
 bool write_my_pieces(const std::string& tmp, const TapRecorder& taps, int rank,
-                     const std::map<std::string, ReferenceEntry>& manifest, const std::vector<std::uint64_t>& offsets) {
+                     const std::map<std::string, ReferenceEntry>& manifest, const std::vector<std::uint64_t>& offsets,
+                     PositionalPart part) {
   PositionalWriter out(tmp, rank);
   std::size_t i = 0;
-  for (const auto& r : taps.records()) {
-    const std::size_t row = r.local.size() * sizeof(float);
-    out.put(offsets[i++] + static_cast<std::uint64_t>(rank) * row, r.local.ptr(), row);
-  }
-  for (const auto& [name, entry] : manifest) {
-    const std::uint64_t base = offsets[i++];
-    const auto it = taps.references().find(name);
-    if (it == taps.references().end()) continue;
-    for (const auto& b : it->second.blocks)
-      for_each_run(entry.shape, b.start, b.data.shape, [&](std::size_t index, std::size_t from, std::size_t n) {
-        out.put(base + index * sizeof(double), b.data.ptr() + from, n * sizeof(double));
-      });
-  }
+  if (part != PositionalPart::references)
+    for (const auto& r : taps.records()) {
+      const std::size_t row = r.local.size() * sizeof(float);
+      out.put(offsets[i++] + static_cast<std::uint64_t>(rank) * row, r.local.ptr(), row);
+    }
+  if (part != PositionalPart::taps)
+    for (const auto& [name, entry] : manifest) {
+      const std::uint64_t base = offsets[i++];
+      const auto it = taps.references().find(name);
+      if (it == taps.references().end()) continue;
+      for (const auto& b : it->second.blocks)
+        for_each_run(entry.shape, b.start, b.data.shape, [&](std::size_t index, std::size_t from, std::size_t n) {
+          out.put(base + index * sizeof(double), b.data.ptr() + from, n * sizeof(double));
+        });
+    }
   out.finish();
   return out.direct_used();
 }
@@ -245,21 +259,26 @@ void remove_file(const std::string& file) {
 
 PositionalWrites::PositionalWrites(const Comm& world, const std::string& tmp, const RunInfo& info,
                                    const TapRecorder& taps, const std::map<std::string, ReferenceEntry>& manifest,
-                                   const std::function<void()>& created)
-    : world_(world), tmp_(tmp), manifest_(manifest) {
+                                   const std::function<void()>& created, PositionalPart part)
+    : world_(world), tmp_(tmp), manifest_(manifest), part_(part) {
   const int rank = world.rank();
   std::vector<std::uint64_t> offsets;
   try {
-    offsets = parse_offsets(agreed_on_root(world, 0, [&] { return lay_out(tmp, info, taps, world.size(), manifest); }));
+    offsets = parse_offsets(
+        agreed_on_root(world, 0, [&] { return lay_out(tmp, info, taps, world.size(), manifest, part); }));
   } catch (const std::exception& e) {
     if (rank == 0) remove_file(tmp);
     throw;
   }
   if (created) created();
-  thread_ = std::thread([this, &taps, rank, offsets = std::move(offsets)] {
+  thread_ = std::thread([this, &taps, rank, part, offsets = std::move(offsets)] {
+    // Beside the references (which keep every core busy) the taps' writer
+    // takes what CPU they leave: its copies and system calls would otherwise
+    // come out of theirs. (On Linux a thread has a nice value of its own.)
+    if (part == PositionalPart::taps) ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      direct_ = write_my_pieces(tmp_, taps, rank, manifest_, offsets);
+      direct_ = write_my_pieces(tmp_, taps, rank, manifest_, offsets, part);
     } catch (const std::exception& e) {
       error_ = e.what();
     }
@@ -288,7 +307,10 @@ void PositionalWrites::wait(const std::string& path) {
     throw Error(what);
   }
   if (world_.rank() == 0)
-    spdlog::info("run file written at each rank's offsets; {} of {} ranks past the page cache (O_DIRECT)",
+    spdlog::info("run file{} written at each rank's offsets; {} of {} ranks past the page cache (O_DIRECT)",
+                 part_ == PositionalPart::taps         ? "'s taps"
+                 : part_ == PositionalPart::references ? "'s references"
+                                                       : "",
                  std::count(direct.begin(), direct.end(), "1"), world_.size());
 }
 

@@ -332,12 +332,10 @@ static void write_with_hdf5(const Comm& world, const std::string& tmp, const std
   }
 }
 
-PendingRunFile start_run_file(const Comm& world, const std::string& path, const RunInfo& info,
-                              const TapRecorder& taps, WriteMode mode, const std::function<void()>& created) {
-  h5::silence_errors();
+// Agree on the tap list first: a rank that recorded something else would
+// otherwise make the collective HDF5 calls that follow hang or corrupt the file.
+static void agree_on_taps(const Comm& world, const TapRecorder& taps) {
   const int rank = world.rank();
-  // Agree on the tap list first: a rank that recorded something else would
-  // otherwise make the collective HDF5 calls below hang or corrupt the file.
   const std::string mine = tap_manifest(taps);
   const std::string root = world.broadcast_string(mine, 0);
   const std::string diff = first_difference(mine, root);
@@ -345,6 +343,25 @@ PendingRunFile start_run_file(const Comm& world, const std::string& path, const 
     if (!diff.empty()) fail("rank {}: taps differ from rank 0: {}", rank, diff);
     fail("rank {}: another rank recorded different taps than rank 0 (see its message)", rank);
   }
+}
+
+PendingRunFile begin_run_file(const Comm& world, const std::string& path, const RunInfo& info,
+                              const TapRecorder& taps) {
+  h5::silence_errors();
+  agree_on_taps(world, taps);
+  return PendingRunFile(world, path,
+                        std::make_unique<PositionalWrites>(world, path + ".tmp", info, taps,
+                                                           std::map<std::string, ReferenceEntry>{},
+                                                           std::function<void()>{}, PositionalPart::taps));
+}
+
+PendingRunFile start_run_file(const Comm& world, const std::string& path, const RunInfo& info,
+                              const TapRecorder& taps, WriteMode mode, const std::function<void()>& created,
+                              PendingRunFile* begun) {
+  h5::silence_errors();
+  if (begun && mode != WriteMode::positional)
+    fail("rank {}: a run file begun before its references is written at every rank's offsets only", world.rank());
+  if (!begun) agree_on_taps(world, taps);  // a begun file's were agreed, and no tap came after
 
   // Agreed by every rank before the file exists: a reference whose rows are
   // not covered is an error on all ranks alike.
@@ -354,6 +371,10 @@ PendingRunFile start_run_file(const Comm& world, const std::string& path, const 
   const auto boxes = mode == WriteMode::gathered ? all_reference_boxes(world, taps)
                                                  : std::map<std::string, std::vector<HeldBox>>{};
   const std::string tmp = path + ".tmp";
+  if (begun) {
+    begun->add(std::make_unique<PositionalWrites>(world, tmp, info, taps, manifest, created, PositionalPart::references));
+    return std::move(*begun);
+  }
   if (mode == WriteMode::positional)
     return PendingRunFile(world, path, std::make_unique<PositionalWrites>(world, tmp, info, taps, manifest, created));
   write_with_hdf5(world, tmp, path, info, taps, mode, manifest, boxes, created);
@@ -363,58 +384,6 @@ PendingRunFile start_run_file(const Comm& world, const std::string& path, const 
 void write_run_file(const Comm& world, const std::string& path, const RunInfo& info, const TapRecorder& taps,
                     WriteMode mode, const std::function<void()>& created) {
   start_run_file(world, path, info, taps, mode, created).finish();
-}
-
-PendingRunFile::PendingRunFile(const Comm& world, std::string path, std::unique_ptr<PositionalWrites> writes)
-    : world_(&world), path_(std::move(path)), writes_(std::move(writes)) {}
-PendingRunFile::PendingRunFile(PendingRunFile&& o) noexcept
-    : world_(std::exchange(o.world_, nullptr)),  // the moved-from one removes nothing
-      path_(std::move(o.path_)),
-      writes_(std::move(o.writes_)),
-      finished_(o.finished_),
-      background_s_(o.background_s_) {}
-
-PendingRunFile::~PendingRunFile() {
-  if (finished_ || !world_) return;
-  writes_.reset();  // joins this rank's writer
-  // Not collective (an error is unwinding): rank 0 removes what the ranks
-  // wrote; a rank still writing writes into a file no name reaches.
-  if (world_->rank() == 0) {
-    std::error_code ec;
-    std::filesystem::remove(path_ + ".tmp", ec);
-  }
-}
-
-void PendingRunFile::finish() {
-  finished_ = true;
-  const Comm& world = *world_;
-  const int rank = world.rank();
-  const std::string& path = path_;
-  const std::string tmp = path + ".tmp";
-  if (writes_) {
-    writes_->wait(path);
-    background_s_ = writes_->seconds();
-    writes_.reset();
-  }
-  int failed = 0;
-  std::string why;
-  if (rank == 0) {
-    // Renaming over an earlier run file unlinks it, and the kernel frees its
-    // pages there and then (0.65 s for flux1-dev's 4.5 GB, all ranks
-    // waiting): held open across the rename, it is freed when a thread of
-    // its own closes it, beside the check.
-    const int earlier = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) {
-      failed = 1;
-      why = ec.message();
-    }
-    if (earlier >= 0) std::thread([earlier] { ::close(earlier); }).detach();
-  }
-  if (world.max_int(failed) != 0)
-    fail("rank {}: cannot rename '{}' to '{}': {}", rank, tmp, path,
-         rank == 0 ? why : "see rank 0");
 }
 
 }  // namespace dc

@@ -46,8 +46,11 @@ void validate_tap_name(const std::string& name) {
 TapRecorder::TapRecorder(Mesh mesh, int rank, DType dtype, int reference_rank)
     : mesh_(std::move(mesh)), rank_(rank), dtype_(dtype), reference_rank_(reference_rank) {}
 
-void TapRecorder::tap(const std::string& name, const Tensor& local, TapOptions opts) {
+void TapRecorder::tap(const std::string& name, Tensor local, TapOptions opts) {
   validate_tap_name(name);
+  if (all_recorded_)
+    fail("rank {}: tap '{}' recorded after the scenario said every tap was (TapRecorder::all_taps_recorded)", rank_,
+         name);
   if (std::any_of(records_.begin(), records_.end(), [&](const auto& r) { return r.name == name; }))
     fail("rank {}: tap '{}' recorded twice", rank_, name);
   if (local.size() != numel(local.shape))
@@ -59,9 +62,15 @@ void TapRecorder::tap(const std::string& name, const Tensor& local, TapOptions o
     fail("rank {}: tap '{}': {}", rank_, name, e.what());
   }
   int order = static_cast<int>(records_.size());
-  records_.push_back(TapRecord{name, local, std::move(opts), order});
+  records_.push_back(TapRecord{name, std::move(local), std::move(opts), order});
   progress::recorded_tap(name);
   if (on_tap_) on_tap_(name);
+}
+
+void TapRecorder::all_taps_recorded() {
+  if (all_recorded_) fail("rank {}: the scenario said twice that every tap was recorded", rank_);
+  all_recorded_ = true;
+  if (on_all_taps_recorded_) on_all_taps_recorded_();
 }
 
 void TapRecorder::reference(const std::string& name, const RefTensor& global) {

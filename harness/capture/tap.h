@@ -64,8 +64,10 @@ class TapRecorder {
   TapRecorder(Mesh mesh, int rank, DType dtype, int reference_rank = 0);
 
   // Capture this rank's piece of tap `name`. Every rank must record the same
-  // taps in the same order with the same local shapes.
-  void tap(const std::string& name, const Tensor& local, TapOptions opts = {});
+  // taps in the same order with the same local shapes. Taken by value: a
+  // tensor the scenario is done with moves in (at flux1-dev size a copy costs
+  // new pages, the dearest thing on a VM: docs/usage.md, "Memory").
+  void tap(const std::string& name, Tensor local, TapOptions opts = {});
 
   // The single-rank reference of a tap; kept only on the reference rank.
   bool is_reference_rank() const { return rank_ == reference_rank_; }
@@ -91,6 +93,12 @@ class TapRecorder {
   double reference_seconds() const { return reference_seconds_; }
   // Called after each tap is recorded (the run's --chaos faults hook here).
   void on_tap(std::function<void(const std::string&)> f) { on_tap_ = std::move(f); }
+  // The scenario has recorded every tap, and its references (if it computes
+  // them) are still to come: the run may write the taps beside them
+  // (run/early_write.h). A tap recorded after this is an error. Every rank
+  // calls it at the same point (the hook is collective).
+  void all_taps_recorded();
+  void on_all_taps_recorded(std::function<void()> f) { on_all_taps_recorded_ = std::move(f); }
   void add_reference_seconds(double s) { reference_seconds_ += s; }
 
   // The references came from the reference cache (capture/reference_cache.h):
@@ -133,6 +141,8 @@ class TapRecorder {
   double reference_flops_ = 0;
   bool references_cached_ = false;
   std::function<void(const std::string&)> on_tap_;
+  std::function<void()> on_all_taps_recorded_;
+  bool all_recorded_ = false;
 };
 
 // The scope in which a scenario computes references: timed (the run reports

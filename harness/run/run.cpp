@@ -218,6 +218,19 @@ int run_scenario(const RunOptions& given) {
   auto t0 = std::chrono::steady_clock::now();
   const double work0 = gemm_work(), work64_0 = work::gemm_flops(true);
   chaos.arm(taps, world, rank);
+  const std::string inject =
+      opts.fault.empty() ? "" : " inject=" + opts.fault + (opts.fault_scale == 1.0 ? "" : fmt::format("*{:g}", opts.fault_scale));
+  const RunInfo info{scenario.name(), flags.str() + inject,
+                     dtype_name(dtype), opts.seed, fmt::format("diffcheck {}", DIFFCHECK_VERSION), opts.size};
+  // A scenario that says when its taps are all recorded has them written
+  // beside its references (run_file.h).
+  std::optional<PendingRunFile> begun;
+  long long begun_bytes = 0;
+  taps.on_all_taps_recorded([&] {
+    if (auto b = begin_run_file_beside_references(world, out, info, taps, opts.store, dir_shared, one_host,
+                                                  gather_max, begun_bytes))
+      begun.emplace(std::move(*b));
+  });
   RunContext ctx{mesh, world, taps, flags, opts.fault, dtype, opts.seed, opts.size, opts.pipeline, opts.fault_scale};
   interrupt::set_phase("running the scenario");
   double ran = 0;
@@ -269,13 +282,10 @@ int run_scenario(const RunOptions& given) {
 
   interrupt::set_phase("writing the run file");
   auto t1 = std::chrono::steady_clock::now();
-  const std::string inject =
-      opts.fault.empty() ? "" : " inject=" + opts.fault + (opts.fault_scale == 1.0 ? "" : fmt::format("*{:g}", opts.fault_scale));
-  RunInfo info{scenario.name(), flags.str() + inject,
-               dtype_name(dtype), opts.seed, fmt::format("diffcheck {}", DIFFCHECK_VERSION), opts.size};
   const long long file_bytes = bytes_to_write(world, taps);
-  require_room_for_run_file(world, out, file_bytes);
-  const WriteMode write_mode = choose_write_mode(world, opts.store, dir_shared, one_host, file_bytes, gather_max);
+  require_room_for_run_file(world, out, file_bytes - begun_bytes);  // the taps of a begun file have theirs
+  const WriteMode write_mode =
+      begun ? WriteMode::positional : choose_write_mode(world, opts.store, dir_shared, one_host, file_bytes, gather_max);
   // A small file rank 0 has written is checked there, from the file; else
   // the ranks check the taps where they are, in memory (run/check_run.h),
   // and a file the ranks write at their offsets goes out beside the check.
@@ -284,8 +294,8 @@ int run_scenario(const RunOptions& given) {
   const CheckPlace check_place = write_mode == WriteMode::gathered && static_cast<std::uint64_t>(file_bytes) <= gather_max
                                      ? CheckPlace::rank0_file
                                      : CheckPlace::in_memory;
-  PendingRunFile run_file =
-      start_run_file(world, out, info, taps, write_mode, [&] { chaos.during("write", world, rank); });
+  PendingRunFile run_file = start_run_file(world, out, info, taps, write_mode,
+                                           [&] { chaos.during("write", world, rank); }, begun ? &*begun : nullptr);
   const bool write_beside_check = write_mode == WriteMode::positional;  // always checked in memory
   if (!write_beside_check) run_file.finish();
   double write_s = seconds_since(t1);
@@ -324,7 +334,10 @@ int run_scenario(const RunOptions& given) {
       write_waited_s = seconds_since(tw);
       write_s += run_file.background_seconds();
       spdlog::info("wrote {} in {:.3f}s, beside the check ({:.3f}s waited for after it)", out, write_s, write_waited_s);
-      phases.back() = {"write", write_s, 0, 0, run_file_bytes(rank, out), "run file, written beside the check", true};
+      phases.back() = {"write", write_s, 0, 0, run_file_bytes(rank, out),
+                       begun_bytes ? "run file: taps beside the references, the rest beside the check"
+                                   : "run file, written beside the check",
+                       true};
       profile = combine_profile(world, phases, peak);
       for (auto& [name, value] : timings)
         if (name == "write_s") value = profile.phases.back().seconds;

@@ -122,6 +122,32 @@ WriteMode choose_write_mode(const Comm& world, const std::string& store, bool sh
   return mode;
 }
 
+std::optional<PendingRunFile> begin_run_file_beside_references(const Comm& world, const std::string& out,
+                                                               const RunInfo& info, const TapRecorder& taps,
+                                                               const std::string& store, bool shared, bool one_host,
+                                                               std::uint64_t gather_max, long long& tap_bytes) {
+  long long mine = 0;
+  for (const auto& r : taps.records()) mine += static_cast<long long>(r.local.size() * sizeof(float));
+  tap_bytes = world.sum_ll(mine);
+  const bool positional = store == "pwrite" || (store == "auto" && shared && one_host);
+  if (!positional || static_cast<std::uint64_t>(tap_bytes) <= gather_max) return std::nullopt;
+  try {
+    require_room_for_run_file(world, out, tap_bytes);
+    auto begun = begin_run_file(world, out, info, taps);
+    if (world.rank() == 0)
+      spdlog::info("run file {} begun: the taps' {:.1f} MiB written at every rank's offsets beside the references",
+                   out, double(tap_bytes) / (1 << 20));
+    return begun;
+  } catch (const std::exception& e) {
+    // Agreed: every rank is here. Inside the scenario an error would read as
+    // its crash; the whole file is written after it instead, as without this.
+    if (world.rank() == 0)
+      spdlog::warn("could not begin the run file beside the references ({}); it is written after them", e.what());
+    tap_bytes = 0;
+    return std::nullopt;
+  }
+}
+
 // The run file's size, counted once (on rank 0).
 double run_file_bytes(int rank, const std::string& out) {
   std::error_code ec;

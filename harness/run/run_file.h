@@ -3,6 +3,7 @@
 // written (--store). Every function that takes a Comm is collective over it.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "harness/capture/store.h"
@@ -38,6 +39,18 @@ void require_room_for_run_file(const Comm& world, const std::string& out, long l
 // whether every rank runs on one host and the file's size; rank 0 logs it.
 WriteMode choose_write_mode(const Comm& world, const std::string& store, bool shared, bool one_host, long long bytes,
                             std::uint64_t gather_max);
+
+// The run file begun beside the references (store.h, begin_run_file), when
+// the scenario has said every tap is recorded, the file will be written at
+// every rank's offsets (--store pwrite, or auto with one host and a shared
+// directory) and its taps alone are above the gather limit: their rows go
+// out while the references are computed. Collective. Empty when it does not
+// apply, or when the begin failed (a warning; the whole file is then written
+// after the references, as without it). `tap_bytes` gets the taps' bytes.
+std::optional<PendingRunFile> begin_run_file_beside_references(const Comm& world, const std::string& out,
+                                                               const RunInfo& info, const TapRecorder& taps,
+                                                               const std::string& store, bool shared, bool one_host,
+                                                               std::uint64_t gather_max, long long& tap_bytes);
 
 // The run file's size on rank 0 (0 on the others), for the profile.
 double run_file_bytes(int rank, const std::string& out);
