@@ -117,6 +117,26 @@ class Chaos(E2ETest):
                 # Nothing left behind: no file, no temporary, no watchdog directory.
                 self.assertEqual(names, [], names)
 
+    def test_no_room_counts_the_taps_unless_begun(self):
+        # flux_tp says when its taps are recorded; with the gather limit at 0
+        # its taps are "large", but --store mpiio writes nothing beside the
+        # reference: the check for room must still count them (it once took
+        # them for written already, and a disk just under the file went
+        # unrefused into MPI-IO's writes).
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            self.skipTest("needs root and unshare for a private tmpfs")
+        sized = self.mpirun(2, "--scenario", "flux_tp", "--store", "mpiio", json=False)
+        self.assertExit(sized, 0)
+        size_k = (os.path.getsize(self.path("run.h5")) - 1) // 4096 * 4  # whole pages, less than the file
+        full = self.path("full")
+        os.mkdir(full)
+        script = (f"mount -t tmpfs -o size={size_k}k tmpfs {full} && DIFFCHECK_GATHER_MAX_MIB=0 "
+                  f"{MPIEXEC} -x DIFFCHECK_GATHER_MAX_MIB -n 2 {EXE} --scenario flux_tp --timeout 20 --store mpiio "
+                  f"--out {full}/run.h5; code=$?; umount {full}; exit $code")
+        res = self.run_cmd(["unshare", "-m", "sh", "-c", script])
+        self.assertExit(res, 2)
+        self.assertIn("no room for the run file", res.err)
+
     def test_bad_chaos_is_a_usage_error(self):
         res = self.run_cmd([MPIEXEC, "-n", "2", EXE, "--scenario", "timestep_broadcast", "--chaos", "crash@7",
                             "--out", self.path("run.h5")])

@@ -67,10 +67,29 @@ std::uint64_t gather_limit_bytes() {
   return mib << 20;
 }
 
-// What the run file will hold: the taps' rows and the reference boxes of every rank.
-long long bytes_to_write(const Comm& world, const TapRecorder& taps) {
+namespace {
+
+// This rank's tap rows, in bytes.
+long long my_tap_bytes(const TapRecorder& taps) {
   long long mine = 0;
   for (const auto& r : taps.records()) mine += static_cast<long long>(r.local.size() * sizeof(float));
+  return mine;
+}
+
+// The write mode --store asks for (choose_write_mode, which also says it).
+WriteMode write_mode_for(const std::string& store, bool shared, bool one_host, long long bytes,
+                         std::uint64_t gather_max) {
+  const bool small = static_cast<std::uint64_t>(bytes) <= gather_max;
+  if (store == "gather" || (store == "auto" && (!shared || small))) return WriteMode::gathered;
+  if (store == "pwrite" || (store == "auto" && one_host)) return WriteMode::positional;
+  return WriteMode::collective;
+}
+
+}  // namespace
+
+// What the run file will hold: the taps' rows and the reference boxes of every rank.
+long long bytes_to_write(const Comm& world, const TapRecorder& taps) {
+  long long mine = my_tap_bytes(taps);
   for (const auto& [name, part] : taps.references())
     for (const auto& b : part.blocks) mine += static_cast<long long>(b.data.size() * sizeof(double));
   return world.sum_ll(mine);
@@ -104,12 +123,7 @@ void require_room_for_run_file(const Comm& world, const std::string& out, long l
 // hosts through MPI-IO, which keeps their pages coherent.
 WriteMode choose_write_mode(const Comm& world, const std::string& store, bool shared, bool one_host, long long bytes,
                             std::uint64_t gather_max) {
-  const bool small = static_cast<std::uint64_t>(bytes) <= gather_max;
-  WriteMode mode = WriteMode::collective;
-  if (store == "gather" || (store == "auto" && (!shared || small)))
-    mode = WriteMode::gathered;
-  else if (store == "pwrite" || (store == "auto" && one_host))
-    mode = WriteMode::positional;
+  const WriteMode mode = write_mode_for(store, shared, one_host, bytes, gather_max);
   if (world.rank() == 0 && world.size() > 1)
     spdlog::info("output directory {} by all ranks: run file written {} ({:.1f} MiB{})",
                  shared ? "shared" : "NOT shared",
@@ -126,11 +140,13 @@ std::optional<PendingRunFile> begin_run_file_beside_references(const Comm& world
                                                                const RunInfo& info, const TapRecorder& taps,
                                                                const std::string& store, bool shared, bool one_host,
                                                                std::uint64_t gather_max, long long& tap_bytes) {
-  long long mine = 0;
-  for (const auto& r : taps.records()) mine += static_cast<long long>(r.local.size() * sizeof(float));
-  tap_bytes = world.sum_ll(mine);
-  const bool positional = store == "pwrite" || (store == "auto" && shared && one_host);
-  if (!positional || static_cast<std::uint64_t>(tap_bytes) <= gather_max) return std::nullopt;
+  tap_bytes = world.sum_ll(my_tap_bytes(taps));
+  // The whole file is at least its taps: above the gather limit they decide the mode.
+  if (static_cast<std::uint64_t>(tap_bytes) <= gather_max ||
+      write_mode_for(store, shared, one_host, tap_bytes, gather_max) != WriteMode::positional) {
+    tap_bytes = 0;
+    return std::nullopt;
+  }
   try {
     require_room_for_run_file(world, out, tap_bytes);
     auto begun = begin_run_file(world, out, info, taps);
