@@ -27,7 +27,9 @@ import itertools
 import json
 import math
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -347,6 +349,67 @@ def find_previous(out_dir, date, given):
     earlier = sorted(d for d in os.listdir(out_dir) if d < date and
                      os.path.exists(os.path.join(out_dir, d, "summary.json"))) if os.path.isdir(out_dir) else []
     return os.path.join(out_dir, earlier[-1], "summary.json") if earlier else None
+def write_summary(args, night, cells, done, version, regressions, wall, previous_path, partial=False):
+    """The night's summary.json (summary.partial.json for an interrupted run,
+    which the next night does not take for a finished one)."""
+    order = {cell_key(c): i for i, c in enumerate(cells)}
+    finished = sorted(done, key=lambda c: order.get(cell_key(c), 0))
+    previous = None
+    if previous_path:
+        with open(previous_path) as f:
+            previous = json_load_numbers(json.load(f))
+    summary = {"date": args.date, "quick": args.quick, "ranks": args.n, "diffcheck_version": version,
+               "tolerance": args.tolerance,
+               "previous": os.path.relpath(previous_path, night) if previous_path else None,
+               "injected_for_testing": ", ".join(f"{k}:{v}" for k, v in regressions.items()) or None,
+               "wall_seconds_this_run": round(wall, 1),
+               "cell_seconds": round(sum(c["seconds"] for c in finished), 1),
+               "cells_total": len(cells) if partial else len(finished), "cells_done": len(finished),
+               "cells_ok": sum(c["ok"] for c in finished),
+               "cells": finished}
+    if partial:
+        summary["interrupted"] = True
+    summary["drift"] = drift(finished, previous)
+    name = "summary.partial.json" if partial else "summary.json"
+    write_atomic(os.path.join(night, name), json.dumps(json_safe(summary), indent=1))
+    if not partial:
+        try:
+            os.remove(os.path.join(night, "summary.partial.json"))
+        except FileNotFoundError:
+            pass
+    return finished, summary
+
+
+def resume_command(args):
+    """The command line that goes on with this night: the same arguments, with its --date."""
+    argv = sys.argv[1:]
+    if not any(a == "--date" or a.startswith("--date=") for a in argv):
+        argv += ["--date", args.date]
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nightly.sh")
+    return " ".join(["bash", shlex.quote(script), *(shlex.quote(a) for a in argv)])
+
+
+def signal_of(stop):
+    """SIGTERM for the KeyboardInterrupt that stop_on_sigterm_like_ctrl_c raises, else SIGINT."""
+    return signal.SIGTERM if str(stop) == f"signal {int(signal.SIGTERM)}" else signal.SIGINT
+
+
+def interrupted(stop, args, night, cells, done, version, regressions, wall):
+    """One line for an interrupted night; exit 128 + the signal, as a shell reports it."""
+    sig = signal_of(stop)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the summary short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _, _ = write_summary(args, night, cells, done, version, regressions, wall,
+                             find_previous(args.out, args.date, args.previous), partial=True)
+        where = os.path.join(night, "summary.partial.json")
+    except (OSError, ValueError) as err:
+        where = f"not written ({err})"
+    print(f"\nnightly {args.date}: interrupted ({signal.Signals(sig).name}): {len(done)} of {len(cells)} cells "
+          f"done; partial summary: {where}; resume: {resume_command(args)}", file=sys.stderr, flush=True)
+    return 128 + int(sig)
+
+
 def main():
     stop_on_sigterm_like_ctrl_c()  # a batch time limit ends the night as a Ctrl-C does
     args = parse_args()
@@ -394,33 +457,24 @@ def main():
     if regressions:
         print(f"nightly: injecting {regressions} into clean cells (DIFFCHECK_NIGHTLY_INJECT)", flush=True)
     t0 = time.monotonic()
-    for i, c in enumerate(todo, 1):
-        run_cell(exe, c, night, args, regressions)
-        write_atomic(os.path.join(night, c["dir"], c["stem"] + ".cell.json"), json.dumps(json_safe(c), indent=1))
-        done.append(c)
-        elapsed = time.monotonic() - t0
-        eta = elapsed / i * (len(todo) - i)
-        print(f"[{i}/{len(todo)}] {c['scenario']} {c['dtype']} {c['variant']} @ {c['mesh']}: "
-              f"{outcome(c).upper() if not c['ok'] else outcome(c)} ({c['verdict']}, {c['seconds']:.1f} s)"
-              f"  ~{eta / 60:.0f} min left", flush=True)
+    try:
+        for i, c in enumerate(todo, 1):
+            run_cell(exe, c, night, args, regressions)
+            write_atomic(os.path.join(night, c["dir"], c["stem"] + ".cell.json"), json.dumps(json_safe(c), indent=1))
+            done.append(c)
+            elapsed = time.monotonic() - t0
+            eta = elapsed / i * (len(todo) - i)
+            print(f"[{i}/{len(todo)}] {c['scenario']} {c['dtype']} {c['variant']} @ {c['mesh']}: "
+                  f"{outcome(c).upper() if not c['ok'] else outcome(c)} ({c['verdict']}, {c['seconds']:.1f} s)"
+                  f"  ~{eta / 60:.0f} min left", flush=True)
+    except KeyboardInterrupt as stop:
+        # A Ctrl-C or a batch system's SIGTERM: the running cell was ended
+        # gracefully (run_ended_gracefully); what is finished is kept, and one
+        # line says where it stands and how to go on, instead of a traceback.
+        return interrupted(stop, args, night, cells, done, version, regressions, time.monotonic() - t0)
     wall = time.monotonic() - t0
 
-    order = {cell_key(c): i for i, c in enumerate(cells)}
-    cells = sorted(done, key=lambda c: order.get(cell_key(c), 0))
-    previous = None
-    if previous_path:
-        with open(previous_path) as f:
-            previous = json_load_numbers(json.load(f))
-    summary = {"date": args.date, "quick": args.quick, "ranks": args.n, "diffcheck_version": version,
-               "tolerance": args.tolerance,
-               "previous": os.path.relpath(previous_path, night) if previous_path else None,
-               "injected_for_testing": ", ".join(f"{k}:{v}" for k, v in regressions.items()) or None,
-               "wall_seconds_this_run": round(wall, 1),
-               "cell_seconds": round(sum(c["seconds"] for c in cells), 1),
-               "cells_total": len(cells), "cells_ok": sum(c["ok"] for c in cells),
-               "cells": cells}
-    summary["drift"] = drift(cells, previous)
-    write_atomic(os.path.join(night, "summary.json"), json.dumps(json_safe(summary), indent=1))
+    cells, summary = write_summary(args, night, cells, done, version, regressions, wall, previous_path)
     write_junit(os.path.join(night, "junit.xml"), cells, args.date)
     write_index(os.path.join(night, "index.html"), summary)
 
@@ -440,4 +494,9 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as stop:  # before the first cell: nothing to keep
+        print(f"nightly: interrupted ({signal_of(stop).name}) while planning the matrix; no cell ran",
+              file=sys.stderr)
+        sys.exit(128 + int(signal_of(stop)))

@@ -1,7 +1,8 @@
 """scripts/nightly.sh --quick end to end: the clean matrix passes (every clean
 cell PASS, every fault caught at its documented first tap); a regression
 injected through DIFFCHECK_NIGHTLY_INJECT fails with the right cell named and
-the drift table showing it first; a killed night resumes; the JUnit and the
+the drift table showing it first; an interrupted night ends with one line
+and resumes with the command it prints; the JUnit and the
 index page are valid. Plus the drift rules on made-up nights.
 
 The nights here cover three scenarios (a tolerance fault, a replica mismatch,
@@ -91,21 +92,43 @@ class QuickNight(E2ETest):
         self.assertEqual(len(cases), len(summary(self.root, "2026-01-01")["cells"]))
         self.assertFalse(any(c.result for c in cases))
 
-    def test_a_killed_night_resumes_where_it_stopped(self):
-        out = tempfile.mkdtemp(prefix="diffcheck_nightly_resume_")
+    def test_an_interrupted_night_ends_with_one_line_and_resumes(self):
+        out = tempfile.mkdtemp(prefix="diffcheck_nightly_stop_")
         self.addCleanup(shutil.rmtree, out, True)
         shutil.copytree(os.path.join(self.root, "2026-01-01"), os.path.join(out, "2026-01-01"))
-        # As if killed before two cells finished: their records are missing.
         s = summary(out, "2026-01-01")
         os.remove(os.path.join(out, "2026-01-01", "summary.json"))
-        for c in s["cells"][-2:]:
+        for c in s["cells"][-3:]:  # three cells left to run: a SIGTERM after the first
             os.remove(os.path.join(out, "2026-01-01", c["dir"], c["stem"] + ".cell.json"))
-        again = night(out, "2026-01-01", env={"DIFFCHECK_NIGHTLY_INJECT": ""})
-        self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
+        args = ["bash", NIGHTLY, "--quick", "--out", out, "--date", "2026-01-01", "--diffcheck", EXE]
+        args += [a for sc in SCENARIOS or () for a in ("--scenario", sc)]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL, env=dict(os.environ, DIFFCHECK_NIGHTLY_INJECT=""))
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        for line in proc.stdout:  # bash execs python: proc is the night itself
+            if line.startswith("[1/3]"):
+                proc.terminate()  # as a batch system's time limit does
+                break
+        stdout, stderr = proc.communicate(timeout=120)
+        self.assertEqual(proc.returncode, 143, stdout + stderr)  # 128 + SIGTERM
+        self.assertNotIn("Traceback", stderr)
         n = len(s["cells"])
+        last = stderr.strip().splitlines()[-1]
+        partial = os.path.join(out, "2026-01-01", "summary.partial.json")
+        self.assertIn(f"interrupted (SIGTERM): {n - 2} of {n} cells done; partial summary: {partial}; resume: ",
+                      last)
+        self.assertFalse(os.path.exists(os.path.join(out, "2026-01-01", "summary.json")))
+        with open(partial) as f:
+            p = json.load(f)
+        self.assertEqual((p["cells_done"], p["cells_total"], p["interrupted"]), (n - 2, n, True))
+        # The printed command goes on with the two cells left, and the finished
+        # summary replaces the partial one.
+        again = subprocess.run(last.split("resume: ", 1)[1], shell=True, capture_output=True, text=True,
+                               timeout=1800, stdin=subprocess.DEVNULL, env=dict(os.environ, DIFFCHECK_NIGHTLY_INJECT=""))
+        self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
         self.assertIn(f"{n - 2} already done, 2 to run", again.stdout)
-        self.assertEqual(again.stdout.count("] "), 2)  # two progress lines
         self.assertEqual(summary(out, "2026-01-01")["cells_ok"], n)
+        self.assertFalse(os.path.exists(partial))
 
     def test_injected_regression_fails_with_the_cell_named_and_drift_shown_first(self):
         out = tempfile.mkdtemp(prefix="diffcheck_nightly_bad_")
