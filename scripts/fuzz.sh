@@ -81,8 +81,7 @@ fi
 
 bash "$root/scripts/setup.sh" --packages-only --test-tools  # clang
 build=${FUZZ_BUILD_DIR:-$root/build-fuzz}
-CC=clang CXX=clang++ cmake -S "$root" -B "$build" -DDIFFCHECK_FUZZ=ON -DDIFFCHECK_BENCH=OFF \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+CC=clang CXX=clang++ bash "$root/scripts/configure.sh" "$build" -DDIFFCHECK_FUZZ=ON -DDIFFCHECK_BENCH=OFF
 cmake --build "$build" -j "$(nproc)" --target fuzz_parsers fuzz_reader
 status=0
 for t in parsers reader; do

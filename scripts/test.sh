@@ -33,16 +33,15 @@ step "tests (build/)" bash -c "cd '${BUILD_DIR:-build}' && ctest --output-on-fai
 # line tables; the tree builds in 200 s instead of 317 s at -O1 -g (2 cores),
 # and its tests take 30 s instead of 24.
 sanitized() {
-  cmake -S . -B build-sanitize -DDIFFCHECK_SANITIZE=ON -DDIFFCHECK_BENCH=OFF \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1" >/dev/null &&
+  bash scripts/configure.sh build-sanitize -DDIFFCHECK_SANITIZE=ON -DDIFFCHECK_BENCH=OFF \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1" &&
     cmake --build build-sanitize -j "$jobs" --target unit_tests mpi_tests >/dev/null &&
     (cd build-sanitize && ctest --output-on-failure -j "$jobs")
 }
 step "unit tests and MPI tests (1, 4, 16 ranks) under ASan+UBSan (build-sanitize/)" sanitized
 
 fuzzed() {
-  CC=clang CXX=clang++ cmake -S . -B build-fuzz -DDIFFCHECK_FUZZ=ON -DDIFFCHECK_BENCH=OFF \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+  CC=clang CXX=clang++ bash scripts/configure.sh build-fuzz -DDIFFCHECK_FUZZ=ON -DDIFFCHECK_BENCH=OFF &&
     cmake --build build-fuzz -j "$jobs" --target fuzz_parsers fuzz_reader >/dev/null &&
     (cd build-fuzz && ctest --output-on-failure -j "$jobs" -L fuzz)
 }

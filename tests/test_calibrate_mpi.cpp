@@ -13,15 +13,11 @@
 #include "harness/core/perturbation.h"
 #include "harness/run/calibrate.h"
 #include "harness/run/scenario.h"
+#include "tests/mpi_world.h"
 
 using namespace dc;
 
 namespace {
-
-Comm& world() {
-  static Comm w = Comm::world();
-  return w;
-}
 
 struct OneDeviceRun {
   std::map<std::string, std::vector<double>> references;  // every box, in order

@@ -9,15 +9,9 @@
 #include "harness/core/agree.h"
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
+#include "tests/mpi_world.h"
 
 using namespace dc;
-
-namespace {
-Comm& world() {
-  static Comm w = Comm::world();
-  return w;
-}
-}  // namespace
 
 TEST(Comm, BroadcastAndAsyncBroadcast) {
   std::vector<float> v(5, world().rank() == 0 ? 3.5f : 0.f);

@@ -11,15 +11,11 @@
 #include "reference/generate.h"
 #include "reference/vae_decoder.h"
 #include "scenarios/halo_exchange.h"
+#include "tests/mpi_world.h"
 
 using namespace dc;
 
 namespace {
-
-Comm& world() {
-  static Comm w = Comm::world();
-  return w;
-}
 
 constexpr std::size_t kSide = 8, kChannels = 3;
 

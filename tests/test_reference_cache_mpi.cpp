@@ -15,16 +15,12 @@
 #include "harness/capture/reference_cache.h"
 #include "harness/capture/tap.h"
 #include "harness/core/comm.h"
+#include "tests/mpi_world.h"
 
 using namespace dc;
 namespace fs = std::filesystem;
 
 namespace {
-Comm& world() {
-  static Comm w = Comm::world();
-  return w;
-}
-
 // A directory every rank uses, fresh for each test, removed at its end.
 struct CacheDir {
   std::string path;

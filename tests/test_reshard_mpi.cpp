@@ -10,15 +10,11 @@
 #include "harness/core/reshard.h"
 #include "reference/generate.h"
 #include "reference/nn.h"
+#include "tests/mpi_world.h"
 
 using namespace dc;
 
 namespace {
-Comm& world() {
-  static Comm w = Comm::world();
-  return w;
-}
-
 // Meshes of the current world size with axes a, b, c (some of size 1).
 std::vector<Mesh> meshes() {
   const int n = world().size();

@@ -12,15 +12,11 @@
 #include "reference/generate.h"
 #include "reference/nn.h"
 #include "scenarios/ring_attention.h"
+#include "tests/mpi_world.h"
 
 using namespace dc;
 
 namespace {
-Comm& world() {
-  static Comm w = Comm::world();
-  return w;
-}
-
 constexpr std::size_t kHeads = 2, kBlock = 6, kDim = 8;
 
 // Rank r's block of a [heads, n*kBlock, D] tensor.

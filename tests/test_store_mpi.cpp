@@ -8,15 +8,11 @@
 #include "harness/core/comm.h"
 #include "harness/core/error.h"
 #include "harness/capture/store.h"
+#include "tests/mpi_world.h"
 
 using namespace dc;
 
 namespace {
-Comm& world() {
-  static Comm w = Comm::world();
-  return w;
-}
-
 std::string temp_path(const std::string& name) {
   // Same path on every rank: rank 0 picks it.
   std::string p = world().rank() == 0

@@ -38,7 +38,7 @@ void factor(int rest, std::size_t axes, std::vector<int>& cur, std::vector<std::
     }
 }
 
-struct Row {
+struct MeshRow {
   std::string mesh, verdict, first_tap, detail;
   double seconds = 0;
   bool failed = false;
@@ -63,8 +63,8 @@ html::CellState cell_of(const nlohmann::json& tap) {
   return c;
 }
 
-Row judge(const std::string& mesh, const TrialOutcome& t, const std::string& json_file) {
-  Row row{mesh, "", "-", "", t.seconds, true};
+MeshRow judge(const std::string& mesh, const TrialOutcome& t, const std::string& json_file) {
+  MeshRow row{mesh, "", "-", "", t.seconds, true};
   const auto c = t.classify();
   if (c == TrialOutcome::Class::timed_out || c == TrialOutcome::Class::crashed ||
       c == TrialOutcome::Class::interrupted) {
@@ -118,7 +118,7 @@ Row judge(const std::string& mesh, const TrialOutcome& t, const std::string& jso
 // The seeds/001 picture: meshes down, taps across, each cell the tap's worst
 // err/tol on that mesh (replica mismatches and NaN/Inf in their colours); a
 // mesh with no result is a grey row saying why.
-void write_html(const std::string& path, const SweepMeshOptions& opts, const std::vector<Row>& rows,
+void write_html(const std::string& path, const SweepMeshOptions& opts, const std::vector<MeshRow>& rows,
                 const std::vector<std::pair<std::string, std::string>>& skipped) {
   std::vector<std::string> taps;
   for (const auto& r : rows)
@@ -144,7 +144,7 @@ void write_html(const std::string& path, const SweepMeshOptions& opts, const std
     s += fmt::format("<text class=\"tap-label\" transform=\"translate({},{}) rotate(-60)\">{}</text>\n",
                      left + static_cast<int>(k) * cw + cw / 2, top - 6, html::esc(taps[k]));
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
+    const MeshRow& r = rows[i];
     const int y = top + static_cast<int>(i) * ch;
     s += fmt::format("<text class=\"mesh-label{}\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
                      r.failed ? " first" : "", left - 6, y + ch - 6, html::esc(r.mesh));
@@ -250,7 +250,7 @@ int sweep_mesh(const SweepMeshOptions& opts) {
   // remove their partial files), the scratch directory goes, the sweep stops.
   if (!opts.dry_run) install_interrupt_handlers();
   const std::filesystem::path dir = opts.dry_run ? std::filesystem::path() : std::filesystem::path(scratch_directory(opts.work_dir, "diffcheck_sweep_mesh"));
-  std::vector<Row> rows;
+  std::vector<MeshRow> rows;
   int index = 0;
   for (const Mesh& mesh : plan) {
     if (interrupted()) break;
@@ -259,9 +259,9 @@ int sweep_mesh(const SweepMeshOptions& opts) {
     const std::string kept = opts.reports_dir.empty() ? "" : (std::filesystem::path(opts.reports_dir) / stem).string();
     const std::string json = kept.empty() ? (dir / fmt::format("mesh{}.json", index)).string() : kept + ".json";
     ++index;
-    Row row;
+    MeshRow row;
     if (opts.dry_run) {
-      row = Row{mesh.str(), "not run", "-", "", 0, false};
+      row = MeshRow{mesh.str(), "not run", "-", "", 0, false};
     } else {
       TrialSpec t{launcher_argv(opts.launcher, opts.mpirun, opts.ranks), {}, opts.timeout_seconds};
       t.argv.insert(t.argv.end(), {self_executable(), "--scenario", opts.scenario, "--mesh", mesh.str(),
