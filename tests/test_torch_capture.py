@@ -159,6 +159,34 @@ class CaptureTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "unknown keys"):
             dct.capture(net, out=self.out(), layouts={"x": {"sepc": "-"}})
 
+    def test_a_misspelled_keyword_is_a_type_error_naming_the_nearest(self):
+        net = Net()
+        for kwargs, words in (({"refrence": True}, "'refrence'; did you mean 'reference'?"),
+                              ({"layout": {"inner.0": "-,-"}}, "'layout'; did you mean 'layouts'?"),
+                              ({"incude": "inner*"}, "'incude'; did you mean 'include'?"),
+                              ({"sede": 3}, "'sede'; did you mean 'seed'?"),
+                              ({"backwards": True}, "'backwards'")):
+            with self.subTest(kwargs=kwargs):
+                with self.assertRaises(TypeError) as e:
+                    dct.capture(net, out=self.out(), **kwargs)
+                self.assertIn(f"unexpected keyword argument {words}", str(e.exception))
+                self.assertFalse(os.path.exists(self.out() + ".rank0.h5"))
+        # The documented root attributes, and others as one explicit dict.
+        with dct.capture(net, out=self.out(), scenario="mine", seed=3, flags="a=1",
+                         attrs={"model": "net", "lr": 0.5}):
+            net(self.x)
+        with h5py.File(self.out() + ".rank0.h5") as f:
+            got = {k: f.attrs[k] for k in ("scenario", "seed", "flags", "model", "lr")}
+        self.assertEqual(got, {"scenario": "mine", "seed": 3, "flags": "a=1", "model": "net", "lr": 0.5})
+        with self.assertRaisesRegex(TypeError, r"attrs\['table'\] is a dict: a root attribute is a string, "
+                                               r"a number or a bool"):
+            dct.capture(net, out=self.out(), attrs={"table": {"a": 1}})
+        with self.assertRaisesRegex(TypeError, r"attrs\['mesh'\]: set by the capture itself"):
+            dct.capture(net, out=self.out(), attrs={"mesh": "tp=2"})
+        with self.assertRaisesRegex(TypeError, r"tap 'z': unexpected keyword argument 'rtl'; did you mean 'rtol'\?"):
+            with dct.capture(net, out=self.out()):
+                dct.tap("z", self.x, rtl=1e-3)
+
     def test_mesh_must_match_the_world(self):
         with self.assertRaisesRegex(ValueError, r"capture\(mesh=...\) is needed with 2 ranks"):
             dct.capture(Net(), out=self.out(), rank=0, world_size=2)

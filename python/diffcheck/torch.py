@@ -31,6 +31,7 @@ import torch
 from diffcheck import __version__
 from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: F401
 from diffcheck.dump import RankDump, ReferenceDump, mesh_axes, mesh_size, to_numpy
+from diffcheck.keywords import check_root_keywords, root_attributes, unexpected
 from diffcheck.writer import BackgroundWriter
 
 ROOT_NAME = "model"
@@ -41,6 +42,9 @@ _LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", 
                  ("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
 
 _active = []  # open captures of this process, innermost last
+_CAPTURE_PARAMETERS = ("out", "mesh", "layouts", "include", "exclude", "inputs", "reference", "rename", "rank",
+                       "world_size", "attrs")
+_TAP_ATTRIBUTES = ("reduction_depth", "atol", "rtol")
 
 
 def rank_and_world():
@@ -90,7 +94,9 @@ class Capture:
     raised; the file gets its name only when the block ended cleanly."""
 
     def __init__(self, model, out, mesh=None, *, layouts=None, include=None, exclude=None, inputs=False,
-                 reference=False, rename=None, rank=None, world_size=None, **root_attrs):
+                 reference=False, rename=None, rank=None, world_size=None, attrs=None, **root_attrs):
+        check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
+        extra_attrs = root_attributes("capture()", attrs)
         self.model, self.out, self.reference_mode, self.inputs = model, os.fspath(out), reference, inputs
         self.include = [include] if isinstance(include, str) else list(include or ["*"])
         self.exclude = [exclude] if isinstance(exclude, str) else list(exclude or [])
@@ -110,7 +116,8 @@ class Capture:
                                  f"{self.world} (from torch.distributed or the launcher; pass rank= and world_size=)")
         self.mesh = mesh
         self.axes = set(mesh_axes(mesh)) if mesh else set()
-        self.root_attrs = {"producer": f"diffcheck.torch {__version__}", "dtype": self._model_dtype(), **root_attrs}
+        self.root_attrs = {"producer": f"diffcheck.torch {__version__}", "dtype": self._model_dtype(),
+                           **extra_attrs, **root_attrs}
         self._writer, self._thread, self._handles, self._calls, self._step = None, None, [], {}, ""
         self._staging = None  # see _staged
 
@@ -218,6 +225,9 @@ class Capture:
         rank's piece, with its layout (or the layouts' pattern for `name`)."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"rank {self.rank}: tap '{name}' is a {type(tensor).__name__}, not a tensor")
+        for k in attrs:
+            if k not in _TAP_ATTRIBUTES:
+                raise unexpected(f"rank {self.rank}: tap '{name}'", k, ("spec", "partial") + _TAP_ATTRIBUTES)
         full = self._numbered(name)
         explicit = {k: v for k, v in dict(spec=spec, partial=partial, **attrs).items() if v is not None}
         self._write(full, tensor, (name,), explicit or None)
@@ -297,7 +307,9 @@ def capture(model, out, mesh=None, **kwargs):
               the unsharded model)
     rename    {module path prefix in this model: its name in the other one}
     rank, world_size   override what torch.distributed or the launcher say
-    **root_attrs       scenario, flags, dtype, seed: root attributes of the file
+    scenario, flags, dtype, seed, producer, size   root attributes of the file
+    attrs     {name: str | number | bool}: other root attributes
+    Any other keyword is a TypeError naming the nearest known one.
     """
     return Capture(model, out, mesh, **kwargs)
 
