@@ -8,7 +8,9 @@ The attention heads and the MLP's hidden units are split over the tp ranks:
 q, k, v and fc1 are column-parallel (each rank computes its own columns),
 the attention's output projection and fc2 are row-parallel (each rank a
 partial sum, all-reduced, then the bias). The reference is the same block at
-tp = 1 in float64, in one process. --bug adds the row-parallel bias on every
+tp = 1 in float64, in one process; the same block at tp = 1 in float32,
+captured beside it, is the yardstick that diffcheck compare finds there and
+holds each tap to (the error a correct run in float32 has). --bug adds the row-parallel bias on every
 rank before the all-reduce, so the sum holds it tp times: diffcheck names
 `attn.out` (the first row-parallel layer) as the first divergence, and its
 partial sums `attn.out.matmul` as still right.
@@ -129,7 +131,7 @@ class Block(nn.Module):
 
 
 def work(rank, world, args):
-    """Every rank: its shard of the block in float32; rank 0 also the reference."""
+    """Every rank: its shard of the block in float32; rank 0 also the reference and the one-device run."""
     w, x = full_weights()
     block = Block(w, world, rank, args.bug).float()
     with dct.capture(block, out=f"{args.out}/tp", mesh=f"tp={world}", layouts=LAYOUTS):  # diffcheck
@@ -138,6 +140,9 @@ def work(rank, world, args):
         reference = Block(w).double()  # unsharded
         with dct.capture(reference, out=f"{args.out}/ref", reference=True):  # diffcheck
             reference(x)  # diffcheck
+        one_device = Block(w).float()  # unsharded, in the run's dtype: each tap's yardstick
+        with dct.capture(one_device, out=f"{args.out}/ref", one_device=True):  # diffcheck
+            one_device(x.float())  # diffcheck
 
 
 def after(args):

@@ -187,6 +187,23 @@ class CaptureTest(unittest.TestCase):
             with dct.capture(net, out=self.out()):
                 dct.tap("z", self.x, rtl=1e-3)
 
+    def test_one_device_capture_is_written_beside_the_reference(self):
+        net = Net()
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = "1", "2"  # a launcher's: not this capture's
+        self.addCleanup(os.environ.pop, "RANK")
+        self.addCleanup(os.environ.pop, "WORLD_SIZE")
+        with dct.capture(net, out=self.out("ref.h5"), one_device=True) as c:
+            net(self.x)
+        self.assertEqual(c.path, self.out("ref.one_device.rank0.h5"))
+        with h5py.File(c.path) as f:
+            self.assertEqual((f.attrs["mesh"], int(f.attrs["world_size"]), f.attrs["dtype"]),
+                             ("dp=1", 1, "float32"))
+        self.assertIn("inner.0", taps(c.path))
+        for bad in ({"reference": True}, {"mesh": "tp=1"}, {"layouts": {"*": "-,-"}}, {"rank": 1},
+                    {"world_size": 2}):
+            with self.subTest(bad=bad), self.assertRaisesRegex(ValueError, "one_device=True"):
+                dct.capture(net, out=self.out("ref"), one_device=True, **bad)
+
     def test_mesh_must_match_the_world(self):
         with self.assertRaisesRegex(ValueError, r"capture\(mesh=...\) is needed with 2 ranks"):
             dct.capture(Net(), out=self.out(), rank=0, world_size=2)

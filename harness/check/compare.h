@@ -151,6 +151,10 @@ struct CompareResult {
   // only; JSON "timings"): e.g. sharded_s, reference_s, write_s, check_s.
   std::vector<std::pair<std::string, double>> timings;
   std::string reference_source;  // run reports only: "reference: from the cache (...)" or "... computed ..."
+  // compare only: which yardstick the tolerances came from when no option
+  // named one (a one-device run found beside the reference, or the derived
+  // rule and how to measure instead); console line and JSON "tolerance_note".
+  std::string tolerance_note;
   std::vector<std::pair<std::string, double>> profile;  // run reports with --profile (run/profile.h)
   // Taps marked as images, judged on the first process (empty elsewhere).
   std::vector<ImageVerdict> images;

@@ -1,6 +1,8 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstring>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -38,10 +40,33 @@ ActivationSet read_everywhere(const std::string& source, const std::string& refe
   return set;
 }
 
-// The tolerance table of --tolerances FILE or --noise-floor SOURCE, if any.
+// A yardstick must be the same computation as the run: a floor measured in
+// another dtype would hold the run to another computation's error. (One of
+// another shape does not pair with the reference, which reading it finds.)
+void require_same_computation(const ActivationSet& run, const ActivationSet& floor) {
+  auto dtype = [](const ActivationSet& s) {
+    auto it = s.info.find("dtype");
+    return it == s.info.end() ? std::string() : it->second;
+  };
+  if (!dtype(run).empty() && !dtype(floor).empty() && dtype(run) != dtype(floor))
+    input_error("noise floor {} is {} but the run {} is {}: the one-device run must be captured in the run's dtype",
+                floor.source, dtype(floor), run.source, dtype(run));
+  std::map<std::string, const TapData*> in_floor;
+  for (const auto& t : floor.taps) in_floor[t.name] = &t;
+  for (const auto& t : run.taps) {
+    auto it = in_floor.find(t.name);
+    if (it == in_floor.end()) continue;
+    if (!t.dtype.empty() && !it->second->dtype.empty() && t.dtype != it->second->dtype)
+      input_error("tap '{}': the run {} is {} but the noise floor {} is {}: the one-device run must be captured "
+                  "in the run's dtype", t.name, run.source, t.dtype, floor.source, it->second->dtype);
+  }
+}
+
+// The tolerance table of --tolerances FILE or --noise-floor SOURCE (or the
+// one-device dump found beside the reference), if any; `note` says which.
 std::optional<ToleranceTable> measured_tolerances(const ActivationSet& set, const std::string& reference,
-                                                  const ReportOptions& opts) {
-  if (!opts.tolerances_file.empty() && !opts.noise_floor.empty())
+                                                  const ReportOptions& opts, std::string& note) {
+  if (!opts.tolerances_file.empty() && !opts.noise_floor.empty() && opts.noise_floor != "off")
     input_error("--tolerances FILE and --noise-floor SOURCE both say where tolerances come from: give one");
   if (!opts.tolerances_file.empty()) {
     const ToleranceFile f = read_tolerance_file(opts.tolerances_file);
@@ -55,26 +80,57 @@ std::optional<ToleranceTable> measured_tolerances(const ActivationSet& set, cons
                           info("dtype").empty() ? f.info.dtype : info("dtype"));
     return tolerance_table(f, ToleranceSource::file, opts.tolerances_file);
   }
-  if (!opts.noise_floor.empty()) {
-    const ActivationSet floor_set = read_everywhere(opts.noise_floor, reference, opts.compare.processes);
-    ToleranceFile f;
-    f.floors = floors_of(compare(floor_set, floor_measuring_options(opts.compare)));
-    if (f.floors.empty())
-      input_error("--noise-floor {}: no tap there has a reference to measure a floor against (give --reference, or "
-                  "dump /reference/<tap> with it)", opts.noise_floor);
-    return tolerance_table(f, ToleranceSource::noise_floor, opts.noise_floor);
+  std::string floor_source;
+  bool found = false;  // beside the reference, not named
+  if (opts.noise_floor.empty()) {
+    floor_source = one_device_beside(reference);
+    found = !floor_source.empty();
+  } else if (opts.noise_floor != "off") {
+    floor_source = opts.noise_floor;
   }
-  return std::nullopt;
+  if (floor_source.empty()) {
+    if (!reference.empty() && opts.noise_floor.empty())
+      note = "tolerances: derived from each tap's dtype and reduction depth (no one-device run beside the "
+             "reference); for measured ones capture the unsharded model once in the run's dtype beside it "
+             "(dct.capture(..., one_device=True), docs/torch.md) or give --noise-floor";
+    return std::nullopt;
+  }
+  ActivationSet floor_set;
+  try {
+    floor_set = read_everywhere(floor_source, reference, opts.compare.processes);
+  } catch (const InputError& e) {
+    input_error("noise floor {}: {}", floor_source, e.what());
+  }
+  require_same_computation(set, floor_set);
+  ToleranceFile f;
+  f.floors = floors_of(compare(floor_set, floor_measuring_options(opts.compare)));
+  if (f.floors.empty())
+    input_error("--noise-floor {}: no tap there has a reference to measure a floor against (give --reference, or "
+                "dump /reference/<tap> with it)", floor_source);
+  if (found)
+    note = fmt::format("tolerances: measured, the one-device run {}.rank0.h5 found beside the reference "
+                       "(--noise-floor off: the derived rule)", floor_source);
+  return tolerance_table(f, ToleranceSource::noise_floor, floor_source);
 }
 
 }  // namespace
+
+std::string one_device_beside(const std::string& reference) {
+  if (reference.empty()) return {};
+  std::string stem = reference;
+  for (const char* suffix : {".h5", ".rank0"})
+    if (stem.size() > std::strlen(suffix) && stem.ends_with(suffix)) stem.resize(stem.size() - std::strlen(suffix));
+  const std::string prefix = stem + ".one_device";
+  std::error_code ec;
+  return std::filesystem::is_regular_file(prefix + ".rank0.h5", ec) ? prefix : std::string();
+}
 
 int compare_and_report(const std::string& source, const std::string& reference,
                        const ReportOptions& opts) {
   const auto started = std::chrono::steady_clock::now();
   ActivationSet set = read_everywhere(source, reference, opts.compare.processes);
-  const std::optional<ToleranceTable> table = measured_tolerances(set, reference, opts);
   ReportOptions with = opts;
+  const std::optional<ToleranceTable> table = measured_tolerances(set, reference, opts, with.tolerance_note);
   if (table) with.compare.tolerances = &*table;
   return check_and_report(set, with, started);
 }
@@ -86,6 +142,7 @@ int check_and_report(const ActivationSet& set, const ReportOptions& opts,
   const auto t0 = std::chrono::steady_clock::now();
   CompareResult res = compare(set, opts.compare);
   res.reference_source = opts.reference_source;
+  res.tolerance_note = opts.tolerance_note;
   res.profile = opts.profile;
   if (!opts.timings.empty()) {
     res.timings = opts.timings;

@@ -17,6 +17,8 @@ struct ReportOptions {
   std::string junit_name;  // the JUnit suite's name; empty: "compare <source>"
   // compare only: --tolerances FILE (a calibration) or --noise-floor SOURCE
   // (a single-device dump of the same taps whose errors set the floors).
+  // Neither given, a one-device dump beside the reference is the floor
+  // (one_device_beside); --noise-floor off keeps the derived rule.
   std::string tolerances_file;
   std::string noise_floor;
   // A run's phase times (see CompareResult::timings); when given, the check's
@@ -25,6 +27,7 @@ struct ReportOptions {
   // A run's: where its references came from (the reference cache or computed;
   // console line and JSON "reference_source"), and its profile (JSON "profile").
   std::string reference_source;
+  std::string tolerance_note;  // compare: see CompareResult::tolerance_note
   std::vector<std::pair<std::string, double>> profile;
   // A run's: called on every process once the verdict is known and before
   // anything is reported (collective where the check is); it may complete
@@ -34,6 +37,11 @@ struct ReportOptions {
                      std::vector<std::pair<std::string, double>>& profile)>
       before_report;
 };
+
+// The prefix of the one-device dump that dct.capture(..., one_device=True)
+// writes beside a reference file: REF.h5 (or REF.rank0.h5) -> REF.one_device,
+// when REF.one_device.rank0.h5 exists; else empty.
+std::string one_device_beside(const std::string& reference);
 
 // Reads `source` (run file, rank file or prefix), checks it, prints the console
 // report to stdout (and JSON if asked). Returns 0 or 1; throws InputError for

@@ -65,6 +65,7 @@ class ConsoleReporter final : public Reporter {
       out << "  flags: " << set.info.at("flags");
     out << "\n";
     if (!res.reference_source.empty()) out << res.reference_source << "\n";
+    if (!res.tolerance_note.empty()) out << res.tolerance_note << "\n";
     std::size_t wname = 4;
     for (const auto& t : res.taps) wname = std::max(wname, std::min<std::size_t>(t.name.size(), 40));
     std::size_t wlay = 6;

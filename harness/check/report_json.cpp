@@ -129,6 +129,7 @@ class JsonReporter final : public Reporter {
     }
     j["tolerance_fallbacks"] = res.tolerance_fallbacks;  // taps the tolerance table did not name
     if (!res.reference_source.empty()) j["reference_source"] = res.reference_source;
+    if (!res.tolerance_note.empty()) j["tolerance_note"] = res.tolerance_note;
     if (!res.profile.empty()) {
       j["profile"] = json::object();
       for (const auto& [name, v] : res.profile) j["profile"][name] = v;

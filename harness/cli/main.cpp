@@ -123,7 +123,9 @@ int main(int argc, char** argv) {
   compare->add_option("--noise-floor", cmp.noise_floor,
                       "A dump of the same taps from a single-device run in the same dtype (file or prefix): each tap's "
                       "error there against the reference is its noise floor, and its tolerance k x that floor "
-                      "(FlashAttention's rule; docs/tolerances.md)");
+                      "(FlashAttention's rule; docs/tolerances.md). Not given: REF.one_device.rank0.h5 beside "
+                      "--reference REF.h5, where dct.capture(..., one_device=True) writes it, if it is there; "
+                      "'off': the derived rule");
 
   auto* cal = app.add_subcommand(
       "calibrate",

@@ -42,8 +42,11 @@ _LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", 
                  ("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
 
 _active = []  # open captures of this process, innermost last
-_CAPTURE_PARAMETERS = ("out", "mesh", "layouts", "include", "exclude", "inputs", "reference", "rename", "rank",
-                       "world_size", "attrs")
+_CAPTURE_PARAMETERS = ("out", "mesh", "layouts", "include", "exclude", "inputs", "reference", "one_device",
+                       "rename", "rank", "world_size", "attrs")
+# What a one-device capture adds to `out`: diffcheck compare finds
+# <reference without .h5>.one_device.rank0.h5 beside the reference by itself.
+ONE_DEVICE_SUFFIX = ".one_device"
 _TAP_ATTRIBUTES = ("reduction_depth", "atol", "rtol")
 
 
@@ -94,15 +97,20 @@ class Capture:
     raised; the file gets its name only when the block ended cleanly."""
 
     def __init__(self, model, out, mesh=None, *, layouts=None, include=None, exclude=None, inputs=False,
-                 reference=False, rename=None, rank=None, world_size=None, attrs=None, **root_attrs):
+                 reference=False, one_device=False, rename=None, rank=None, world_size=None, attrs=None,
+                 **root_attrs):
         check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
         extra_attrs = root_attributes("capture()", attrs)
+        if one_device and (reference or mesh is not None or layouts or rank is not None or world_size is not None):
+            raise ValueError("capture(one_device=True) is the unsharded model in the run's dtype, in one process: "
+                             "give it no reference=, mesh=, layouts=, rank= or world_size=")
         self.model, self.out, self.reference_mode, self.inputs = model, os.fspath(out), reference, inputs
+        self.one_device = one_device
         self.include = [include] if isinstance(include, str) else list(include or ["*"])
         self.exclude = [exclude] if isinstance(exclude, str) else list(exclude or [])
         self.rename = dict(rename or {})
         self.layouts = [(pattern, _layout_attrs(v)) for pattern, v in (layouts or {}).items()]
-        env_rank, env_world = rank_and_world()
+        env_rank, env_world = (0, 1) if one_device else rank_and_world()
         self.rank = env_rank if rank is None else rank
         self.world = env_world if world_size is None else world_size
         if not reference:
@@ -243,7 +251,7 @@ class Capture:
         if self.reference_mode:
             self._writer = ReferenceDump(self.path, **self.root_attrs)
         else:
-            self._writer = RankDump(self.out, self.mesh, self.rank, **self.root_attrs)
+            self._writer = RankDump(self._rank_prefix, self.mesh, self.rank, **self.root_attrs)
         self._thread = BackgroundWriter()
         try:
             for path, module in self.model.named_modules():
@@ -290,7 +298,13 @@ class Capture:
         """The file this capture writes."""
         if self.reference_mode:
             return self.out if self.out.endswith(".h5") else self.out + ".h5"
-        return f"{self.out}.rank{self.rank}.h5"
+        return f"{self._rank_prefix}.rank{self.rank}.h5"
+
+    @property
+    def _rank_prefix(self):
+        if not self.one_device:
+            return self.out
+        return (self.out[:-3] if self.out.endswith(".h5") else self.out) + ONE_DEVICE_SUFFIX
 
 
 def capture(model, out, mesh=None, **kwargs):
@@ -304,7 +318,11 @@ def capture(model, out, mesh=None, **kwargs):
     include, exclude   globs on module paths (default: every module)
     inputs    also tap each module's positional tensor inputs (`<path>:in/<i>`)
     reference write the global tensors as /reference/<name> (one process,
-              the unsharded model)
+              the unsharded model, best in float64)
+    one_device  the unsharded model in the run's own dtype and math, in one
+              process, written beside the reference (out: the reference's
+              prefix) as <out>.one_device.rank0.h5: compare finds it there and
+              holds each tap to what this run's error is (a measured noise floor)
     rename    {module path prefix in this model: its name in the other one}
     rank, world_size   override what torch.distributed or the launcher say
     scenario, flags, dtype, seed, producer, size   root attributes of the file
