@@ -204,6 +204,31 @@ class CaptureTest(unittest.TestCase):
             with self.subTest(bad=bad), self.assertRaisesRegex(ValueError, "one_device=True"):
                 dct.capture(net, out=self.out("ref"), one_device=True, **bad)
 
+    def test_math_mode_is_recorded(self):
+        net = Net()
+
+        def recorded():
+            with dct.capture(net, out=self.out()):
+                net(self.x)
+            with h5py.File(self.out() + ".rank0.h5") as f:
+                return dict(kv.split("=") for kv in f.attrs["math"].split())
+
+        tf32, precision = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
+        self.addCleanup(setattr, torch.backends.cuda.matmul, "allow_tf32", tf32)
+        self.addCleanup(torch.set_float32_matmul_precision, precision)
+        torch.set_float32_matmul_precision("highest")
+        strict = recorded()
+        self.assertEqual((strict["float32_matmul_precision"], strict["tf32_matmul"], strict["autocast_cpu"],
+                          strict["autocast_cuda"]), ("highest", "0", "off", "off"))
+        torch.backends.cuda.matmul.allow_tf32 = True
+        self.assertEqual(recorded()["tf32_matmul"], "1")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.set_float32_matmul_precision("high")  # what most training code sets: TF32 matmuls
+        self.assertEqual({k: recorded()[k] for k in ("float32_matmul_precision", "tf32_matmul")},
+                         {"float32_matmul_precision": "high", "tf32_matmul": "1"})
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            self.assertEqual(recorded()["autocast_cpu"], "bfloat16")
+
     def test_mesh_must_match_the_world(self):
         with self.assertRaisesRegex(ValueError, r"capture\(mesh=...\) is needed with 2 ranks"):
             dct.capture(Net(), out=self.out(), rank=0, world_size=2)

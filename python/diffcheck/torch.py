@@ -32,6 +32,7 @@ from diffcheck import __version__
 from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: F401
 from diffcheck.dump import RankDump, ReferenceDump, mesh_axes, mesh_size, to_numpy
 from diffcheck.keywords import check_root_keywords, root_attributes, unexpected
+from diffcheck.math_mode import math_mode
 from diffcheck.writer import BackgroundWriter
 
 ROOT_NAME = "model"
@@ -125,7 +126,7 @@ class Capture:
         self.mesh = mesh
         self.axes = set(mesh_axes(mesh)) if mesh else set()
         self.root_attrs = {"producer": f"diffcheck.torch {__version__}", "dtype": self._model_dtype(),
-                           **extra_attrs, **root_attrs}
+                           "math": math_mode(), **extra_attrs, **root_attrs}
         self._writer, self._thread, self._handles, self._calls, self._step = None, None, [], {}, ""
         self._staging = None  # see _staged
 
