@@ -9,7 +9,9 @@ each over its sp share of the image tokens (the attention all-gathers K and V
 over sp). After the model the two predictions are all-gathered over cfg,
 combined with the guidance scale, and every rank takes the Euler step on its
 tokens. The reference is the single-device way (as in diffusers): one
-process, float64, both branches as one batch [uncond; cond].
+process, float64, both branches as one batch [uncond; cond]; the same in
+float32, captured beside it, is each tap's yardstick (the error a correct
+float32 run has), which diffcheck compare finds there.
 
 --bug: each step's timestep is broadcast from rank 0 into a temporary
 (`dist.broadcast(t.clone(), 0)`, the bug of timestep_broadcast in diffcheck's
@@ -156,7 +158,7 @@ def denoise(model, x, text, rank, g, bug=False):
 
 
 def work(rank, world, args):
-    """Every rank: its branch and tokens of every step in float32; rank 0 also the reference."""
+    """Every rank: its branch and tokens of every step in float32; rank 0 also the reference and the one-device run."""
     g = Groups(rank, world, 2 if world > 1 else 1)
     weights, noise, prompts = inputs()
     model = Denoiser(g)
@@ -171,6 +173,10 @@ def work(rank, world, args):
         reference.load_state_dict(weights)
         with dct.capture(reference, out=f"{args.out}/ref", reference=True):  # diffcheck
             denoise(reference, noise, prompts.reshape(2 * B, T, D), 0, single)  # diffcheck
+        one_device = Denoiser(single)  # unsharded, in the run's float32: each tap's yardstick
+        one_device.load_state_dict(weights)
+        with dct.capture(one_device, out=f"{args.out}/ref", one_device=True):  # diffcheck
+            denoise(one_device, noise.float(), prompts.reshape(2 * B, T, D).float(), 0, single)  # diffcheck
 
 
 def after(args):

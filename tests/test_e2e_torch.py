@@ -100,12 +100,12 @@ class TorchE2E(E2ETest):
             self.expect("cfg_denoise", 4, False, None, mpi=True)
             self.expect("cfg_denoise", 4, True, r"^step1/time_embed", "ranks 1 disagree", mpi=True)
 
-    def test_examples_add_at_most_ten_lines(self):
+    def test_examples_add_at_most_twelve_lines(self):
         for script in ("tp_block", "cfg_denoise"):
             with open(os.path.join(EXAMPLES, f"{script}.py")) as f:
                 lines = [line for line in f if line.rstrip().endswith("# diffcheck")]
             with self.subTest(script=script):
-                self.assertLessEqual(len(lines), 10)
+                self.assertLessEqual(len(lines), 12)
                 self.assertGreaterEqual(len(lines), 5)
                 with open(os.path.join(EXAMPLES, f"{script}.py")) as f:
                     uses = [line for line in f if "dct." in line]

@@ -181,7 +181,7 @@ class Capture:
             raise ValueError(f"{where}: axis '{unknown[0]}' is not in the mesh '{self.mesh}'")
 
     def _write(self, name, tensor, plain_names, explicit=None):
-        if self.reference_mode:
+        if self.reference_mode or self.one_device:  # global tensors: no layout to say
             attrs = {}
         else:
             pattern, attrs = (None, explicit) if explicit else self._layout_for(*plain_names)
