@@ -194,11 +194,14 @@ class CaptureTest(unittest.TestCase):
         self.addCleanup(os.environ.pop, "WORLD_SIZE")
         with dct.capture(net, out=self.out("ref.h5"), one_device=True) as c:
             net(self.x)
+            dct.tap("latents", self.x, spec="-,sp")  # the sharded run's layout: no axis here, none kept
         self.assertEqual(c.path, self.out("ref.one_device.rank0.h5"))
         with h5py.File(c.path) as f:
             self.assertEqual((f.attrs["mesh"], int(f.attrs["world_size"]), f.attrs["dtype"]),
                              ("dp=1", 1, "float32"))
-        self.assertIn("inner.0", taps(c.path))
+        written = taps(c.path)
+        self.assertIn("inner.0", written)
+        self.assertNotIn("spec", written["latents"][1])
         for bad in ({"reference": True}, {"mesh": "tp=1"}, {"layouts": {"*": "-,-"}}, {"rank": 1},
                     {"world_size": 2}):
             with self.subTest(bad=bad), self.assertRaisesRegex(ValueError, "one_device=True"):
