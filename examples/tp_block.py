@@ -31,7 +31,17 @@ from _launch import launch  # noqa: E402
 
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
-B, S, D, HEADS, FFN = 2, 16, 64, 8, 256
+B, S, D, HEADS, FFN = 2, 16, 64, 8, 256  # as shipped; --tokens, --dim, --heads, --ffn change them
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def set_size(args):
+    """The block's size from the command line (every process: spawned ones import this file afresh)."""
+    global S, D, HEADS, FFN
+    if args.tokens % B or args.dim % args.heads or args.heads % max(args.world, 1) or args.ffn % max(args.world, 1):
+        raise SystemExit(f"tp_block: --tokens must be a multiple of {B}, --dim of --heads, and --heads and --ffn "
+                         f"of the ranks{f' ({args.world})' if args.world else ''}")
+    S, D, HEADS, FFN = args.tokens // B, args.dim, args.heads, args.ffn
 LAYOUTS = {"attn.[qkv]": "-,-,tp", "attn.core": "-,-,tp", "mlp.fc1": "-,-,tp", "mlp.act": "-,-,tp", "*.matmul": (None, "tp")}  # noqa: E501  # diffcheck
 
 
@@ -47,6 +57,17 @@ def full_weights():
                                 "fc1": (FFN, D), "fc2": (D, FFN)}.items():
         w[name] = (randn(n_out, n_in, scale=n_in ** -0.5), randn(n_out, scale=0.1))
     return w, randn(B, S, D)
+
+
+def all_reduce(y):
+    """In place. gloo (torch 1.13) has no bfloat16 sum: that one is summed in
+    float32 and rounded once, as NCCL's reduction of two pieces would."""
+    if y.dtype == torch.bfloat16:
+        wide = y.float()
+        dist.all_reduce(wide)
+        y.copy_(wide)
+    else:
+        dist.all_reduce(y)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -78,7 +99,7 @@ class RowParallelLinear(nn.Module):
         if self.bug:
             y = y + self.bias  # the bug: every rank adds the bias before the sum
         if self.tp > 1:
-            dist.all_reduce(y)
+            all_reduce(y)
         return y if self.bug else y + self.bias
 
 
@@ -131,18 +152,21 @@ class Block(nn.Module):
 
 
 def work(rank, world, args):
-    """Every rank: its shard of the block in float32; rank 0 also the reference and the one-device run."""
+    """Every rank: its shard of the block in --dtype; rank 0 also the reference and the one-device run."""
+    args.world = world
+    set_size(args)
+    dtype = DTYPES[args.dtype]
     w, x = full_weights()
-    block = Block(w, world, rank, args.bug).float()
+    block = Block(w, world, rank, args.bug).to(dtype)
     with dct.capture(block, out=f"{args.out}/tp", mesh=f"tp={world}", layouts=LAYOUTS):  # diffcheck
-        block(x.float())  # diffcheck
+        block(x.to(dtype))  # diffcheck
     if rank == 0:
         reference = Block(w).double()  # unsharded
         with dct.capture(reference, out=f"{args.out}/ref", reference=True):  # diffcheck
             reference(x)  # diffcheck
-        one_device = Block(w).float()  # unsharded, in the run's dtype: each tap's yardstick
+        one_device = Block(w).to(dtype)  # unsharded, in the run's dtype: each tap's yardstick
         with dct.capture(one_device, out=f"{args.out}/ref", one_device=True):  # diffcheck
-            one_device(x.float())  # diffcheck
+            one_device(x.to(dtype))  # diffcheck
 
 
 def after(args):
@@ -156,4 +180,17 @@ if __name__ == "__main__":
     ap.add_argument("-n", type=int, default=4, help="processes to start when not under mpirun (default 4)")
     ap.add_argument("--bug", action="store_true", help="add the row-parallel bias on every rank")
     ap.add_argument("--out", default="dumps/tp_block", help="directory of the activation files")
-    launch(work, after, ap.parse_args(), ap.parse_args().n)
+    ap.add_argument("--tokens", type=int, default=B * S, help=f"tokens, {B} sequences of tokens/{B} (default {B * S})")
+    ap.add_argument("--dim", type=int, default=D, help=f"model width D (default {D})")
+    ap.add_argument("--heads", type=int, default=HEADS, help=f"attention heads (default {HEADS})")
+    ap.add_argument("--ffn", type=int, default=None, help=f"MLP width (default 4 D; {FFN} as shipped)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
+    a = ap.parse_args()
+    try:  # torch 1.13 has no float16 matmul, softmax or GELU on the CPU
+        torch.ones(2, 2, dtype=DTYPES[a.dtype]) @ torch.ones(2, 2, dtype=DTYPES[a.dtype])
+    except RuntimeError as e:
+        ap.error(f"--dtype {a.dtype}: torch {torch.__version__} cannot compute it on the CPU ({e})")
+    a.ffn = a.ffn or 4 * a.dim
+    a.world = 0  # known in work()
+    set_size(a)
+    launch(work, after, a, a.n)

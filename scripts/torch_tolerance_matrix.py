@@ -1,0 +1,95 @@
+#!/usr/bin/python3
+"""Clean and --bug runs of examples/tp_block.py over sizes, dtypes and rank
+counts, each judged twice: the default workflow (the one-device run the
+example captures beside the reference is the yardstick) and the derived
+rule alone (`diffcheck compare --noise-floor off`). Prints one line per cell
+and the counts: false positives of each path, and --bug runs whose first
+divergence is not attn.out (the documented first tap).
+
+    /usr/bin/python3 scripts/torch_tolerance_matrix.py                      # issue 43's matrix
+    /usr/bin/python3 scripts/torch_tolerance_matrix.py --tokens 32 128 --dims 64 512 --ranks 1 2
+
+Needs diffcheck on PATH (or DIFFCHECK_EXE) and python3-torch. float16 cells
+are skipped where torch cannot compute float16 on the CPU (torch 1.13).
+"""
+import argparse
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "tp_block.py")
+FIRST_TAP = "attn.out"
+
+
+def compare(exe, out, *extra):
+    path = os.path.join(out, "report.json")
+    res = subprocess.run([exe, "compare", os.path.join(out, "tp"), "--reference", os.path.join(out, "ref.h5"),
+                          "--json", path, *extra], capture_output=True, text=True)
+    if res.returncode not in (0, 1):
+        raise RuntimeError(f"compare exited {res.returncode}: {res.stderr.strip()}")
+    with open(path) as f:
+        rep = json.load(f)
+    first = (rep.get("first_divergence") or {}).get("tap")
+    worst = max((float(t["reference"].get("margin", t["reference"].get("worst_ratio", 0)))
+                 for t in rep["taps"] if t["reference"].get("present")), default=0.0)
+    return rep["pass"], first, worst
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[32, 128, 1024])
+    ap.add_argument("--dims", type=int, nargs="+", default=[64, 512, 1024])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "float16"])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--exe", default=os.environ.get("DIFFCHECK_EXE") or shutil.which("diffcheck") or "diffcheck")
+    a = ap.parse_args()
+    env = dict(os.environ, DIFFCHECK_EXE=a.exe, PYTHONPATH=os.path.join(ROOT, "python"), OPENBLAS_NUM_THREADS="1",
+               OMP_NUM_THREADS="1")
+    counts = {"cells": 0, "skipped": 0, "fp_default": 0, "fp_derived": 0, "bug_missed_default": 0,
+              "bug_missed_derived": 0}
+    t0 = time.monotonic()
+    for tokens, dim, dtype, n, bug in itertools.product(a.tokens, a.dims, a.dtypes, a.ranks, (False, True)):
+        with tempfile.TemporaryDirectory(prefix="dc_matrix_") as out:
+            cmd = [sys.executable, EXAMPLE, "-n", str(n), "--out", out, "--tokens", str(tokens), "--dim", str(dim),
+                   "--dtype", dtype] + (["--bug"] if bug else [])
+            run = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+            cell = f"tokens {tokens:5d} D {dim:5d} {dtype:9s} tp={n} {'bug  ' if bug else 'clean'}"
+            if "cannot compute it on the CPU" in run.stderr:
+                counts["skipped"] += 1
+                print(f"{cell}  skipped ({dtype} not on this CPU)", flush=True)
+                continue
+            if not os.path.exists(os.path.join(out, "ref.h5")):
+                print(f"{cell}  ERROR: {run.stderr.strip()[-300:]}", flush=True)
+                counts["skipped"] += 1
+                continue
+            counts["cells"] += 1
+            line = [cell]
+            for path, extra in (("default", ()), ("derived", ("--noise-floor", "off"))):
+                ok, first, worst = compare(a.exe, out, *extra)
+                if bug:
+                    right = not ok and first == FIRST_TAP
+                    counts[f"bug_missed_{path}"] += not right
+                    line.append(f"{path}: {'found at ' + str(first) if not ok else 'MISSED'}"
+                                f"{'' if right else '  <- WRONG'}")
+                else:
+                    counts[f"fp_{path}"] += not ok
+                    line.append(f"{path}: {'pass' if ok else 'FALSE POSITIVE at ' + str(first)} "
+                                f"(worst err/tol {worst:.2g})")
+            print("  ".join(line), flush=True)
+    clean = counts["cells"] // 2
+    print(f"\n{counts['cells']} cells run ({clean} clean, {counts['cells'] - clean} --bug), {counts['skipped']} "
+          f"skipped, {time.monotonic() - t0:.0f} s")
+    print(f"false positives: default workflow {counts['fp_default']}, derived rule alone {counts['fp_derived']}")
+    print(f"--bug not found at {FIRST_TAP}: default workflow {counts['bug_missed_default']}, derived rule alone "
+          f"{counts['bug_missed_derived']}")
+    return 1 if counts["fp_default"] or counts["bug_missed_default"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
