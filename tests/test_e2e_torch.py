@@ -6,6 +6,7 @@ added lines each; a capture of 512 MiB (nightly 2 GiB) of activations stays
 within one tap + 64 MiB of the uninstrumented peak; the set-up installed the package for Debian's python3."""
 import filecmp
 import json
+import itertools
 import os
 import re
 import subprocess
@@ -57,17 +58,18 @@ class TorchE2E(E2ETest):
                 self.assertExit(res, 0)
                 self.assertEqual(len(res.report["taps"]), 5)
 
-    def run_example(self, script, n, bug, mpi=False):
-        out = self.path(f"{script}-{n}-{bug}-{mpi}")
-        args = [os.path.join(EXAMPLES, f"{script}.py"), "--out", out] + (["--bug"] if bug else [])
+    def run_example(self, script, n, bug, mpi=False, extra=()):
+        out = self.path(f"{script}-{n}-{bug}-{mpi}-{'-'.join(extra)}")
+        args = [os.path.join(EXAMPLES, f"{script}.py"), "--out", out, *extra] + (["--bug"] if bug else [])
         p = self.python(*args, mpi=n) if mpi else self.python(*args, "-n", str(n))
         self.assertIn(p.returncode, (0, 1), p.stderr)
         self.assertIn("diffcheck:", p.stdout, p.stderr)
         return p
 
-    def expect(self, script, n, bug, first, ranks=None, mpi=False):
-        with self.subTest(script=script, ranks=n, bug=bug, mpi=mpi):
-            p = self.run_example(script, n, bug, mpi)
+    def expect(self, script, n, bug, first, ranks=None, mpi=False, extra=()):
+        with self.subTest(script=script, ranks=n, bug=bug, mpi=mpi, extra=extra):
+            p = self.run_example(script, n, bug, mpi, extra)
+            self.assertIn("tolerances: measured, the one-device run", p.stdout)
             if first is None:
                 self.assertEqual(p.returncode, 0, p.stdout)
                 self.assertIn("PASS: all", p.stdout)
@@ -88,6 +90,17 @@ class TorchE2E(E2ETest):
             self.expect("tp_block", 2, True, r"^attn\.out$")
             self.expect("tp_block", 4, True, r"^attn\.out$")
             self.expect("tp_block", 4, False, None, mpi=True)
+
+    def test_tp_block_at_a_real_size(self):
+        """The derived rule alone fails a correct block here (attn.core at err/tol 1.4 in float32,
+        scripts/torch_tolerance_matrix.py); the one-device yardstick the example captures passes
+        it and finds the bug at attn.out, in float32 and bfloat16. Nightly also at the matrix's
+        largest size."""
+        sizes = [("128", "512")] + ([("1024", "1024")] if FULL else [])
+        for (tokens, dim), dtype in itertools.product(sizes, ("float32", "bfloat16")):
+            extra = ("--tokens", tokens, "--dim", dim, "--dtype", dtype)
+            self.expect("tp_block", 2, False, None, extra=extra)
+            self.expect("tp_block", 2, True, r"^attn\.out$", extra=extra)
 
     def test_cfg_denoise_example(self):
         self.expect("cfg_denoise", 4, False, None)
