@@ -349,6 +349,8 @@ def find_previous(out_dir, date, given):
     earlier = sorted(d for d in os.listdir(out_dir) if d < date and
                      os.path.exists(os.path.join(out_dir, d, "summary.json"))) if os.path.isdir(out_dir) else []
     return os.path.join(out_dir, earlier[-1], "summary.json") if earlier else None
+
+
 def write_summary(args, night, cells, done, version, regressions, wall, previous_path, partial=False):
     """The night's summary.json (summary.partial.json for an interrupted run,
     which the next night does not take for a finished one)."""
@@ -364,7 +366,7 @@ def write_summary(args, night, cells, done, version, regressions, wall, previous
                "injected_for_testing": ", ".join(f"{k}:{v}" for k, v in regressions.items()) or None,
                "wall_seconds_this_run": round(wall, 1),
                "cell_seconds": round(sum(c["seconds"] for c in finished), 1),
-               "cells_total": len(cells) if partial else len(finished), "cells_done": len(finished),
+               "cells_total": len(cells), "cells_done": len(finished),
                "cells_ok": sum(c["ok"] for c in finished),
                "cells": finished}
     if partial:
@@ -400,7 +402,7 @@ def interrupted(stop, args, night, cells, done, version, regressions, wall):
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the summary short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _, _ = write_summary(args, night, cells, done, version, regressions, wall,
+        write_summary(args, night, cells, done, version, regressions, wall,
                              find_previous(args.out, args.date, args.previous), partial=True)
         where = os.path.join(night, "summary.partial.json")
     except (OSError, ValueError) as err:

@@ -40,17 +40,20 @@ ActivationSet read_everywhere(const std::string& source, const std::string& refe
   return set;
 }
 
+// An optional root attribute of a set, empty when absent.
+std::string root_info(const ActivationSet& set, const char* key) {
+  auto it = set.info.find(key);
+  return it == set.info.end() ? std::string() : it->second;
+}
+
 // A yardstick must be the same computation as the run: a floor measured in
 // another dtype would hold the run to another computation's error. (One of
 // another shape does not pair with the reference, which reading it finds.)
 void require_same_computation(const ActivationSet& run, const ActivationSet& floor) {
-  auto dtype = [](const ActivationSet& s) {
-    auto it = s.info.find("dtype");
-    return it == s.info.end() ? std::string() : it->second;
-  };
-  if (!dtype(run).empty() && !dtype(floor).empty() && dtype(run) != dtype(floor))
+  const std::string run_dtype = root_info(run, "dtype"), floor_dtype = root_info(floor, "dtype");
+  if (!run_dtype.empty() && !floor_dtype.empty() && run_dtype != floor_dtype)
     input_error("noise floor {} is {} but the run {} is {}: the one-device run must be captured in the run's dtype",
-                floor.source, dtype(floor), run.source, dtype(run));
+                floor.source, floor_dtype, run.source, run_dtype);
   std::map<std::string, const TapData*> in_floor;
   for (const auto& t : floor.taps) in_floor[t.name] = &t;
   for (const auto& t : run.taps) {
@@ -70,10 +73,7 @@ std::optional<ToleranceTable> measured_tolerances(const ActivationSet& set, cons
     input_error("--tolerances FILE and --noise-floor SOURCE both say where tolerances come from: give one");
   if (!opts.tolerances_file.empty()) {
     const ToleranceFile f = read_tolerance_file(opts.tolerances_file);
-    auto info = [&](const char* k) {
-      auto it = set.info.find(k);
-      return it == set.info.end() ? std::string() : it->second;
-    };
+    auto info = [&](const char* k) { return root_info(set, k); };
     // What the activations say of themselves: a file made for anything else is refused.
     require_matching_file(f, opts.tolerances_file, info("scenario").empty() ? f.info.scenario : info("scenario"),
                           info("size").empty() ? f.info.size : info("size"),
@@ -105,8 +105,8 @@ std::optional<ToleranceTable> measured_tolerances(const ActivationSet& set, cons
   ToleranceFile f;
   f.floors = floors_of(compare(floor_set, floor_measuring_options(opts.compare)));
   if (f.floors.empty())
-    input_error("--noise-floor {}: no tap there has a reference to measure a floor against (give --reference, or "
-                "dump /reference/<tap> with it)", floor_source);
+    input_error("noise floor {}{}: no tap there has a reference to measure a floor against (give --reference, or "
+                "dump /reference/<tap> with it)", floor_source, found ? " (found beside the reference)" : "");
   if (found)
     note = fmt::format("tolerances: measured, the one-device run {}.rank0.h5 found beside the reference "
                        "(--noise-floor off: the derived rule)", floor_source);

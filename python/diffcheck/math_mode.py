@@ -6,10 +6,6 @@ bfloat16's. Recorded when a capture starts, so that a report can tell a
 yardstick of the run's own math from one of its storage dtype."""
 import torch
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
-                torch.float16: "float16"}
-
-
 def _autocast_dtype(device):
     """The autocast dtype in force for `device` ("cpu", "cuda"), or None."""
     if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4
@@ -31,5 +27,5 @@ def math_mode():
              f"tf32_cudnn={int(bool(torch.backends.cudnn.allow_tf32))}"]
     for device in ("cpu", "cuda"):
         dtype = _autocast_dtype(device)
-        parts.append(f"autocast_{device}={_DTYPE_NAMES.get(dtype, str(dtype)) if dtype is not None else 'off'}")
+        parts.append(f"autocast_{device}={str(dtype).removeprefix('torch.') if dtype is not None else 'off'}")
     return " ".join(parts)

@@ -70,10 +70,10 @@ def _layout_attrs(value):
     if isinstance(value, tuple) and len(value) == 2:
         return {"spec": value[0], "partial": value[1]}
     if isinstance(value, dict):
-        unknown = set(value) - {"spec", "partial", "reduction_depth", "atol", "rtol"}
+        unknown = set(value) - {"spec", "partial", *_TAP_ATTRIBUTES}
         if unknown:
             raise ValueError(f"layout {value!r}: unknown keys {sorted(unknown)} "
-                             "(spec, partial, reduction_depth, atol, rtol)")
+                             f"({', '.join(('spec', 'partial') + _TAP_ATTRIBUTES)})")
         return dict(value)
     raise ValueError(f"layout {value!r}: give a spec string, a (spec, partial) pair or a dict")
 
