@@ -35,7 +35,17 @@ from _launch import launch  # noqa: E402
 
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
-B, S, C, D, T, HEADS, BLOCKS, STEPS, GUIDANCE = 1, 16, 8, 32, 4, 4, 2, 4, 4.0
+B, S, C, D, T, HEADS, BLOCKS, STEPS, GUIDANCE = 1, 16, 8, 32, 4, 4, 2, 4, 4.0  # --tokens, --dim change S and D
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def set_size(args, world=1):
+    """The model's size from the command line (every process: spawned ones import this file afresh)."""
+    global S, D
+    sp = max(world // 2, 1)
+    if args.tokens % sp or args.dim % HEADS:
+        raise SystemExit(f"cfg_denoise: --tokens must be a multiple of the sp ranks ({sp}), --dim of {HEADS}")
+    S, D = args.tokens, args.dim
 LAYOUTS = {"time_embed*": "cfg,-", "*.mod": "cfg,-", "text_in": "cfg,-,-", "*.add_[kv]": "cfg,-,-", "*": "cfg,sp,-"}  # diffcheck
 
 
@@ -59,11 +69,21 @@ class Groups:
 
 
 def gather(x, group, n, dim):
+    """gloo (torch 1.13) moves no bfloat16: such pieces travel as float32, exactly."""
     if n == 1:
         return x
-    parts = [torch.empty_like(x) for _ in range(n)]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    return torch.cat(parts, dim)
+    wide = x.float() if x.dtype == torch.bfloat16 else x
+    parts = [torch.empty_like(wide) for _ in range(n)]
+    dist.all_gather(parts, wide.contiguous(), group=group)
+    return torch.cat(parts, dim).to(x.dtype)
+
+
+def broadcast_timestep(t, bug):
+    """Rank 0's t to every rank, in place; --bug: into a temporary, t unchanged."""
+    wide = t.to(torch.float32, copy=True)  # gloo moves no bfloat16
+    dist.broadcast(wide, src=0)
+    if not bug:
+        t.copy_(wide)
 
 
 class TimeEmbed(nn.Module):
@@ -147,7 +167,7 @@ def denoise(model, x, text, rank, g, bug=False):
         if rank == 0:
             t = torch.full((1,), SIGMAS[i], dtype=x.dtype)  # rank 0 owns the scheduler
         if g.world > 1:
-            dist.broadcast(t.clone() if bug else t, src=0)  # --bug: into a temporary
+            broadcast_timestep(t, bug)  # --bug: into a temporary
         pred = model(x if g.cfg > 1 else torch.cat([x, x]), text, t.expand(text.shape[0]))
         if g.cfg > 1:
             pred = gather(pred, g.cfg_group, g.cfg, 0)
@@ -158,25 +178,29 @@ def denoise(model, x, text, rank, g, bug=False):
 
 
 def work(rank, world, args):
-    """Every rank: its branch and tokens of every step in float32; rank 0 also the reference and the one-device run."""
+    """Every rank: its branch and tokens of every step in --dtype; rank 0 also the reference and the one-device run."""
+    set_size(args, world)
+    dtype = DTYPES[args.dtype]
     g = Groups(rank, world, 2 if world > 1 else 1)
     weights, noise, prompts = inputs()
     model = Denoiser(g)
     model.load_state_dict(weights)
+    model.to(dtype)
     tokens = slice(g.sp_rank * S // g.sp, (g.sp_rank + 1) * S // g.sp)
     text = prompts[g.cfg_rank] if g.cfg > 1 else prompts.reshape(2 * B, T, D)
     with dct.capture(model, out=f"{args.out}/cfg", mesh=f"cfg={g.cfg},sp={g.sp}", layouts=LAYOUTS):  # diffcheck
-        denoise(model, noise[:, tokens].float(), text.float(), rank, g, args.bug)  # diffcheck
+        denoise(model, noise[:, tokens].to(dtype), text.to(dtype), rank, g, args.bug)  # diffcheck
     if rank == 0:
         single = Groups(0, 1, 1)
         reference = Denoiser(single).double()  # unsharded
         reference.load_state_dict(weights)
         with dct.capture(reference, out=f"{args.out}/ref", reference=True):  # diffcheck
             denoise(reference, noise, prompts.reshape(2 * B, T, D), 0, single)  # diffcheck
-        one_device = Denoiser(single)  # unsharded, in the run's float32: each tap's yardstick
+        one_device = Denoiser(single)  # unsharded, in the run's dtype: each tap's yardstick
         one_device.load_state_dict(weights)
+        one_device.to(dtype)
         with dct.capture(one_device, out=f"{args.out}/ref", one_device=True):  # diffcheck
-            denoise(one_device, noise.float(), prompts.reshape(2 * B, T, D).float(), 0, single)  # diffcheck
+            denoise(one_device, noise.to(dtype), prompts.reshape(2 * B, T, D).to(dtype), 0, single)  # diffcheck
 
 
 def after(args):
@@ -191,4 +215,13 @@ if __name__ == "__main__":
                     "number (cfg=2, sp=n/2; default 4)")
     ap.add_argument("--bug", action="store_true", help="broadcast each step's timestep into a temporary")
     ap.add_argument("--out", default="dumps/cfg_denoise", help="directory of the activation files")
-    launch(work, after, ap.parse_args(), ap.parse_args().n)
+    ap.add_argument("--tokens", type=int, default=S, help=f"image tokens (default {S})")
+    ap.add_argument("--dim", type=int, default=D, help=f"model width D (default {D}); the MLP is 4 D")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
+    a = ap.parse_args()
+    try:  # torch 1.13 has no float16 matmul, softmax or GELU on the CPU
+        torch.ones(2, 2, dtype=DTYPES[a.dtype]) @ torch.ones(2, 2, dtype=DTYPES[a.dtype])
+    except RuntimeError as e:
+        ap.error(f"--dtype {a.dtype}: torch {torch.__version__} cannot compute it on the CPU ({e})")
+    set_size(a)
+    launch(work, after, a, a.n)

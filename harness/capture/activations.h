@@ -33,6 +33,7 @@ struct TapData {
   StoredKind stored = StoredKind::float32;
   std::optional<double> atol, rtol;
   std::optional<long> reduction_depth;
+  std::optional<long> rounding_steps;      // the `rounding_steps` attribute (>= 1)
   std::optional<double> tolerance_factor;  // the `tolerance_factor` attribute (>= 1)
   std::string image;                       // the `image` attribute ("nhwc", "nchw", "patches:H,W"), empty if none
   bool per_mesh = false;                   // the `per_mesh` attribute: the tap's values depend on the mesh

@@ -76,7 +76,7 @@ Root read_root(hid_t file, const std::string& path, bool need_mesh) {
   r.mesh = mesh.value_or("");
   r.world_size = world.value_or(1);
   r.rank = h5::read_int_attr(file, "rank", path);
-  for (const char* k : {"scenario", "flags", "dtype", "producer", "size"})
+  for (const char* k : {"scenario", "flags", "dtype", "producer", "size", "math"})
     if (auto v = h5::read_string_attr(file, k, path)) r.info[k] = *v;
   if (auto seed = h5::read_int_attr(file, "seed", path)) r.info["seed"] = std::to_string(*seed);
   return r;
@@ -226,6 +226,10 @@ void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapDat
   if (auto d = h5::read_int_attr(ds, "reduction_depth", where)) {
     if (*d < 0) input_error("{}: attribute 'reduction_depth' is {}; it must be >= 0", where, *d);
     t.reduction_depth = *d;
+  }
+  if (auto n = h5::read_int_attr(ds, "rounding_steps", where)) {
+    if (*n < 1) input_error("{}: attribute 'rounding_steps' is {}; it must be >= 1", where, *n);
+    t.rounding_steps = *n;
   }
 }
 

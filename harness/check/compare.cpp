@@ -13,6 +13,7 @@
 
 #include "harness/check/chunks.h"
 #include "harness/check/column_error.h"
+#include "harness/check/math_mode.h"
 #include "harness/check/scans.h"
 #include "harness/check/tap_plan.h"
 #include "harness/check/tap_stats.h"
@@ -139,6 +140,12 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
   if (has_ref) {
     ToleranceInputs in{t.dtype, t.reduction_depth, t.atol, t.rtol, opts.atol, opts.rtol, 0.0,
                        t.tolerance_factor.value_or(1.0)};
+    in.rounding_steps = t.rounding_steps;
+    if (auto m = set.info.find("math"); m != set.info.end()) {
+      const MathRounding math = math_rounding(m->second, t.dtype, set.source);
+      in.math_roundoff = math.roundoff;
+      in.math_label = math.label;
+    }
     if (opts.measure_floor) in = {t.dtype, t.reduction_depth, {}, {}, {}, 1.0, 0.0, 1.0};
     if (opts.tolerances) {
       in.measured = opts.tolerances->find(t.name);

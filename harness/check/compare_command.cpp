@@ -54,6 +54,11 @@ void require_same_computation(const ActivationSet& run, const ActivationSet& flo
   if (!run_dtype.empty() && !floor_dtype.empty() && run_dtype != floor_dtype)
     input_error("noise floor {} is {} but the run {} is {}: the one-device run must be captured in the run's dtype",
                 floor.source, floor_dtype, run.source, run_dtype);
+  // TF32 or autocast in one and not the other: the floor would measure other math.
+  const std::string run_math = root_info(run, "math"), floor_math = root_info(floor, "math");
+  if (!run_math.empty() && !floor_math.empty() && run_math != floor_math)
+    input_error("noise floor {} was computed with math '{}' but the run {} with '{}': capture the one-device run "
+                "with the same TF32 and autocast settings as the run", floor.source, floor_math, run.source, run_math);
   std::map<std::string, const TapData*> in_floor;
   for (const auto& t : floor.taps) in_floor[t.name] = &t;
   for (const auto& t : run.taps) {

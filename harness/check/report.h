@@ -35,6 +35,12 @@ std::string describe_tap(const TapVerdict& t, std::size_t index);
 // its noise floor and clean margin (tolerance / floor), in one line:
 // "calibrated: rtol 1.1e-06 (floor 4.2e-07, clean margin 2.6x), rel L2 <= ...".
 std::string tolerance_line(const ReferenceCheck& ref);
+// The report table's tolerance cell: the source, and for a derived tolerance
+// its depth and math ("derived d1536 TF32").
+std::string tolerance_cell(const Tolerance& tol);
+// For a failing derived float32 tap whose file states no math: a line saying
+// when its error is the size TF32 or bfloat16 matmuls give; else empty.
+std::string math_hint(const ReferenceCheck& ref);
 
 // The JUnit suite of a run or comparison: one test case per tap, in order;
 // a failing tap's failure carries its paragraph. `name` names the suite

@@ -70,11 +70,14 @@ class ConsoleReporter final : public Reporter {
     for (const auto& t : res.taps) wname = std::max(wname, std::min<std::size_t>(t.name.size(), 40));
     std::size_t wlay = 6;
     for (const auto& t : res.taps) wlay = std::max(wlay, std::min<std::size_t>(t.layout.size(), 28));
+    std::size_t wtol = 11;
+    for (const auto& t : res.taps)
+      if (t.reference.present) wtol = std::max(wtol, tolerance_cell(t.reference.tol).size());
     auto row = [&](auto... cells) {
-      out << fmt::format("{:>3}  {:<{}}  {:<{}}  {:>8}  {:>18}  {:>9}  {:>9}  {:>9}  {:>9}  {:<11}  {}\n", cells...);
+      out << fmt::format("{:>3}  {:<{}}  {:<{}}  {:>8}  {:>18}  {:>9}  {:>9}  {:>9}  {:>9}  {:<{}}  {}\n", cells...);
     };
     row("#", "tap", wname, "layout", wlay, "nan/inf", "replica diff", "max abs", "max rel", "rel L2", "err/tol",
-        "tolerance", "verdict");
+        "tolerance", wtol, "verdict");
     for (std::size_t i = 0; i < res.taps.size(); ++i) {
       const auto& t = res.taps[i];
       const auto& rc = t.reference;
@@ -88,7 +91,7 @@ class ConsoleReporter final : public Reporter {
       row(i, truncate(t.name, 40), wname, truncate(t.layout, 28), wlay, nonfinite_cell(t.nonfinite),
           replica_cell(t.replica), rc.present ? sci(rc.max_abs) : "-",
           rc.present ? sci(rc.max_rel) : "-", rc.present ? sci(rc.rel_l2) : "-",
-          rc.present ? sci(rc.margin()) : "-", rc.present ? source_name(rc.tol.source) : "-", verdict);
+          rc.present ? sci(rc.margin()) : "-", rc.present ? tolerance_cell(rc.tol) : "-", wtol, verdict);
     }
     print_steps(res, out);
     print_images(res, out);
@@ -117,9 +120,39 @@ std::string describe_first_divergence(const ActivationSet&, const CompareResult&
   return "First divergence: " + describe_tap(res.taps[*res.first_divergence], *res.first_divergence);
 }
 
+std::string tolerance_cell(const Tolerance& tol) {
+  std::string s = source_name(tol.source);
+  if (tol.yardstick.empty()) return s;
+  // "derived d1536 TF32": the depth and the math, the rest is in the tap's detail.
+  const auto depth = tol.yardstick.find(", depth ");
+  if (depth != std::string::npos)
+    s += " d" + tol.yardstick.substr(depth + 8, tol.yardstick.find(',', depth + 8) - depth - 8);
+  for (const char* math : {"TF32", "autocast bfloat16", "autocast float16", "bfloat16 matmuls"})
+    if (tol.yardstick.find(math) != std::string::npos) return s + " " + math;
+  return s;
+}
+
+std::string math_hint(const ReferenceCheck& ref) {
+  const auto& tol = ref.tol;
+  const double margin = ref.margin();
+  if (ref.pass || !(margin > 1) || tol.rtol <= 0) return "";
+  auto fits = [&](double rtol) { return rtol > 0 && margin * tol.rtol / rtol <= 1; };
+  const char* tail =
+      ": if the run did that math, record it in the root attribute `math` (diffcheck.torch does) or capture the "
+      "one-device run in the same math (docs/torch.md, Tolerances)\n";
+  if (fits(tol.rtol_if_tf32))
+    return std::string("  an error of the size TF32 matmuls give (torch.backends.cuda.matmul.allow_tf32, "
+                       "set_float32_matmul_precision('high'), XLA's default GPU precision)") + tail;
+  if (fits(tol.rtol_if_bf16))
+    return std::string("  an error of the size bfloat16 matmuls give (autocast, "
+                       "set_float32_matmul_precision('medium'))") + tail;
+  return "";
+}
+
 std::string tolerance_line(const ReferenceCheck& ref) {
   const auto& tol = ref.tol;
-  std::string s = fmt::format("{}: atol {} + rtol {}*|ref|", source_name(tol.source), sci(tol.atol), sci(tol.rtol));
+  std::string s = fmt::format("{}{}: atol {} + rtol {}*|ref|", source_name(tol.source),
+                              tol.yardstick.empty() ? "" : " (" + tol.yardstick + ")", sci(tol.atol), sci(tol.rtol));
   if (tol.measured) {
     const auto& m = *tol.measured;
     auto margin = [](double limit, double floor) {
@@ -185,7 +218,7 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
                           : ""),
         sci(ref.max_abs), sci(ref.max_rel), sci(ref.rel_l2), index_str(ref.worst.index),
         rank_ranges(ref.worst_ranks), ref.worst_value, ref.worst_reference);
-    s += "  tolerance " + tolerance_line(ref) + "\n";
+    s += "  tolerance " + tolerance_line(ref) + "\n" + math_hint(ref);
   } else if (ref.present) {
     s += rc.pass ? "  reference agrees within tolerance\n"
                  : "  reference agrees within tolerance on the replica-group leaders (the ranks that "

@@ -54,6 +54,7 @@ json tap_json(const TapVerdict& t, std::size_t order) {
                            {"worst_ratio", num(ref.worst_ratio)},
                            {"margin", num(ref.margin())},
                            {"tolerance_source", source_name(ref.tol.source)}});
+    if (!ref.tol.yardstick.empty()) j["reference"]["yardstick"] = ref.tol.yardstick;
     if (ref.tol.rel_l2_limit)
       j["reference"].update({{"rel_l2_limit", num(*ref.tol.rel_l2_limit)}, {"l2_ratio", num(ref.l2_ratio.value_or(0))}});
     if (ref.column_mean) j["reference"]["column_mean"] = num(*ref.column_mean);

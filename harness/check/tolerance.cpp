@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 namespace dc {
 namespace {
 
@@ -65,11 +67,14 @@ Tolerance derive_tolerance(const ToleranceInputs& in) {
     t.measured = in.measured;
     return t;
   }
-  double depth = std::max(1.0, static_cast<double>(in.reduction_depth.value_or(1)));
-  const double derived =
-      in.factor * kToleranceScale * (unit_roundoff(in.dtype) + accumulator_roundoff(in.dtype) * std::sqrt(depth));
+  const double depth = std::max(1.0, static_cast<double>(in.reduction_depth.value_or(1)));
+  const double steps = std::max(1.0, static_cast<double>(in.rounding_steps.value_or(1)));
+  auto rule = [&](double u) {
+    return in.factor * kToleranceScale * (u * std::sqrt(steps) + accumulator_roundoff(in.dtype) * std::sqrt(depth));
+  };
+  const double u = std::max(unit_roundoff(in.dtype), in.math_roundoff);
   Tolerance t;
-  t.rtol = derived;
+  t.rtol = rule(u);
   if (in.cli_rtol) t.rtol = *in.cli_rtol;
   if (in.tap_rtol) t.rtol = *in.tap_rtol;
   t.atol = t.rtol * in.reference_rms;
@@ -78,6 +83,17 @@ Tolerance derive_tolerance(const ToleranceInputs& in) {
   t.source = in.tap_atol || in.tap_rtol ? ToleranceSource::attribute
              : in.cli_atol || in.cli_rtol ? ToleranceSource::command_line
                                           : ToleranceSource::derived;
+  if (t.source == ToleranceSource::derived) {
+    t.yardstick = in.dtype;
+    if (in.reduction_depth) t.yardstick += fmt::format(", depth {}", *in.reduction_depth);
+    if (in.rounding_steps) t.yardstick += fmt::format(", {} roundings", *in.rounding_steps);
+    if (in.factor != 1.0) t.yardstick += fmt::format(", x{:.3g}", in.factor);
+    if (!in.math_label.empty()) t.yardstick += ", " + in.math_label;
+    if (in.dtype == "float32" && in.math_roundoff == 0) {
+      t.rtol_if_tf32 = rule(std::ldexp(1.0, -11));
+      t.rtol_if_bf16 = rule(std::ldexp(1.0, -8));
+    }
+  }
   return t;
 }
 

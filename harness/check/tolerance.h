@@ -3,11 +3,16 @@
 // overridden.
 //
 // Derived:
-//   rtol = kToleranceScale * (u + u_acc * sqrt(max(1, reduction_depth)))
+//   rtol = kToleranceScale * (u * sqrt(max(1, rounding_steps))
+//                             + u_acc * sqrt(max(1, reduction_depth)))
 //   atol = rtol * rms(reference)
 // u is the unit roundoff of the logical dtype (2^-24 float32, 2^-8 bfloat16,
 // 2^-11 float16, 2^-53 float64; integers are exact): rounding a value to the
-// dtype costs u whatever the depth. u_acc is the unit roundoff of the
+// dtype costs u whatever the depth, and a value rounded after each of
+// `rounding_steps` ops (a tap attribute diffcheck.torch writes: the ops of the
+// forward before it) carries sqrt(steps) such errors of random sign. Math
+// beyond the dtype (TF32 matmuls, autocast: the root attribute `math`,
+// check/math_mode.h) raises u to that math's. u_acc is the unit roundoff of the
 // accumulator (float32 for 16- and 32-bit dtypes, float64 for float64): a sum
 // of `depth` random-sign terms grows its rounding error like sqrt(depth).
 // atol is scaled by the reference's RMS so that elements near zero (where rtol
@@ -80,6 +85,13 @@ struct Tolerance {
   bool own_inputs = false;  // rel_l2_limit is measured->rel_l2_limit_own_inputs
   std::optional<double> column_mean_limit;  // measured tolerances of taps with column means
   bool column_own_inputs = false;  // column_mean_limit is measured->column_mean_limit_own_inputs
+  // What the derived rule held the tap to, for the report: "float32, depth 1536,
+  // 9 roundings, TF32 matmuls"; empty for other sources.
+  std::string yardstick;
+  // A derived float32 tolerance whose math the file does not state: the rtols
+  // TF32 matmuls and bfloat16 autocast would give, so that a failure of that
+  // size can say so (0: not applicable).
+  double rtol_if_tf32 = 0, rtol_if_bf16 = 0;
 };
 
 struct ToleranceInputs {
@@ -92,6 +104,9 @@ struct ToleranceInputs {
   const MeasuredTolerance* measured = nullptr;  // this tap's entry of a tolerance table
   ToleranceSource measured_source = ToleranceSource::file;
   bool per_mesh = false;  // the tap's `per_mesh` attribute: no same-input limit
+  std::optional<long> rounding_steps;  // the tap's `rounding_steps` attribute
+  double math_roundoff = 0;  // what the run's math adds (check/math_mode.h); 0: the dtype's own
+  std::string math_label;    // "TF32 matmuls", ...: said in the yardstick
 };
 
 // Whether the tolerance chosen for `in` scales with the reference's RMS (so

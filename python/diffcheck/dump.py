@@ -171,7 +171,8 @@ class RankDump(_AtomicH5):
         self.f.create_group("taps", track_order=True)
         self._order = 0
 
-    def tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None, dtype=None):
+    def tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None, dtype=None,
+            rounding_steps=None):
         """`dtype`: the logical dtype when `x` holds another one's values (a
         bfloat16 tensor already turned into float32); found by itself otherwise."""
         a, logical = to_numpy(x)
@@ -187,6 +188,8 @@ class RankDump(_AtomicH5):
             ds.attrs["dtype"] = logical
         if reduction_depth is not None:
             ds.attrs["reduction_depth"] = int(reduction_depth)
+        if rounding_steps is not None:
+            ds.attrs["rounding_steps"] = int(rounding_steps)
         if atol is not None:
             ds.attrs["atol"] = float(atol)
         if rtol is not None:

@@ -20,9 +20,12 @@ def _autocast_dtype(device):
     return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
 
 
-def math_mode():
-    """`name=value` pairs separated by spaces, as the `flags` attribute is written."""
-    parts = [f"float32_matmul_precision={torch.get_float32_matmul_precision()}",
+def math_mode(device=None):
+    """`name=value` pairs separated by spaces, as the `flags` attribute is
+    written; `device` ("cpu", "cuda": the model's) tells the reader which
+    settings apply (TF32 and the matmul precision are CUDA's)."""
+    parts = [f"device={device}"] if device else []
+    parts += [f"float32_matmul_precision={torch.get_float32_matmul_precision()}",
              f"tf32_matmul={int(bool(torch.backends.cuda.matmul.allow_tf32))}",
              f"tf32_cudnn={int(bool(torch.backends.cudnn.allow_tf32))}"]
     for device in ("cpu", "cuda"):

@@ -33,6 +33,7 @@ from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  #
 from diffcheck.dump import RankDump, ReferenceDump, mesh_axes, mesh_size, to_numpy
 from diffcheck.keywords import check_root_keywords, root_attributes, unexpected
 from diffcheck.math_mode import math_mode
+from diffcheck import rounding
 from diffcheck.writer import BackgroundWriter
 
 ROOT_NAME = "model"
@@ -44,11 +45,11 @@ _LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", 
 
 _active = []  # open captures of this process, innermost last
 _CAPTURE_PARAMETERS = ("out", "mesh", "layouts", "include", "exclude", "inputs", "reference", "one_device",
-                       "rename", "rank", "world_size", "attrs")
+                       "rename", "rank", "world_size", "attrs", "derive_depths")
 # What a one-device capture adds to `out`: diffcheck compare finds
 # <reference without .h5>.one_device.rank0.h5 beside the reference by itself.
 ONE_DEVICE_SUFFIX = ".one_device"
-_TAP_ATTRIBUTES = ("reduction_depth", "atol", "rtol")
+_TAP_ATTRIBUTES = ("reduction_depth", "rounding_steps", "atol", "rtol")
 
 
 def rank_and_world():
@@ -99,7 +100,7 @@ class Capture:
 
     def __init__(self, model, out, mesh=None, *, layouts=None, include=None, exclude=None, inputs=False,
                  reference=False, one_device=False, rename=None, rank=None, world_size=None, attrs=None,
-                 **root_attrs):
+                 derive_depths=True, **root_attrs):
         check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
         extra_attrs = root_attributes("capture()", attrs)
         if one_device and (reference or mesh is not None or layouts or rank is not None or world_size is not None):
@@ -125,12 +126,21 @@ class Capture:
                                  f"{self.world} (from torch.distributed or the launcher; pass rank= and world_size=)")
         self.mesh = mesh
         self.axes = set(mesh_axes(mesh)) if mesh else set()
+        self.axis_sizes = {a.split("=")[0].strip(): int(a.split("=")[1]) for a in mesh.split(",")} if mesh else {}
+        # The sharded run's taps get the counts of rounding.py (the reference
+        # and the one-device run are not held to a derived tolerance).
+        self.derive_depths = derive_depths and not reference and not one_device
         self.root_attrs = {"producer": f"diffcheck.torch {__version__}", "dtype": self._model_dtype(),
-                           "math": math_mode(), **extra_attrs, **root_attrs}
+                           "math": math_mode(self._model_device()), **extra_attrs, **root_attrs}
         self._writer, self._thread, self._handles, self._calls, self._step = None, None, [], {}, ""
         self._staging = None  # see _staged
 
     # -- naming -------------------------------------------------------------
+
+    def _model_device(self):
+        for p in self.model.parameters():
+            return p.device.type
+        return None
 
     def _model_dtype(self):
         for p in self.model.parameters():
@@ -186,6 +196,8 @@ class Capture:
         else:
             pattern, attrs = (None, explicit) if explicit else self._layout_for(*plain_names)
             self._check_layout(name, tensor, pattern, attrs)
+            if self.derive_depths:
+                attrs = self._with_counts(tensor, attrs)
 
         def prepare():
             """Here, before the model goes on: this rank's values, copied if
@@ -196,6 +208,20 @@ class Capture:
                 array = self._staged(array)
             return lambda: self._store(name, array, logical, attrs)
         self._thread.submit(prepare)
+
+    def _with_counts(self, tensor, attrs):
+        """`attrs` plus the tensor's rounding counts (rounding.py), unless the
+        user gave a depth: a partial sum's depth is the global one."""
+        depth, steps = rounding.counts(tensor)
+        if "reduction_depth" in attrs or not (depth or steps):
+            return attrs
+        partial = attrs.get("partial")
+        if partial:
+            ranks = 1
+            for axis in partial.split("*"):
+                ranks *= self.axis_sizes.get(axis, 1)
+            depth += rounding.own_depth(tensor) * (ranks - 1)
+        return {**attrs, "reduction_depth": max(int(depth), 1), "rounding_steps": max(int(steps), 1)}
 
     def _staged(self, array):
         """A copy of `array` in the capture's one staging buffer: the writer
@@ -222,6 +248,10 @@ class Capture:
 
     def _record(self, path, value, inputs=False):
         """A module call's output (or, before it runs, its inputs: `<path>:in`)."""
+        with _paused():
+            self._record_now(path, value, inputs)
+
+    def _record_now(self, path, value, inputs):
         plain = path + (":in" if inputs else "")
         base = self._numbered(path, advance=not inputs) + (":in" if inputs else "")
         numbered = base[len(self._step):]
@@ -239,7 +269,8 @@ class Capture:
                 raise unexpected(f"rank {self.rank}: tap '{name}'", k, ("spec", "partial") + _TAP_ATTRIBUTES)
         full = self._numbered(name)
         explicit = {k: v for k, v in dict(spec=spec, partial=partial, **attrs).items() if v is not None}
-        self._write(full, tensor, (name,), explicit or None)
+        with _paused():
+            self._write(full, tensor, (name,), explicit or None)
 
     def step(self, t):
         """Later taps are named `step<t>/...`; t=None: no prefix. Calls are numbered afresh."""
@@ -265,6 +296,9 @@ class Capture:
                 if self.inputs:
                     self._handles.append(module.register_forward_pre_hook(
                         lambda _m, args, name=name: self._record(name, args, inputs=True)))
+            if self.derive_depths:
+                _ledger_enter()
+                self._ledger_held = True
         except BaseException:
             self._close(failed=True)
             raise
@@ -279,6 +313,9 @@ class Capture:
         for h in self._handles:
             h.remove()
         self._handles = []
+        if getattr(self, "_ledger_held", False):
+            self._ledger_held = False
+            _ledger_exit()
         if self in _active:
             _active.remove(self)
         thread, self._thread = self._thread, None
@@ -308,6 +345,38 @@ class Capture:
         return (self.out[:-3] if self.out.endswith(".h5") else self.out) + ONE_DEVICE_SUFFIX
 
 
+_ledger = {"mode": None, "users": 0}  # one rounding ledger for every open capture of the process
+
+
+def _ledger_enter():
+    if _ledger["users"] == 0:
+        _ledger["mode"] = rounding.RoundingLedger()
+        _ledger["mode"].__enter__()
+    _ledger["users"] += 1
+
+
+def _ledger_exit():
+    _ledger["users"] -= 1
+    if _ledger["users"] == 0:
+        mode, _ledger["mode"] = _ledger["mode"], None
+        mode.__exit__(None, None, None)
+
+
+class _paused:
+    """The capture's own tensor ops (copies for the writer) are not the model's."""
+
+    def __enter__(self):
+        self.mode = _ledger["mode"]
+        self.was = self.mode.paused if self.mode else None
+        if self.mode:
+            self.mode.paused = True
+
+    def __exit__(self, *exc):
+        if self.mode:
+            self.mode.paused = self.was
+        return False
+
+
 def capture(model, out, mesh=None, **kwargs):
     """Taps every selected module's output of `model` while the block runs.
 
@@ -325,6 +394,10 @@ def capture(model, out, mesh=None, **kwargs):
               prefix) as <out>.one_device.rank0.h5: compare finds it there and
               holds each tap to what this run's error is (a measured noise floor)
     rename    {module path prefix in this model: its name in the other one}
+    derive_depths  mark each tap with the rounding its value went through
+              (python/diffcheck/rounding.py), for the tolerance diffcheck
+              derives when no one-device run is there; False: none
+              (then every tap is held as one rounding of its dtype)
     rank, world_size   override what torch.distributed or the launcher say
     scenario, flags, dtype, seed, producer, size   root attributes of the file
     attrs     {name: str | number | bool}: other root attributes

@@ -1,0 +1,165 @@
+"""How much rounding a tap's value went through, learnt from the ops that made
+it, for the derived tolerance (docs/tolerances.md) of a run captured without
+a one-device yardstick.
+
+While a capture is open, a torch function mode sees every torch op the model
+runs and marks each floating-point result with two counts along the deepest
+path from the capture's inputs to it:
+
+  depth   the terms summed into each element, op after op: a linear or
+          matmul its contraction length, a conv in_channels/groups x kernel,
+          a norm its normalized size, softmax and reductions the reduced
+          size, attention its head size plus its keys;
+  steps   the ops that rounded it to its dtype (element-wise ops count one,
+          views, copies and exact ops such as relu none).
+
+Rounding errors of independent ops add in quadrature, so the error of a
+value is ~ u sqrt(steps) + u_acc sqrt(depth) relative to its scale: the
+derived rule's form (tolerance.h), with these counts as the tap attributes
+`rounding_steps` and `reduction_depth`. An op's result takes the largest
+counts of its inputs (a residual x + f(x) is as deep as f(x), not twice),
+plus its own. A partial sum's global depth is its local one times the ranks
+it is summed over (capture() knows that from the layout).
+
+The counts ride on the tensors (an attribute), so they follow the data and
+not the order of execution: a branch that does not feed a tap does not add
+to it, and a denoising loop's latents carry the depth of every step before.
+Ops run outside the capture, and compiled graphs, are not seen: their
+results count as exact inputs.
+"""
+import math
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_ATTR = "_diffcheck_rounding"  # (depth, steps, own depth) on a tensor
+
+# Results that are their input's values, moved or viewed: no rounding.
+_NO_ROUNDING = frozenset("""
+    view view_as reshape reshape_as transpose transpose_ swapaxes permute contiguous __getitem__ __setitem__ split
+    split_with_sizes chunk unbind flatten unflatten unsqueeze unsqueeze_ squeeze squeeze_ expand expand_as narrow
+    select t t_ T mT H mH movedim moveaxis clone detach detach_ cat concat concatenate stack hstack vstack pad repeat
+    repeat_interleave roll flip tile index_select gather take masked_select tril triu diagonal as_strided
+    relu relu_ abs neg __neg__ negative maximum minimum clamp clamp_ clip where masked_fill masked_fill_ max min
+    amax amin sign dropout __get__ __set__ copy_ zero_ fill_ requires_grad_ cpu cuda
+    """.split())
+# Casts round only when they narrow.
+_CASTS = frozenset("to type float double half bfloat16".split())
+_WIDTH = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
+
+
+def counts(tensor):
+    """(depth, steps) of a tensor the mode has seen; (0, 0) for one it has not."""
+    c = getattr(tensor, _ATTR, None)
+    return (c[0], c[1]) if c else (0, 0)
+
+
+def own_depth(tensor):
+    """The depth the op that made `tensor` added by itself (0 if none or unseen)."""
+    c = getattr(tensor, _ATTR, None)
+    return c[2] if c else 0
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+def _shape(x, i, default=1):
+    return x.shape[i] if isinstance(x, torch.Tensor) and x.dim() > abs(i) - (i < 0) else default
+
+
+def _arg(args, kwargs, i, name):
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+def _reduced(args, out):
+    """Elements summed per result element of a reduction: input size / result size."""
+    x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    y = next(_tensors(out), None)
+    if x is None or y is None:
+        return 0
+    return max(x.numel() // max(y.numel(), 1), 1)
+
+
+def op_depth(name, args, kwargs, out):
+    """Terms summed into each element of `name`'s result."""
+    if name == "linear":
+        return _shape(_arg(args, kwargs, 1, "weight"), -1)
+    if name in ("matmul", "__matmul__", "mm", "bmm", "dot", "inner", "mv"):
+        return _shape(args[0], -1)
+    if name == "__rmatmul__":
+        return _shape(args[1], -1) if len(args) > 1 else 1
+    if name in ("addmm", "baddbmm", "addbmm", "addmv"):
+        return _shape(args[1], -1) if len(args) > 1 else 1
+    if name.startswith("conv_transpose"):
+        w = _arg(args, kwargs, 1, "weight")
+        return math.prod(w.shape[2:]) * w.shape[0] if isinstance(w, torch.Tensor) else 1
+    if name.startswith("conv"):
+        w = _arg(args, kwargs, 1, "weight")
+        return math.prod(w.shape[1:]) if isinstance(w, torch.Tensor) else 1
+    if name in ("layer_norm", "rms_norm"):
+        shape = _arg(args, kwargs, 1, "normalized_shape")
+        return math.prod(shape) if shape else 1
+    if name == "group_norm":
+        x, groups = args[0], _arg(args, kwargs, 1, "num_groups") or 1
+        return max(x.numel() // max(x.shape[0] * groups, 1), 1)
+    if name in ("softmax", "log_softmax", "_softmax", "cumsum", "cumprod", "logcumsumexp"):
+        dim = _arg(args, kwargs, 1, "dim")
+        return _shape(args[0], dim if isinstance(dim, int) else -1)
+    if name == "scaled_dot_product_attention":  # q k^T over the head size, then p v over the keys
+        return _shape(args[0], -1) + _shape(args[1], -2)
+    if name in ("einsum", "tensordot"):
+        xs = [t for t in _tensors(args)]
+        return max((t.numel() for t in xs), default=1) // max(next(_tensors(out)).numel(), 1) or 1
+    if name in ("sum", "mean", "nansum", "nanmean", "var", "std", "var_mean", "std_mean", "norm", "logsumexp",
+                "prod", "count_nonzero"):
+        return _reduced(args, out)
+    return 0
+
+
+def _rounds(name, args, out):
+    """Whether `name`'s result is rounded to its dtype."""
+    if name in _NO_ROUNDING:
+        return False
+    if name in _CASTS:
+        src = next(_tensors(args), None)
+        dst = next(_tensors(out), None)
+        return src is not None and dst is not None and _WIDTH.get(dst.dtype, 0) < _WIDTH.get(src.dtype, 0)
+    return True
+
+
+class RoundingLedger(TorchFunctionMode):
+    """The mode: marks every floating-point result with its counts."""
+
+    def __init__(self):
+        super().__init__()
+        self.paused = False  # the capture's own ops (copies for the writer) are not the model's
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.paused:
+            return out
+        results = [t for t in _tensors(out) if t.is_floating_point()]
+        if not results:
+            return out
+        name = getattr(func, "__name__", "")
+        depth = steps = 0
+        for t in _tensors((args, kwargs)):
+            d, s = counts(t)
+            depth, steps = max(depth, d), max(steps, s)
+        own = op_depth(name, args, kwargs, out)
+        mark = (depth + own, steps + int(_rounds(name, args, out)), own)
+        for t in results:
+            try:
+                setattr(t, _ATTR, mark)
+            except (AttributeError, RuntimeError):  # a tensor subclass that takes no attributes
+                pass
+        return out
