@@ -3,7 +3,7 @@ it, for the derived tolerance (docs/tolerances.md) of a run captured without
 a one-device yardstick.
 
 While a capture is open, a torch function mode sees every torch op the model
-runs and marks each floating-point result with two counts along the deepest
+runs and marks each result with two counts along the deepest
 path from the capture's inputs to it:
 
   depth   the terms summed into each element, op after op: a linear or
@@ -45,6 +45,8 @@ _NO_ROUNDING = frozenset("""
     """.split())
 # Casts round only when they narrow.
 _CASTS = frozenset("to type float double half bfloat16".split())
+# Ops that are several rounded ops in one call.
+_ROUNDINGS = {"scaled_dot_product_attention": 3, "multi_head_attention_forward": 5}
 _WIDTH = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
 
 
@@ -115,6 +117,9 @@ def op_depth(name, args, kwargs, out):
         return _shape(args[0], dim if isinstance(dim, int) else -1)
     if name == "scaled_dot_product_attention":  # q k^T over the head size, then p v over the keys
         return _shape(args[0], -1) + _shape(args[1], -2)
+    if name == "multi_head_attention_forward":  # in-projection, q k^T, p v over the keys, out-projection
+        embed, heads, key = _arg(args, kwargs, 3, "embed_dim_to_check"), _arg(args, kwargs, 4, "num_heads"), args[1]
+        return 2 * embed + embed // max(heads, 1) + _shape(key, 0)
     if name in ("einsum", "tensordot"):
         xs = [t for t in _tensors(args)]
         return max((t.numel() for t in xs), default=1) // max(next(_tensors(out)).numel(), 1) or 1
@@ -124,19 +129,19 @@ def op_depth(name, args, kwargs, out):
     return 0
 
 
-def _rounds(name, args, out):
-    """Whether `name`'s result is rounded to its dtype."""
+def roundings(name, args, out):
+    """How many times `name` rounds its result to its dtype."""
     if name in _NO_ROUNDING:
-        return False
+        return 0
     if name in _CASTS:
         src = next(_tensors(args), None)
         dst = next(_tensors(out), None)
-        return src is not None and dst is not None and _WIDTH.get(dst.dtype, 0) < _WIDTH.get(src.dtype, 0)
-    return True
+        return int(src is not None and dst is not None and _WIDTH.get(dst.dtype, 0) < _WIDTH.get(src.dtype, 0))
+    return _ROUNDINGS.get(name, 1)
 
 
 class RoundingLedger(TorchFunctionMode):
-    """The mode: marks every floating-point result with its counts."""
+    """The mode: marks every result with its counts."""
 
     def __init__(self):
         super().__init__()
@@ -147,7 +152,9 @@ class RoundingLedger(TorchFunctionMode):
         out = func(*args, **kwargs)
         if self.paused:
             return out
-        results = [t for t in _tensors(out) if t.is_floating_point()]
+        # Integer results are marked too: a value may pass through its bits
+        # (an emulated TF32 rounding, a quantizer) and come back as floats.
+        results = list(_tensors(out))
         if not results:
             return out
         name = getattr(func, "__name__", "")
@@ -156,7 +163,7 @@ class RoundingLedger(TorchFunctionMode):
             d, s = counts(t)
             depth, steps = max(depth, d), max(steps, s)
         own = op_depth(name, args, kwargs, out)
-        mark = (depth + own, steps + int(_rounds(name, args, out)), own)
+        mark = (depth + own, steps + roundings(name, args, out), own)
         for t in results:
             try:
                 setattr(t, _ATTR, mark)
