@@ -93,11 +93,14 @@ class RowParallelLinear(nn.Module):
         self.matmul.weight = nn.Parameter(weight[:, rank * cols:(rank + 1) * cols].clone())
         self.bias = nn.Parameter(bias.clone())
         self.tp, self.bug = tp, bug
+        # --bug-scale A: each rank's share of the bias, so that the sum holds
+        # it 1 + A (tp - 1) times (A = 1: every rank adds all of it)
+        self.share = (1 + (bug or 0) * (tp - 1)) / tp
 
     def forward(self, x):
         y = self.matmul(x)
         if self.bug:
-            y = y + self.bias  # the bug: every rank adds the bias before the sum
+            y = y + (self.bias if self.share == 1 else self.share * self.bias)  # the bug: the bias before the sum
         if self.tp > 1:
             all_reduce(y)
         return y if self.bug else y + self.bias
@@ -157,7 +160,7 @@ def work(rank, world, args):
     set_size(args)
     dtype = DTYPES[args.dtype]
     w, x = full_weights()
-    block = Block(w, world, rank, args.bug).to(dtype)
+    block = Block(w, world, rank, args.bug and args.bug_scale).to(dtype)
     with dct.capture(block, out=f"{args.out}/tp", mesh=f"tp={world}", layouts=LAYOUTS):  # diffcheck
         block(x.to(dtype))  # diffcheck
     if rank == 0:
@@ -179,6 +182,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=4, help="processes to start when not under mpirun (default 4)")
     ap.add_argument("--bug", action="store_true", help="add the row-parallel bias on every rank")
+    ap.add_argument("--bug-scale", type=float, default=1.0, metavar="A",
+                    help="with --bug: the sum holds the bias 1 + A (tp - 1) times (default 1: tp times)")
     ap.add_argument("--out", default="dumps/tp_block", help="directory of the activation files")
     ap.add_argument("--tokens", type=int, default=B * S, help=f"tokens, {B} sequences of tokens/{B} (default {B * S})")
     ap.add_argument("--dim", type=int, default=D, help=f"model width D (default {D})")

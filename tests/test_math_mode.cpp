@@ -67,6 +67,10 @@ TEST(DerivedRule, RoundingStepsAddInQuadrature) {
   auto t = dc::derive_tolerance(in);
   EXPECT_DOUBLE_EQ(t.rtol, dc::kToleranceScale * (3 * u + 8 * u_acc));
   EXPECT_EQ(t.yardstick, "bfloat16, depth 64, 9 roundings");
+  // With the counts known, the norm is held too, at a quarter of the element bound's constant.
+  ASSERT_TRUE(t.rel_l2_limit.has_value());
+  EXPECT_DOUBLE_EQ(*t.rel_l2_limit, dc::kNormScale * (3 * u + 8 * u_acc));
+  EXPECT_FALSE(dc::derive_tolerance({"bfloat16", 64, {}, {}, {}, {}, 1.0}).rel_l2_limit.has_value());
   // Without the attribute: one rounding, as before.
   EXPECT_DOUBLE_EQ(dc::derive_tolerance({"bfloat16", 64, {}, {}, {}, {}, 1.0}).rtol,
                    dc::kToleranceScale * (u + 8 * u_acc));

@@ -84,6 +84,7 @@ Tolerance derive_tolerance(const ToleranceInputs& in) {
              : in.cli_atol || in.cli_rtol ? ToleranceSource::command_line
                                           : ToleranceSource::derived;
   if (t.source == ToleranceSource::derived) {
+    if (in.rounding_steps) t.rel_l2_limit = rule(u) * kNormScale / kToleranceScale;
     t.yardstick = in.dtype;
     if (in.reduction_depth) t.yardstick += fmt::format(", depth {}", *in.reduction_depth);
     if (in.rounding_steps) t.yardstick += fmt::format(", {} roundings", *in.rounding_steps);
