@@ -34,6 +34,7 @@ from diffcheck.dump import RankDump, ReferenceDump, mesh_axes, mesh_size, to_num
 from diffcheck.keywords import check_root_keywords, root_attributes, unexpected
 from diffcheck.math_mode import math_mode
 from diffcheck import rounding
+from diffcheck.backward import Gradients
 from diffcheck.writer import BackgroundWriter
 
 ROOT_NAME = "model"
@@ -45,7 +46,7 @@ _LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", 
 
 _active = []  # open captures of this process, innermost last
 _CAPTURE_PARAMETERS = ("out", "mesh", "layouts", "include", "exclude", "inputs", "reference", "one_device",
-                       "rename", "rank", "world_size", "attrs", "derive_depths")
+                       "rename", "rank", "world_size", "attrs", "derive_depths", "backward", "optimizer")
 # What a one-device capture adds to `out`: diffcheck compare finds
 # <reference without .h5>.one_device.rank0.h5 beside the reference by itself.
 ONE_DEVICE_SUFFIX = ".one_device"
@@ -100,7 +101,7 @@ class Capture:
 
     def __init__(self, model, out, mesh=None, *, layouts=None, include=None, exclude=None, inputs=False,
                  reference=False, one_device=False, rename=None, rank=None, world_size=None, attrs=None,
-                 derive_depths=True, **root_attrs):
+                 derive_depths=True, backward=False, optimizer=None, **root_attrs):
         check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
         extra_attrs = root_attributes("capture()", attrs)
         if one_device and (reference or mesh is not None or layouts or rank is not None or world_size is not None):
@@ -134,6 +135,9 @@ class Capture:
                            "math": math_mode(self._model_device()), **extra_attrs, **root_attrs}
         self._writer, self._thread, self._handles, self._calls, self._step = None, None, [], {}, ""
         self._staging = None  # see _staged
+        if optimizer is not None and not backward:
+            raise ValueError("capture(optimizer=...) taps the parameters around its step: give backward=True too")
+        self.gradients = Gradients(self, optimizer) if backward else None
 
     # -- naming -------------------------------------------------------------
 
@@ -190,11 +194,18 @@ class Capture:
         if unknown:
             raise ValueError(f"{where}: axis '{unknown[0]}' is not in the mesh '{self.mesh}'")
 
-    def _write(self, name, tensor, plain_names, explicit=None):
+    def _write(self, name, tensor, plain_names, explicit=None, watch=False):
+        """Tap `name`: its layout `explicit` or the layouts' for `plain_names`;
+        `watch`: also its gradient (a module output under backward=True)."""
+        pattern, attrs = (None, explicit) if explicit is not None else self._layout_for(*plain_names)
+        if watch and self.gradients is not None:
+            self.gradients.watch(name, tensor, attrs)
+        self._write_now(name, tensor, attrs, pattern)
+
+    def _write_now(self, name, tensor, attrs, pattern=None):
         if self.reference_mode or self.one_device:  # global tensors: no layout to say
             attrs = {}
         else:
-            pattern, attrs = (None, explicit) if explicit else self._layout_for(*plain_names)
             self._check_layout(name, tensor, pattern, attrs)
             if self.derive_depths:
                 attrs = self._with_counts(tensor, attrs)
@@ -257,7 +268,7 @@ class Capture:
         numbered = base[len(self._step):]
         for name, tensor in _flatten(value, base):
             rest = name[len(base):]
-            self._write(name, tensor, (plain + rest, plain, numbered + rest, numbered))
+            self._write(name, tensor, (plain + rest, plain, numbered + rest, numbered), watch=not inputs)
 
     def tap(self, name, tensor, spec=None, partial=None, **attrs):
         """A value that is not a module output (latents between steps): this
@@ -299,6 +310,8 @@ class Capture:
             if self.derive_depths:
                 _ledger_enter()
                 self._ledger_held = True
+            if self.gradients is not None:
+                self.gradients.wrap_optimizer()
         except BaseException:
             self._close(failed=True)
             raise
@@ -313,6 +326,8 @@ class Capture:
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self.gradients is not None:
+            self.gradients.unwrap_optimizer()
         if getattr(self, "_ledger_held", False):
             self._ledger_held = False
             _ledger_exit()
@@ -394,6 +409,13 @@ def capture(model, out, mesh=None, **kwargs):
               prefix) as <out>.one_device.rank0.h5: compare finds it there and
               holds each tap to what this run's error is (a measured noise floor)
     rename    {module path prefix in this model: its name in the other one}
+    backward  also tap the gradient of each tapped module output
+              (`grad/<tap>`, when backward computes it) and, with optimizer=
+              or dct.grads()/dct.params(), every parameter's gradient before
+              the step (`param_grad/<name>`) and value after it
+              (`param/<name>`); see diffcheck/backward.py for their layouts
+    optimizer the training run's optimizer (backward=True): its step() taps
+              the gradients before it and the parameters after it
     derive_depths  mark each tap with the rounding its value went through
               (python/diffcheck/rounding.py), for the tolerance diffcheck
               derives when no one-device run is there; False: none
@@ -412,6 +434,25 @@ def tap(name, tensor, spec=None, partial=None, **attrs):
     that also runs unchecked."""
     if _active:
         _active[-1].tap(name, tensor, spec=spec, partial=partial, **attrs)
+
+
+def grads():
+    """Taps every parameter's gradient (`param_grad/<name>`) in the innermost
+    open capture with backward=True, where the user's own reductions are done
+    (what optimizer= does before each step)."""
+    with _paused():
+        for c in _active[-1:]:
+            if c.gradients is not None:
+                c.gradients.grads()
+
+
+def params():
+    """Taps every parameter (`param/<name>`) in the innermost open capture with
+    backward=True (what optimizer= does after each step)."""
+    with _paused():
+        for c in _active[-1:]:
+            if c.gradients is not None:
+                c.gradients.params()
 
 
 def step(t):

@@ -1,0 +1,119 @@
+"""The training half of a capture (`dct.capture(..., backward=True)`): the
+gradient of each tapped module output, every parameter's gradient before the
+optimizer step and every parameter after it.
+
+Names, under the step's prefix like every tap (`step<t>/`):
+  grad/<output tap>        the gradient of a module output, tapped when the
+                           autograd engine computes it (backward order)
+  param_grad/<parameter>   p.grad, when the optimizer steps (or dct.grads())
+  param/<parameter>        p after the step (or dct.params())
+
+Layouts. A module output's gradient has the output's layout, except that the
+gradient of a partial sum is replicated over its partial axes (each part's
+gradient is the sum's gradient). A parameter and its gradient are looked up
+in the capture's layouts by their tap names (`param/<name>`,
+`param_grad/<name>`: a pattern such as "param*/attn.q.weight" covers both);
+one no pattern matches is replicated. A gradient the user reduces after
+backward (a sequence-parallel LayerNorm weight's, a data-parallel one) is
+tapped after that reduction when the optimizer steps, so a layout need not
+say `partial` for it.
+"""
+import fnmatch
+
+import torch
+
+from diffcheck import rounding
+
+GRAD, PARAM_GRAD, PARAM = "grad/", "param_grad/", "param/"
+
+
+class Gradients:
+    """Attached to a Capture: registers the tensor hooks of output gradients
+    and taps parameters; `optimizer`'s step is wrapped while the capture is open."""
+
+    def __init__(self, capture, optimizer=None):
+        self.capture, self.optimizer = capture, optimizer
+        self._step_was = None
+        self._deepest = (0, 0, 0)  # forward counts: depth, steps, rows (for gradients' derived tolerance)
+
+    # -- module outputs -----------------------------------------------------
+
+    def watch(self, name, tensor, attrs):
+        """`tensor` (tap `name`, layout `attrs`) was just computed: tap its gradient when backward reaches it."""
+        if not (tensor.requires_grad and torch.is_grad_enabled()):
+            return
+        c = self.capture
+        step = c._step
+        grad_name = step + GRAD + name[len(step):]
+        layout = {k: v for k, v in attrs.items() if k == "spec"}  # a partial sum's gradient is replicated
+        depth, steps = rounding.counts(tensor)
+        rows = tensor.numel() // max(tensor.shape[-1], 1) if tensor.dim() else 1
+        d, s, r = self._deepest
+        self._deepest = (max(d, depth), max(s, steps), max(r, rows))
+
+        def hook(grad):
+            if c._thread is not None:  # a backward after the capture closed writes nothing
+                c._write_now(grad_name, grad, self._with_counts(layout))
+        tensor.register_hook(hook)
+
+    def _with_counts(self, layout):
+        """A gradient's counts are not seen (the autograd engine runs in C++):
+        it is held as deep as the deepest forward value plus a sum over the
+        tokens (a weight's gradient sums over every row)."""
+        if not self.capture.derive_depths or "reduction_depth" in layout:
+            return layout
+        depth, steps, rows = self._deepest
+        return {**layout, "reduction_depth": max(depth + rows, 1), "rounding_steps": max(2 * steps, 1)}
+
+    # -- parameters ---------------------------------------------------------
+
+    def grads(self):
+        """Every parameter's .grad, as `param_grad/<name>`."""
+        self._parameters(PARAM_GRAD, lambda p: p.grad)
+
+    def params(self):
+        """Every parameter's value, as `param/<name>`."""
+        self._parameters(PARAM, lambda p: p.detach())
+
+    def _parameters(self, kind, value):
+        c = self.capture
+        for path, p in c.model.named_parameters():
+            tensor = value(p)
+            if tensor is None:
+                continue
+            name = kind + c._renamed(path)
+            c._write_now(c._step + name, tensor, self._param_layout(name, tensor))
+
+    def _param_layout(self, name, tensor):
+        c = self.capture
+        for pattern, attrs in c.layouts:
+            if fnmatch.fnmatchcase(name, pattern):
+                return dict(attrs)
+        layout = {}
+        return self._with_counts(layout) if name.startswith(PARAM_GRAD) else layout
+
+    # -- the optimizer ------------------------------------------------------
+
+    def wrap_optimizer(self):
+        """optimizer.step() taps the gradients before it and the parameters after it."""
+        opt = self.optimizer
+        if opt is None:
+            return
+        self._step_was = opt.__dict__.get("step")  # an instance's own step, if it had one
+        inner = opt.step
+
+        def step(*args, **kwargs):
+            self.grads()
+            out = inner(*args, **kwargs)
+            self.params()
+            return out
+        opt.step = step
+
+    def unwrap_optimizer(self):
+        opt = self.optimizer
+        if opt is None or "step" not in opt.__dict__:
+            return
+        if self._step_was is None:
+            del opt.step
+        else:
+            opt.step = self._step_was
