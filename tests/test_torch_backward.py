@@ -1,0 +1,163 @@
+"""diffcheck.torch with backward=True in one process: gradient tap names and
+their order (the autograd engine's) for a nested model with a module used
+twice; parameter gradients before the optimizer step and parameters after
+it, the step's wrapper gone afterwards; layouts of gradients (a partial sum's
+gradient replicated) and of parameters (by glob, a partial given); hooks
+removed and the optimizer restored after an exception in backward; values
+equal to autograd's. Runs against the source tree (PYTHONPATH=python/)."""
+import os
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+import torch
+import torch.nn as nn
+
+import diffcheck.torch as dct
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inner = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+        self.shared = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.shared(self.shared(self.inner(x)))  # one module called twice
+
+
+class Explodes(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("backward failed")
+
+
+def taps(path):
+    out = {}
+    with h5py.File(path) as f:
+        f["taps"].visititems(lambda n, o: out.__setitem__(n, (o[()], dict(o.attrs)))
+                             if isinstance(o, h5py.Dataset) else None)
+    return dict(sorted(out.items(), key=lambda kv: kv[1][1]["order"]))
+
+
+def hook_count(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+class BackwardTest(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory()
+        self.dir = self._tmp.name
+        self.x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def out(self, name="run"):
+        return os.path.join(self.dir, name)
+
+    def test_names_order_and_values(self):
+        net = Net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with dct.capture(net, out=self.out(), backward=True, optimizer=opt):
+            dct.step(0)
+            y = net(self.x)
+            y.square().sum().backward()
+            grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+            opt.step()
+        self.assertNotIn("step", opt.__dict__)  # the wrapper is gone
+        t = taps(self.out() + ".rank0.h5")
+        names = [n for n in t]
+        forward = ["inner.0", "inner.1", "inner", "shared", "shared@1", "model"]
+        # The engine's order; a module returning its child's very tensor (model and shared@1, inner and
+        # inner.1) gets the same gradient at once, after the child.
+        backward = ["shared@1", "model", "shared", "inner.1", "inner", "inner.0"]
+        params = [n for n, _ in net.named_parameters()]
+        self.assertEqual(names, [f"step0/{n}" for n in forward] + [f"step0/grad/{n}" for n in backward]
+                         + [f"step0/param_grad/{n}" for n in params] + [f"step0/param/{n}" for n in params])
+        np.testing.assert_allclose(t["step0/grad/model"][0], 2 * y.detach().numpy(), rtol=1e-6)
+        for n, p in net.named_parameters():
+            np.testing.assert_array_equal(t[f"step0/param_grad/{n}"][0], grads[n].numpy())
+            np.testing.assert_array_equal(t[f"step0/param/{n}"][0], p.detach().numpy())  # after the step
+
+    def test_grads_and_params_without_an_optimizer(self):
+        net = Net()
+        with dct.capture(net, out=self.out(), backward=True):
+            net(self.x).sum().backward()
+            dct.grads()
+            dct.params()
+        names = list(taps(self.out() + ".rank0.h5"))
+        self.assertIn("param_grad/shared.weight", names)
+        self.assertIn("param/inner.0.bias", names)
+        self.assertLess(names.index("param_grad/shared.weight"), names.index("param/inner.0.bias"))
+
+    def test_no_backward_taps_unless_asked_and_no_optimizer_alone(self):
+        net = Net()
+        with dct.capture(net, out=self.out()):
+            net(self.x).sum().backward()
+        self.assertFalse(any(n.startswith(("grad/", "param")) for n in taps(self.out() + ".rank0.h5")))
+        with self.assertRaisesRegex(ValueError, "backward=True"):
+            dct.capture(net, out=self.out("x"), optimizer=torch.optim.SGD(net.parameters(), lr=1))
+
+    def test_layouts_of_gradients_and_parameters(self):
+        class Row(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.matmul = nn.Linear(4, 6, bias=False)
+                self.bias = nn.Parameter(torch.zeros(6))
+
+            def forward(self, x):
+                return self.matmul(x) + self.bias
+
+        row = Row()
+        layouts = {"matmul": (None, "tp"), "param*/matmul.weight": "-,tp", "param_grad/bias": (None, "tp"),
+                   "model": "-,tp"}
+        opt = torch.optim.SGD(row.parameters(), lr=0.1)
+        with dct.capture(row, out=self.out(), mesh="tp=2", rank=0, world_size=2, layouts=layouts, backward=True,
+                         optimizer=opt):
+            row(self.x).sum().backward()
+            opt.step()
+        a = {n: v[1] for n, v in taps(self.out() + ".rank0.h5").items()}
+        self.assertEqual(a["matmul"].get("partial"), "tp")
+        self.assertNotIn("partial", a["grad/matmul"])  # a partial sum's gradient is the sum's: replicated
+        self.assertNotIn("spec", a["grad/matmul"])
+        self.assertEqual(a["grad/model"]["spec"], "-,tp")  # an output's gradient has its layout
+        self.assertEqual(a["param_grad/matmul.weight"]["spec"], "-,tp")
+        self.assertEqual(a["param/matmul.weight"]["spec"], "-,tp")
+        self.assertEqual(a["param_grad/bias"]["partial"], "tp")  # before its reduction, as the user says
+        self.assertNotIn("spec", a["param/bias"])
+
+    def test_hooks_gone_and_optimizer_restored_after_an_exception_in_backward(self):
+        net = Net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with self.assertRaisesRegex(RuntimeError, "backward failed"):
+            with dct.capture(net, out=self.out(), backward=True, optimizer=opt):
+                Explodes.apply(net(self.x)).sum().backward()
+        self.assertEqual(hook_count(net), 0)
+        self.assertNotIn("step", opt.__dict__)
+        self.assertFalse(os.path.exists(self.out() + ".rank0.h5"))
+        # A graph made inside the capture, run backward after it: nothing written, no error.
+        with dct.capture(net, out=self.out("late"), backward=True):
+            y = net(self.x)
+        y.sum().backward()
+        self.assertFalse(any(n.startswith("grad/") for n in taps(self.out("late") + ".rank0.h5")))
+
+    def test_reference_mode_takes_the_same_names(self):
+        net = Net().double()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with dct.capture(net, out=self.out("ref"), reference=True, backward=True, optimizer=opt):
+            net(self.x.double()).sum().backward()
+            opt.step()
+        with h5py.File(self.out("ref") + ".h5") as f:
+            self.assertIn("grad/shared@1", f["reference"])
+            self.assertIn("param/shared.weight", f["reference"])
+
+
+if __name__ == "__main__":
+    unittest.main()
