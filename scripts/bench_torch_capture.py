@@ -8,7 +8,11 @@ rank's time. Before each timed forward the page cache is synced to disk, so
 that a capture's writeback does not slow the next forward; the time of that
 sync after a capture is reported too (what making the taps durable adds).
 
-    /usr/bin/python3 scripts/bench_torch_capture.py [--size example|medium|large] [-n 2] [--rounds 9]
+    /usr/bin/python3 scripts/bench_torch_capture.py [--size example|medium|large] [-n 2] [--rounds 9] [--backward]
+
+--backward: a training step's worth instead, forward and backward of the sum
+of the output, uninstrumented against captured with backward=True (every
+module output, its gradient and every parameter's gradient written).
 
 Sizes (tokens = B x S, hidden D, heads, FFN): example 2x16, 64, 8, 256 (the
 example as it ships: a forward of a millisecond, so fixed costs dominate);
@@ -57,10 +61,20 @@ def rank_main(rank, n, a, init, out_dir, results):
         return dt.item()
 
     def plain():
+        if a.backward:
+            block.zero_grad(set_to_none=True)
+            block(x).sum().backward()
+            return
         with torch.no_grad():
             block(x)
 
     def captured():
+        if a.backward:
+            block.zero_grad(set_to_none=True)
+            with dct.capture(block, out=f"{out_dir}/tp", mesh=f"tp={n}", layouts=tp_block.LAYOUTS, backward=True):
+                block(x).sum().backward()
+                dct.grads()
+            return
         with torch.no_grad(), dct.capture(block, out=f"{out_dir}/tp", mesh=f"tp={n}", layouts=tp_block.LAYOUTS):
             block(x)
 
@@ -92,6 +106,7 @@ def main():
     ap.add_argument("--size", choices=sorted(SIZES), default="medium")
     ap.add_argument("-n", type=int, default=2, help="tp ranks (processes over gloo; default 2)")
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--backward", action="store_true", help="forward and backward, captured with backward=True")
     ap.add_argument("--dir", default=None, help="where the rank files go (default: a temporary directory)")
     a = ap.parse_args()
     ctx = mp.get_context("spawn")
@@ -105,7 +120,8 @@ def main():
         print("\n".join(f"{p * 1e3:8.1f} {c * 1e3:8.1f} {s * 1e3:7.1f}" for p, c, s in rows))
     ratios = [c / p for p, c, _ in rows]
     durable = [(c + s) / p for p, c, s in rows]
-    print(f"size {a.size} {SIZES[a.size]}, tp={a.n}, {a.rounds} rounds; rank 0 writes {size / 2 ** 20:.1f} MiB per forward")
+    print(f"size {a.size} {SIZES[a.size]}, tp={a.n}, {a.rounds} rounds{', forward and backward' if a.backward else ''}; "
+          f"rank 0 writes {size / 2 ** 20:.1f} MiB per {'step' if a.backward else 'forward'}")
     print(f"uninstrumented forward: median {statistics.median(r[0] for r in rows) * 1e3:.1f} ms")
     print(f"captured forward:       median {statistics.median(r[1] for r in rows) * 1e3:.1f} ms "
           f"(+ {statistics.median(r[2] for r in rows) * 1e3:.1f} ms to sync its taps to disk)")
