@@ -69,6 +69,13 @@ class TorchMath(E2ETest):
         self.assertTrue(all(y.endswith("TF32 matmuls") for y in yardsticks.values()), yardsticks)
         self.assertRegex(yardsticks["2"], r"^float32, depth 768, \d+ roundings, TF32 matmuls$")
         self.assertIn("derived d768 TF32", res.out)
+        html = self.diffcheck("compare", self.path("tf32"), "--reference", self.path("ref.h5"), "--html",
+                              self.path("report.html"))
+        self.assertExit(html, 0)
+        with open(self.path("report.html")) as f:
+            page = f.read()
+        self.assertIn("derived d768 TF32", page)  # each tap's yardstick, in its row
+        self.assertIn('<p id="tolerance-note">tolerances: derived', page)
 
         self.capture(STRICT, "strict")  # the same values, said to be strict float32
         res = self.compare("strict")

@@ -110,7 +110,7 @@ std::string tap_table(const CompareResult& res) {
         !t.replica.applies ? "n/a" : t.replica.differing.empty() ? "equal" : html::num(t.replica.max_abs),
         ref.present ? html::num(ref.max_abs) : "-", ref.present ? html::num(ref.max_rel) : "-",
         ref.present ? html::num(ref.rel_l2) : "-", ref.present ? html::num(ref.margin()) : "-",
-        ref.present ? esc(tolerance_line(ref)) : "", ref.present ? esc(source_name(ref.tol.source)) : "-", esc(verdict));
+        ref.present ? esc(tolerance_line(ref)) : "", ref.present ? esc(tolerance_cell(ref.tol)) : "-", esc(verdict));
   }
   s += "</tbody></table>\n";
   return s;
@@ -137,6 +137,8 @@ class HtmlReporter final : public Reporter {
       out << "<pre id=\"first-divergence\">" << esc(describe_first_divergence(set, res)) << "</pre>\n";
     else
       out << "<p id=\"all-pass\">Every check of every tap passes.</p>\n";
+    if (!res.tolerance_note.empty())
+      out << "<p id=\"tolerance-note\">" << esc(res.tolerance_note) << "</p>\n";
     if (!res.tolerance_fallbacks.empty()) {
       std::string names;
       for (const auto& n : res.tolerance_fallbacks) names += (names.empty() ? "" : ", ") + n;
