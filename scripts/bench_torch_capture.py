@@ -71,11 +71,13 @@ def rank_main(rank, n, a, init, out_dir, results):
     def captured():
         if a.backward:
             block.zero_grad(set_to_none=True)
-            with dct.capture(block, out=f"{out_dir}/tp", mesh=f"tp={n}", layouts=tp_block.LAYOUTS, backward=True):
+            with dct.capture(block, out=f"{out_dir}/tp", mesh=f"tp={n}", layouts=tp_block.LAYOUTS, backward=True,
+                             derive_depths=not a.no_depths):
                 block(x).sum().backward()
                 dct.grads()
             return
-        with torch.no_grad(), dct.capture(block, out=f"{out_dir}/tp", mesh=f"tp={n}", layouts=tp_block.LAYOUTS):
+        with torch.no_grad(), dct.capture(block, out=f"{out_dir}/tp", mesh=f"tp={n}", layouts=tp_block.LAYOUTS,
+                                          derive_depths=not a.no_depths):
             block(x)
 
     def settled(fn):
@@ -106,6 +108,7 @@ def main():
     ap.add_argument("--size", choices=sorted(SIZES), default="medium")
     ap.add_argument("-n", type=int, default=2, help="tp ranks (processes over gloo; default 2)")
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--no-depths", action="store_true", help="derive_depths=False: no rounding counts (their cost)")
     ap.add_argument("--backward", action="store_true", help="forward and backward, captured with backward=True")
     ap.add_argument("--dir", default=None, help="where the rank files go (default: a temporary directory)")
     a = ap.parse_args()
