@@ -163,21 +163,25 @@ class TorchE2E(E2ETest):
                                 "every line using diffcheck is counted")
 
     def test_memory_of_a_large_capture(self):
-        """2 GiB of activations (64 taps of 32 MiB) nightly, 512 MiB (16 taps) by default."""
+        """2 GiB of activations (64 taps of 32 MiB) nightly, 512 MiB (16 taps) by default; the
+        same forward and its backward (backward=True: the gradients written too) by default."""
         probe = os.path.join(HERE, "torch", "memory_probe.py")
         taps = 64 if FULL else 16
-        peaks = {}
-        for mode in ("plain", "capture"):
-            p = self.python(probe, mode, self.path("mem"), "--taps", str(taps))
-            self.assertEqual(p.returncode, 0, p.stderr)
-            peaks[mode] = json.loads(p.stdout)
-        size = os.path.getsize(self.path("mem.rank0.h5"))
-        self.assertGreater(size, taps * 32 * 2 ** 20, "every tap was written")
-        os.remove(self.path("mem.rank0.h5"))
-        tap = peaks["plain"]["tap_mib"]
-        self.assertLessEqual(peaks["capture"]["peak_mib"], peaks["plain"]["peak_mib"] + tap + 64, peaks)
-        print(f"peak RSS: uninstrumented {peaks['plain']['peak_mib']:.0f} MiB, "
-              f"capture of {size / 2 ** 30:.2f} GiB {peaks['capture']['peak_mib']:.0f} MiB")
+        for backward in (False, True) if not FULL else (False,):
+            extra = ["--backward"] if backward else []
+            peaks = {}
+            for mode in ("plain", "capture"):
+                p = self.python(probe, mode, self.path("mem"), "--taps", str(taps), *extra)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                peaks[mode] = json.loads(p.stdout)
+            size = os.path.getsize(self.path("mem.rank0.h5"))
+            self.assertGreater(size, taps * (2 if backward else 1) * 32 * 2 ** 20, "every tap was written")
+            os.remove(self.path("mem.rank0.h5"))
+            tap = peaks["plain"]["tap_mib"]
+            self.assertLessEqual(peaks["capture"]["peak_mib"], peaks["plain"]["peak_mib"] + tap + 64, peaks)
+            print(f"peak RSS{' (forward and backward)' if backward else ''}: uninstrumented "
+                  f"{peaks['plain']['peak_mib']:.0f} MiB, capture of {size / 2 ** 30:.2f} GiB "
+                  f"{peaks['capture']['peak_mib']:.0f} MiB")
 
     def test_setup_installed_the_package(self):
         # As a user's program imports it: Debian's python3, outside the source tree, no PYTHONPATH.
