@@ -170,3 +170,44 @@ class RoundingLedger(TorchFunctionMode):
             except (AttributeError, RuntimeError):  # a tensor subclass that takes no attributes
                 pass
         return out
+
+
+# One ledger for every open capture of the process (nested captures share it:
+# two modes would count each op twice).
+_ledger = {"mode": None, "users": 0}
+
+
+def active():
+    """The ledger in force, or None outside a counting capture."""
+    return _ledger["mode"]
+
+
+def hold():
+    """A capture that counts opened: the ledger on (the first one starts it)."""
+    if _ledger["users"] == 0:
+        _ledger["mode"] = RoundingLedger()
+        _ledger["mode"].__enter__()
+    _ledger["users"] += 1
+
+
+def release():
+    """That capture closed: the ledger off when it was the last."""
+    _ledger["users"] -= 1
+    if _ledger["users"] == 0:
+        mode, _ledger["mode"] = _ledger["mode"], None
+        mode.__exit__(None, None, None)
+
+
+class paused:
+    """The capture's own tensor ops (copies for the writer) are not the model's."""
+
+    def __enter__(self):
+        self.mode = _ledger["mode"]
+        self.was = self.mode.paused if self.mode else None
+        if self.mode:
+            self.mode.paused = True
+
+    def __exit__(self, *exc):
+        if self.mode:
+            self.mode.paused = self.was
+        return False

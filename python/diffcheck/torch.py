@@ -31,6 +31,7 @@ import torch
 from diffcheck import __version__
 from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: F401
 from diffcheck.dump import RankDump, ReferenceDump, mesh_axes, mesh_size, to_numpy
+from diffcheck.layouts import check_layout, layout_attrs
 from diffcheck.keywords import check_root_keywords, root_attributes, unexpected
 from diffcheck.math_mode import math_mode
 from diffcheck import rounding
@@ -65,21 +66,6 @@ def rank_and_world():
     return 0, 1
 
 
-def _layout_attrs(value):
-    """A layout entry -> tap attributes: "spec", (spec, partial) or a dict."""
-    if value is None or isinstance(value, str):
-        return {"spec": value}
-    if isinstance(value, tuple) and len(value) == 2:
-        return {"spec": value[0], "partial": value[1]}
-    if isinstance(value, dict):
-        unknown = set(value) - {"spec", "partial", *_TAP_ATTRIBUTES}
-        if unknown:
-            raise ValueError(f"layout {value!r}: unknown keys {sorted(unknown)} "
-                             f"({', '.join(('spec', 'partial') + _TAP_ATTRIBUTES)})")
-        return dict(value)
-    raise ValueError(f"layout {value!r}: give a spec string, a (spec, partial) pair or a dict")
-
-
 def _flatten(obj, name):
     """(name, tensor) pairs of a module's output: containers get /index or /key."""
     if isinstance(obj, torch.Tensor):
@@ -112,7 +98,7 @@ class Capture:
         self.include = [include] if isinstance(include, str) else list(include or ["*"])
         self.exclude = [exclude] if isinstance(exclude, str) else list(exclude or [])
         self.rename = dict(rename or {})
-        self.layouts = [(pattern, _layout_attrs(v)) for pattern, v in (layouts or {}).items()]
+        self.layouts = [(pattern, layout_attrs(v, _TAP_ATTRIBUTES)) for pattern, v in (layouts or {}).items()]
         env_rank, env_world = (0, 1) if one_device else rank_and_world()
         self.rank = env_rank if rank is None else rank
         self.world = env_world if world_size is None else world_size
@@ -179,20 +165,9 @@ class Capture:
     # -- writing ------------------------------------------------------------
 
     def _check_layout(self, name, tensor, pattern, attrs):
-        spec, partial = attrs.get("spec"), attrs.get("partial")
         where = f"rank {self.rank}: tap '{name}' (shape {tuple(tensor.shape)})" + \
             (f", layout '{pattern}'" if pattern else "")
-        if spec:
-            entries = spec.split(",")
-            if len(entries) != tensor.dim():
-                raise ValueError(f"{where}: spec '{spec}' has {len(entries)} entries for {tensor.dim()} dimensions")
-            used = [a for e in entries if e != "-" for a in e.split("*")]
-        else:
-            used = []
-        used += partial.split("*") if partial else []
-        unknown = [a for a in used if a not in self.axes]
-        if unknown:
-            raise ValueError(f"{where}: axis '{unknown[0]}' is not in the mesh '{self.mesh}'")
+        check_layout(where, attrs, tensor.dim(), self.axes, self.mesh)
 
     def _write(self, name, tensor, plain_names, explicit=None, watch=False):
         """Tap `name`: its layout `explicit` or the layouts' for `plain_names`;
@@ -259,7 +234,7 @@ class Capture:
 
     def _record(self, path, value, inputs=False):
         """A module call's output (or, before it runs, its inputs: `<path>:in`)."""
-        with _paused():
+        with rounding.paused():
             self._record_now(path, value, inputs)
 
     def _record_now(self, path, value, inputs):
@@ -280,7 +255,7 @@ class Capture:
                 raise unexpected(f"rank {self.rank}: tap '{name}'", k, ("spec", "partial") + _TAP_ATTRIBUTES)
         full = self._numbered(name)
         explicit = {k: v for k, v in dict(spec=spec, partial=partial, **attrs).items() if v is not None}
-        with _paused():
+        with rounding.paused():
             self._write(full, tensor, (name,), explicit or None)
 
     def step(self, t):
@@ -308,7 +283,7 @@ class Capture:
                     self._handles.append(module.register_forward_pre_hook(
                         lambda _m, args, name=name: self._record(name, args, inputs=True)))
             if self.derive_depths:
-                _ledger_enter()
+                rounding.hold()
                 self._ledger_held = True
             if self.gradients is not None:
                 self.gradients.wrap_optimizer()
@@ -330,7 +305,7 @@ class Capture:
             self.gradients.unwrap_optimizer()
         if getattr(self, "_ledger_held", False):
             self._ledger_held = False
-            _ledger_exit()
+            rounding.release()
         if self in _active:
             _active.remove(self)
         thread, self._thread = self._thread, None
@@ -358,38 +333,6 @@ class Capture:
         if not self.one_device:
             return self.out
         return (self.out[:-3] if self.out.endswith(".h5") else self.out) + ONE_DEVICE_SUFFIX
-
-
-_ledger = {"mode": None, "users": 0}  # one rounding ledger for every open capture of the process
-
-
-def _ledger_enter():
-    if _ledger["users"] == 0:
-        _ledger["mode"] = rounding.RoundingLedger()
-        _ledger["mode"].__enter__()
-    _ledger["users"] += 1
-
-
-def _ledger_exit():
-    _ledger["users"] -= 1
-    if _ledger["users"] == 0:
-        mode, _ledger["mode"] = _ledger["mode"], None
-        mode.__exit__(None, None, None)
-
-
-class _paused:
-    """The capture's own tensor ops (copies for the writer) are not the model's."""
-
-    def __enter__(self):
-        self.mode = _ledger["mode"]
-        self.was = self.mode.paused if self.mode else None
-        if self.mode:
-            self.mode.paused = True
-
-    def __exit__(self, *exc):
-        if self.mode:
-            self.mode.paused = self.was
-        return False
 
 
 def capture(model, out, mesh=None, **kwargs):
@@ -440,7 +383,7 @@ def grads():
     """Taps every parameter's gradient (`param_grad/<name>`) in the innermost
     open capture with backward=True, where the user's own reductions are done
     (what optimizer= does before each step)."""
-    with _paused():
+    with rounding.paused():
         for c in _active[-1:]:
             if c.gradients is not None:
                 c.gradients.grads()
@@ -449,7 +392,7 @@ def grads():
 def params():
     """Taps every parameter (`param/<name>`) in the innermost open capture with
     backward=True (what optimizer= does after each step)."""
-    with _paused():
+    with rounding.paused():
         for c in _active[-1:]:
             if c.gradients is not None:
                 c.gradients.params()
