@@ -231,3 +231,13 @@ TEST(Report, RankRanges) {
 }
 
 }  // namespace
+
+// Found by fuzz_reader: float64 replicas at opposite extremes overflowed the
+// signed subtraction (undefined behaviour; UBSan in build-sanitize/ fails here).
+TEST(UlpDistance, OppositeExtremesAreHugeNotUndefined) {
+  const double big = std::numeric_limits<double>::max();
+  EXPECT_EQ(dc::ulp_distance(-big, big, dc::StoredKind::float64), std::numeric_limits<long long>::max());
+  EXPECT_EQ(dc::ulp_distance(big, -big, dc::StoredKind::float64), std::numeric_limits<long long>::max());
+  EXPECT_EQ(dc::ulp_distance(1.0, std::nextafter(1.0, 2.0), dc::StoredKind::float64), 1);
+  EXPECT_EQ(dc::ulp_distance(-0.0, 0.0, dc::StoredKind::float64), 0);
+}

@@ -356,7 +356,11 @@ long long ulp_distance(double a, double b, StoredKind kind) {
     case StoredKind::integer: return static_cast<long long>(std::llabs(static_cast<long long>(a - b)));
     case StoredKind::float64: {
       auto ia = ordered_bits<double, std::int64_t>(a), ib = ordered_bits<double, std::int64_t>(b);
-      return ia > ib ? ia - ib : ib - ia;  // may wrap for opposite extremes; fine as "huge"
+      // The distance in unsigned arithmetic (opposite extremes overflow a signed one), capped.
+      const std::uint64_t d = ia > ib ? static_cast<std::uint64_t>(ia) - static_cast<std::uint64_t>(ib)
+                                      : static_cast<std::uint64_t>(ib) - static_cast<std::uint64_t>(ia);
+      constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<long long>::max());
+      return static_cast<long long>(std::min(d, kMax));
     }
     default: {
       auto ia = static_cast<long long>(ordered_bits<float, std::int32_t>(static_cast<float>(a)));
