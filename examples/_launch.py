@@ -23,6 +23,15 @@ def _rank(rank, world, init, work, args):
         dist.destroy_process_group()
 
 
+def require_dtype(ap, name, dtype):
+    """argparse error when this torch cannot compute `dtype` here (torch 1.13
+    has no float16 matmul, softmax or GELU on the CPU)."""
+    try:
+        torch.ones(2, 2, dtype=dtype) @ torch.ones(2, 2, dtype=dtype)
+    except RuntimeError as e:
+        ap.error(f"--dtype {name}: torch {torch.__version__} cannot compute it on the CPU ({e})")
+
+
 def launch(work, after, args, n):
     if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
         rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", 0)))

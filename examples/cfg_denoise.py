@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import launch  # noqa: E402
+from _launch import launch, require_dtype  # noqa: E402
 
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
@@ -219,9 +219,6 @@ if __name__ == "__main__":
     ap.add_argument("--dim", type=int, default=D, help=f"model width D (default {D}); the MLP is 4 D")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
     a = ap.parse_args()
-    try:  # torch 1.13 has no float16 matmul, softmax or GELU on the CPU
-        torch.ones(2, 2, dtype=DTYPES[a.dtype]) @ torch.ones(2, 2, dtype=DTYPES[a.dtype])
-    except RuntimeError as e:
-        ap.error(f"--dtype {a.dtype}: torch {torch.__version__} cannot compute it on the CPU ({e})")
+    require_dtype(ap, a.dtype, DTYPES[a.dtype])
     set_size(a)
     launch(work, after, a, a.n)

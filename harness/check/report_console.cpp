@@ -123,13 +123,11 @@ std::string describe_first_divergence(const ActivationSet&, const CompareResult&
 std::string tolerance_cell(const Tolerance& tol) {
   std::string s = source_name(tol.source);
   if (tol.yardstick.empty()) return s;
-  // "derived d1536 TF32": the depth and the math, the rest is in the tap's detail.
-  const auto depth = tol.yardstick.find(", depth ");
-  if (depth != std::string::npos)
-    s += " d" + tol.yardstick.substr(depth + 8, tol.yardstick.find(',', depth + 8) - depth - 8);
-  for (const char* math : {"TF32", "autocast bfloat16", "autocast float16", "bfloat16 matmuls"})
-    if (tol.yardstick.find(math) != std::string::npos) return s + " " + math;
-  return s;
+  // "derived d1536 TF32": the depth and the math; the rest is in the tap's paragraph.
+  if (tol.depth) s += fmt::format(" d{}", *tol.depth);
+  if (tol.math_label.empty()) return s;
+  const std::string math = tol.math_label.rfind("TF32", 0) == 0 ? "TF32" : tol.math_label;
+  return s + " " + math.substr(0, math.find(" ("));
 }
 
 std::string math_hint(const ReferenceCheck& ref) {

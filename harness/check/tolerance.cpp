@@ -85,6 +85,8 @@ Tolerance derive_tolerance(const ToleranceInputs& in) {
                                           : ToleranceSource::derived;
   if (t.source == ToleranceSource::derived) {
     if (in.rounding_steps) t.rel_l2_limit = rule(u) * kNormScale / kToleranceScale;
+    t.depth = in.reduction_depth;
+    t.math_label = in.math_label;
     t.yardstick = in.dtype;
     if (in.reduction_depth) t.yardstick += fmt::format(", depth {}", *in.reduction_depth);
     if (in.rounding_steps) t.yardstick += fmt::format(", {} roundings", *in.rounding_steps);

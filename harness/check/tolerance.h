@@ -95,6 +95,8 @@ struct Tolerance {
   // What the derived rule held the tap to, for the report: "float32, depth 1536,
   // 9 roundings, TF32 matmuls"; empty for other sources.
   std::string yardstick;
+  std::optional<long> depth;  // derived: the depth it used, and the math beyond the dtype (for the table's cell)
+  std::string math_label;
   // A derived float32 tolerance whose math the file does not state: the rtols
   // TF32 matmuls and bfloat16 autocast would give, so that a failure of that
   // size can say so (0: not applicable).

@@ -61,18 +61,26 @@ def to_numpy(x):
     return a, logical
 
 
-def mesh_size(mesh):
-    """The number of ranks of a mesh string such as "dp=2,tp=4"; ValueError
-    naming the mesh when it is not one."""
-    n = 1
+def mesh_sizes(mesh):
+    """{axis: size} of a mesh string such as "dp=2,tp=4", in its order;
+    ValueError naming the mesh when it is not one."""
+    sizes = {}
     try:
         for part in mesh.split(","):
             name, size = part.split("=")
             if not name.strip() or int(size) < 1:
                 raise ValueError
-            n *= int(size)
+            sizes[name.strip()] = int(size)
     except ValueError:
         raise ValueError(f"mesh '{mesh}' is not a list of name=size axes such as 'dp=2,tp=4'") from None
+    return sizes
+
+
+def mesh_size(mesh):
+    """The number of ranks of a mesh string."""
+    n = 1
+    for size in mesh_sizes(mesh).values():
+        n *= size
     return n
 
 

@@ -30,7 +30,7 @@ import torch
 
 from diffcheck import __version__
 from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: F401
-from diffcheck.dump import RankDump, ReferenceDump, mesh_axes, mesh_size, to_numpy
+from diffcheck.dump import RankDump, ReferenceDump, mesh_size, mesh_sizes, to_numpy
 from diffcheck.layouts import check_layout, layout_attrs
 from diffcheck.keywords import check_root_keywords, root_attributes, unexpected
 from diffcheck.math_mode import math_mode
@@ -112,8 +112,8 @@ class Capture:
                 raise ValueError(f"rank {self.rank}: mesh '{mesh}' has {mesh_size(mesh)} ranks but this run has "
                                  f"{self.world} (from torch.distributed or the launcher; pass rank= and world_size=)")
         self.mesh = mesh
-        self.axes = set(mesh_axes(mesh)) if mesh else set()
-        self.axis_sizes = {a.split("=")[0].strip(): int(a.split("=")[1]) for a in mesh.split(",")} if mesh else {}
+        self.axis_sizes = mesh_sizes(mesh) if mesh else {}
+        self.axes = set(self.axis_sizes)
         # The sharded run's taps get the counts of rounding.py (the reference
         # and the one-device run are not held to a derived tolerance).
         self.derive_depths = derive_depths and not reference and not one_device
