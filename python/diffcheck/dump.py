@@ -202,6 +202,26 @@ class RankDump(_AtomicH5):
             ds.attrs["atol"] = float(atol)
         if rtol is not None:
             ds.attrs["rtol"] = float(rtol)
+        return ds
+
+    def sketch(self, name, values, *, tokens, seed, nan, inf, bits_hash, dtype, spec=None, partial=None,
+               **attrs):
+        """A sketch tap (docs/FORMAT.md, "Sketch taps"): `values` is this
+        piece's sketch [lead..., k+1, width], `tokens` the piece's own token
+        count, nan/inf its exact counts, bits_hash 16 hex digits of its bits;
+        spec, partial and the other attributes describe the sketched tensor."""
+        ds = self.tap(name, values, spec=spec, partial=partial, dtype=dtype, **attrs)
+        _sketch_attrs(ds, seed, tokens)
+        ds.attrs["nan_count"] = int(nan)
+        ds.attrs["inf_count"] = int(inf)
+        ds.attrs["bits_hash"] = str(bits_hash)
+
+
+def _sketch_attrs(ds, seed, tokens):
+    from diffcheck.sketch import KIND
+    ds.attrs["sketch"] = KIND
+    ds.attrs["sketch_seed"] = int(seed)
+    ds.attrs["sketch_tokens"] = int(tokens)
 
 
 class ReferenceDump(_AtomicH5):
@@ -211,3 +231,10 @@ class ReferenceDump(_AtomicH5):
     def __init__(self, path, **root_attrs):
         super().__init__(path, root_attrs)
         self.f.attrs["world_size"] = 1
+
+    def reference_sketch(self, name, values, *, tokens, seed):
+        """The sketch of a tap's global reference tensor ([lead..., k+1,
+        width], float64), computed with the run's seed over `tokens` global
+        tokens (diffcheck.sketch)."""
+        ds = self._dataset(f"reference/{name}", values, dtype=np.float64)
+        _sketch_attrs(ds, seed, tokens)

@@ -34,3 +34,60 @@ def check_layout(where, attrs, ndim, axes, mesh):
     unknown = [a for a in used if a not in axes]
     if unknown:
         raise ValueError(f"{where}: axis '{unknown[0]}' is not in the mesh '{mesh}'")
+
+
+def rank_coords(rank, axis_sizes):
+    """{axis: coordinate} of `rank` on a mesh {axis: size} (last axis fastest, docs/FORMAT.md)."""
+    coords = {}
+    for axis, size in reversed(list(axis_sizes.items())):
+        coords[axis] = rank % size
+        rank //= size
+    return coords
+
+
+def block_index(entry, rank, axis_sizes):
+    """The block of a dimension whose spec entry is `entry` ("-", "sp" or
+    "cfg*sp", major first) that `rank` holds."""
+    if not entry or entry == "-":
+        return 0
+    coords, block = rank_coords(rank, axis_sizes), 0
+    for axis in entry.split("*"):
+        block = block * axis_sizes[axis] + coords[axis]
+    return block
+
+
+def spec_entry(spec, dim, ndim):
+    """The spec entry of dimension `dim` (negative: from the end); "-" for a replicated tensor."""
+    if not spec:
+        return "-"
+    entries = spec.split(",")
+    return entries[dim % ndim] if len(entries) == ndim else "-"
+
+
+def dtensor_layout(tensor, axis_names=None):
+    """(local tensor, {"spec", "partial"}) of a torch DTensor (duck-typed:
+    `to_local()`, `placements`, `device_mesh`), or None for another tensor.
+    Shard(d) puts the mesh dimension's axis on d, Replicate leaves it out,
+    Partial makes it a partial-sum axis. Axis names: the device mesh's
+    `mesh_dim_names`, else `axis_names`, else dim0, dim1, ..."""
+    placements = getattr(tensor, "placements", None)
+    if placements is None or not hasattr(tensor, "to_local"):
+        return None
+    mesh = tensor.device_mesh
+    names = list(getattr(mesh, "mesh_dim_names", None) or axis_names or
+                 [f"dim{i}" for i in range(len(placements))])
+    if len(names) != len(placements):
+        raise ValueError(f"a DTensor on a {len(placements)}-dimensional device mesh, but the axis names are {names}")
+    entries, partial = [[] for _ in range(tensor.dim())], []
+    for name, p in zip(names, placements):
+        if p.is_shard():
+            entries[p.dim % tensor.dim()].append(name)
+        elif p.is_partial():
+            partial.append(name)
+        elif not p.is_replicate():
+            raise ValueError(f"a DTensor placement {p!r} on mesh axis '{name}' has no diffcheck layout")
+    spec = ",".join("*".join(e) or "-" for e in entries)
+    attrs = {"spec": spec if any(entries) else None}
+    if partial:
+        attrs["partial"] = "*".join(partial)
+    return tensor.to_local(), attrs

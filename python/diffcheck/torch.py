@@ -37,6 +37,10 @@ from diffcheck.math_mode import math_mode
 from diffcheck import rounding
 from diffcheck.backward import Gradients
 from diffcheck.writer import BackgroundWriter
+from diffcheck.sketch import DEFAULT_ROWS
+from diffcheck.sketch_capture import SketchTaps
+from diffcheck.drill_down import drill_down_taps
+from diffcheck.layouts import dtensor_layout
 
 ROOT_NAME = "model"
 _TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
@@ -47,11 +51,16 @@ _LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", 
 
 _active = []  # open captures of this process, innermost last
 _CAPTURE_PARAMETERS = ("out", "mesh", "layouts", "include", "exclude", "inputs", "reference", "one_device",
-                       "rename", "rank", "world_size", "attrs", "derive_depths", "backward", "optimizer")
+                       "rename", "rank", "world_size", "attrs", "derive_depths", "backward", "optimizer",
+                       "sketch", "sketch_seed", "only")
 # What a one-device capture adds to `out`: diffcheck compare finds
 # <reference without .h5>.one_device.rank0.h5 beside the reference by itself.
 ONE_DEVICE_SUFFIX = ".one_device"
 _TAP_ATTRIBUTES = ("reduction_depth", "rounding_steps", "atol", "rtol")
+
+
+def _logical_dtype(tensor):
+    return _TORCH_DTYPES.get(tensor.dtype, str(tensor.dtype).replace("torch.", ""))
 
 
 def rank_and_world():
@@ -87,7 +96,8 @@ class Capture:
 
     def __init__(self, model, out, mesh=None, *, layouts=None, include=None, exclude=None, inputs=False,
                  reference=False, one_device=False, rename=None, rank=None, world_size=None, attrs=None,
-                 derive_depths=True, backward=False, optimizer=None, **root_attrs):
+                 derive_depths=True, backward=False, optimizer=None, sketch=False, sketch_seed=0, only=None,
+                 **root_attrs):
         check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
         extra_attrs = root_attributes("capture()", attrs)
         if one_device and (reference or mesh is not None or layouts or rank is not None or world_size is not None):
@@ -124,6 +134,12 @@ class Capture:
         if optimizer is not None and not backward:
             raise ValueError("capture(optimizer=...) taps the parameters around its step: give backward=True too")
         self.gradients = Gradients(self, optimizer) if backward else None
+        if sketch is True:
+            sketch = DEFAULT_ROWS
+        self.sketches = SketchTaps(self, sketch, sketch_seed) if sketch else None
+        if self.sketches is not None:
+            self.root_attrs.setdefault("sketch_rows", self.sketches.rows)
+        self.only = None if only is None else drill_down_taps(only)
 
     # -- naming -------------------------------------------------------------
 
@@ -178,12 +194,20 @@ class Capture:
         self._write_now(name, tensor, attrs, pattern)
 
     def _write_now(self, name, tensor, attrs, pattern=None):
+        if self.only is not None and name not in self.only:
+            return
+        local = dtensor_layout(tensor, list(self.axis_sizes))
+        if local is not None:  # a DTensor: its shard, laid out as its placements say (unless a layout does)
+            tensor, placed = local
+            attrs = attrs or placed
         if self.reference_mode or self.one_device:  # global tensors: no layout to say
             attrs = {}
         else:
             self._check_layout(name, tensor, pattern, attrs)
             if self.derive_depths:
                 attrs = self._with_counts(tensor, attrs)
+        if self.sketches is not None and self.sketches.offer(name, tensor, attrs, _logical_dtype(tensor)):
+            return
 
         def prepare():
             """Here, before the model goes on: this rank's values, copied if
@@ -222,11 +246,15 @@ class Capture:
 
     def _store(self, name, array, logical, attrs):
         """On the writer thread."""
+        if self.reference_mode:
+            self._guarded(name, lambda: self._writer.reference(name, array))
+        else:
+            self._guarded(name, lambda: self._writer.tap(name, array, dtype=logical, **attrs))
+
+    def _guarded(self, name, store):
+        """A write on the writer thread; an h5py error names the rank, tap and file."""
         try:
-            if self.reference_mode:
-                self._writer.reference(name, array)
-            else:
-                self._writer.tap(name, array, dtype=logical, **attrs)
+            store()
         except ValueError:
             raise
         except Exception as e:
@@ -260,6 +288,8 @@ class Capture:
 
     def step(self, t):
         """Later taps are named `step<t>/...`; t=None: no prefix. Calls are numbered afresh."""
+        if self.sketches is not None and self._thread is not None:
+            self.sketches.flush()
         self._step = "" if t is None else f"step{int(t)}/"
         self._calls = {}
 
@@ -308,6 +338,12 @@ class Capture:
             rounding.release()
         if self in _active:
             _active.remove(self)
+        flush_error = None
+        if self.sketches is not None and self._thread is not None and not failed:
+            try:
+                self.sketches.flush()
+            except BaseException as e:
+                flush_error = e
         thread, self._thread = self._thread, None
         error = None
         if thread is not None:
@@ -315,6 +351,7 @@ class Capture:
                 thread.close()  # the last tap written, or the failed write's error
             except BaseException as e:
                 error = e
+        error = error or flush_error
         writer, self._writer, self._staging = self._writer, None, None
         if writer is not None:
             writer.abandon() if failed or error else writer.close()

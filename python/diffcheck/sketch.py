@@ -1,0 +1,180 @@
+"""Linear sketches of taps: a small summary of a tensor, computed where the
+tensor is (GPU or CPU, in torch ops), from which `diffcheck compare` makes
+the three checks without the tensor (docs/FORMAT.md, "Sketch taps").
+
+A tensor is read as [lead..., tokens, width] (its last two dimensions; a
+vector is one token of `width`). Its sketch is
+
+    S[lead..., i, w] = sum_t R[i, t] X[lead..., t, w]     i < k
+    S[lead..., k, w] = sum_t X[lead..., t, w]              (the column sums)
+
+with R[i, t] = +1 or -1 from a hash of (seed, i, global token t): the same
+function on every rank, in the reference and in the C++ comparator, so the
+sketch is linear in the GLOBAL tensor. The pieces of a sharded tensor then
+add up (token shards, partial sums) or sit side by side (lead and width
+shards) to the global tensor's sketch, which is compared with the
+reference's: ||R (x - ref)|| / ||R ref|| estimates the rel L2 error, and the
+last row gives the column means exactly.
+
+Beside the sketch each piece has exact NaN/Inf counts and a 64-bit hash of
+its bits (replicas must agree bitwise). Nothing here synchronises with the
+device: every result stays a device tensor until `Pending.flush()` brings
+them all home in one copy.
+"""
+import torch
+
+KIND = "rademacher1"
+DEFAULT_ROWS = 8
+_MASK32 = 0xFFFFFFFF
+_SIGN_CACHE_LIMIT = 64
+
+
+def _mul32(h, c):
+    """(h * c) mod 2^32 for an int64 tensor h in [0, 2^32) and c < 2^32,
+    without an int64 product that could overflow."""
+    lo, hi = h & 0xFFFF, h >> 16
+    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & _MASK32
+
+
+def _fmix32(h):
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def signs(seed, k, first_token, tokens, device="cpu"):
+    """R[i, t] for rows i < k and global tokens first_token..+tokens, as int64
+    +1/-1: bit 0 of fmix32((seed*0x9E3779B1 + i*0x85EBCA77 + t*0xC2B2AE3D)
+    mod 2^32) set means -1. docs/FORMAT.md spells it out for other writers."""
+    t = torch.arange(first_token, first_token + tokens, dtype=torch.int64, device=device) & _MASK32
+    base = torch.tensor([(seed * 0x9E3779B1 + i * 0x85EBCA77) & _MASK32 for i in range(k)], dtype=torch.int64,
+                        device=device)
+    h = (base[:, None] + _mul32(t, 0xC2B2AE3D)[None, :]) & _MASK32
+    return 1 - 2 * (_fmix32(h) & 1)
+
+
+def accumulator(dtype):
+    """What a tap of `dtype` is sketched in: float64 for float32 and float64
+    taps (their errors are within a few float32 roundings of the sketch's own),
+    float32 for 16-bit ones."""
+    return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def as_matrix_shape(shape):
+    """(lead, tokens, width) of a tap's shape: a scalar is 1 x 1, a vector one token."""
+    if len(shape) == 0:
+        return (), 1, 1
+    if len(shape) == 1:
+        return (), 1, shape[0]
+    return tuple(shape[:-2]), shape[-2], shape[-1]
+
+
+def sketchable(tensor, k):
+    """Worth sketching: floating point, and more tokens than the sketch has
+    rows (else the tensor itself is as small, and exact)."""
+    return tensor.is_floating_point() and tensor.dim() >= 2 and tensor.shape[-2] > k + 1
+
+
+class Sketcher:
+    """Sketches pieces of tensors: sign matrices cached per (token range,
+    device, accumulator), hash weights per width and rows."""
+
+    def __init__(self, k=DEFAULT_ROWS, seed=0):
+        if not (isinstance(k, int) and 1 <= k <= 256):
+            raise ValueError(f"sketch rows k={k!r}: give an int from 1 to 256 (8 is the default)")
+        self.k, self.seed = k, int(seed) & _MASK32
+        self._rows, self._weights = {}, {}
+
+    def _sign_rows(self, first_token, tokens, device, dtype):
+        key = (first_token, tokens, str(device), dtype)
+        r = self._rows.get(key)
+        if r is None:
+            if len(self._rows) >= _SIGN_CACHE_LIMIT:
+                self._rows.clear()
+            r = torch.empty(self.k + 1, tokens, dtype=dtype, device=device)
+            r[:self.k] = signs(self.seed, self.k, first_token, tokens, device).to(dtype)
+            r[self.k] = 1
+            self._rows[key] = r
+        return r
+
+    def _hash_weights(self, n, device, salt):
+        """n odd int64 weights below 2^31 (any fixed choice: only replicas of
+        one run compare hashes)."""
+        key = (n, str(device), salt)
+        w = self._weights.get(key)
+        if w is None:
+            i = torch.arange(n, dtype=torch.int64)
+            w = (_fmix32((i * 0x9E3779B1 + salt * 0x632BE5AB) & _MASK32) >> 1) | 1
+            w = w.to(device)
+            self._weights[key] = w
+        return w
+
+    def summarize(self, tensor, first_token=0):
+        """(sketch, nan, inf, hash) of a piece whose first token is global
+        token `first_token`: device tensors, nothing synchronised."""
+        x = tensor.detach()
+        lead, tokens, width = as_matrix_shape(tuple(x.shape))
+        x = x.reshape(*lead, tokens, width)
+        acc = accumulator(x.dtype)
+        r = self._sign_rows(first_token, tokens, x.device, acc)
+        sketch = torch.matmul(r, x.to(acc))
+        nan = torch.isnan(x).sum()
+        inf = torch.isinf(x).sum()
+        return sketch, nan, inf, self.bits_hash(x)
+
+    def bits_hash(self, x):
+        """A 64-bit function of the piece's bits (int64 arithmetic wraps)."""
+        int_type = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[x.element_size()]
+        bits = x.contiguous().view(int_type) if x.is_floating_point() else x
+        lead, tokens, width = as_matrix_shape(tuple(bits.shape))
+        bits = bits.reshape(-1, width).to(torch.int64)
+        per_row = (bits * self._hash_weights(width, x.device, 1)).sum(-1)
+        return (per_row * self._hash_weights(per_row.numel(), x.device, 2)).sum()
+
+
+def hex64(value):
+    """The hash as the file keeps it: 16 hex digits."""
+    return f"{int(value) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+class Pending:
+    """Summaries computed in hooks, kept on their device until flush(): then
+    every device's results come home in one copy each, and `emit(name,
+    sketch, nan, inf, hash, extra)` is called per summary in order."""
+
+    def __init__(self):
+        self._items = []
+
+    def add(self, name, summary, extra):
+        self._items.append((name, summary, extra))
+
+    def __len__(self):
+        return len(self._items)
+
+    def flush(self, emit):
+        items, self._items = self._items, []
+        if not items:
+            return
+        by_device = {}
+        for i, (_, (sketch, nan, inf, h), _) in enumerate(items):
+            by_device.setdefault(str(sketch.device), []).append(i)
+        home = [None] * len(items)
+        for indices in by_device.values():
+            parts = []
+            for i in indices:
+                sketch, nan, inf, h = items[i][1]
+                ints = torch.stack([nan.to(torch.int64), inf.to(torch.int64), h.to(torch.int64)])
+                parts += [ints.view(torch.float64), sketch.reshape(-1).to(torch.float64)]
+            flat = torch.cat(parts).cpu()  # the one copy (and the one wait) per device
+            at = 0
+            for i in indices:
+                sketch = items[i][1][0]
+                nan, inf, h = flat[at:at + 3].view(torch.int64).tolist()
+                at += 3
+                values = flat[at:at + sketch.numel()].reshape(sketch.shape)
+                at += sketch.numel()
+                home[i] = (values.to(torch.float32) if sketch.dtype == torch.float32 else values, nan, inf, h)
+        for (name, _, extra), (values, nan, inf, h) in zip(items, home):
+            emit(name, values.numpy(), nan, inf, hex64(h), extra)

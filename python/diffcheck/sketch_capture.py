@@ -1,0 +1,47 @@
+"""The sketch mode of a capture (`dct.capture(..., sketch=True)`): each tap
+whose tensor is worth it becomes a sketch tap (diffcheck/sketch.py), computed
+in the hook on the tensor's device and written when the step ends (dct.step)
+or the capture closes, all summaries coming home in one copy. A tap too small
+to sketch (a vector, a scalar, fewer tokens than the sketch has rows, an
+integer tensor) is written whole as before: it costs no more.
+"""
+from diffcheck import sketch
+from diffcheck.layouts import block_index, spec_entry
+
+
+class SketchTaps:
+    def __init__(self, capture, rows, seed):
+        self.capture = capture
+        self.sketcher = sketch.Sketcher(rows, seed)
+        self.pending = sketch.Pending()
+
+    @property
+    def rows(self):
+        return self.sketcher.k
+
+    def offer(self, name, tensor, attrs, logical):
+        """Takes tap `name` as a sketch (True), or leaves it to be written whole."""
+        if not sketch.sketchable(tensor, self.sketcher.k):
+            return False
+        c = self.capture
+        first = 0
+        if not (c.reference_mode or c.one_device):
+            entry = spec_entry(attrs.get("spec"), -2, tensor.dim())
+            first = block_index(entry, c.rank, c.axis_sizes) * tensor.shape[-2]
+        self.pending.add(name, self.sketcher.summarize(tensor, first), (attrs, logical, tensor.shape[-2]))
+        return True
+
+    def flush(self):
+        """Every pending summary home and onto the writer thread."""
+        c = self.capture
+        seed = self.sketcher.seed
+
+        def emit(name, values, nan, inf, bits_hash, extra):
+            attrs, logical, tokens = extra
+            if c.reference_mode:
+                store = lambda: c._writer.reference_sketch(name, values, tokens=tokens, seed=seed)  # noqa: E731
+            else:
+                store = lambda: c._writer.sketch(name, values, tokens=tokens, seed=seed, nan=nan, inf=inf,  # noqa
+                                                 bits_hash=bits_hash, dtype=logical, **attrs)
+            c._thread.submit(lambda: lambda: c._guarded(name, store))
+        self.pending.flush(emit)
