@@ -7,6 +7,7 @@
 // knows which scenario, or which framework, wrote it.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -24,6 +25,23 @@ enum class StoredKind { float16, float32, float64, integer };
 
 std::string stored_kind_name(StoredKind k);
 
+// A sketch tap (docs/FORMAT.md, "Sketch taps"): each piece is stored as its
+// linear sketch [lead..., k+1, width] instead of its values, with exact NaN/Inf
+// counts and a hash of its bits. TapData::local_shape is the SKETCHED
+// tensor's local shape (tokens, not k+1), so that layouts and reference shapes
+// are checked as for any tap; `stored_shape` is the dataset's.
+struct SketchPiece {
+  long long nan = 0, inf = 0;
+  std::string bits_hash;
+};
+struct SketchInfo {
+  std::uint32_t seed = 0;
+  std::size_t rows = 0;  // k: Rademacher rows (the dataset's second-to-last dimension is k + 1)
+  Shape stored_shape;
+  std::vector<SketchPiece> pieces;  // per rank
+  bool reference_is_sketch = false;  // the reference is the global sketch, not the tensor
+};
+
 struct TapData {
   std::string name;
   Layout layout;
@@ -39,6 +57,7 @@ struct TapData {
   bool per_mesh = false;                   // the `per_mesh` attribute: the tap's values depend on the mesh
   Shape local_shape;
   std::optional<Shape> reference_shape;  // the global shape, when the tap has a reference
+  std::optional<SketchInfo> sketch;      // a sketch tap
   std::size_t data_id = 0;               // which tap the data source means (taps get sorted)
 };
 

@@ -16,6 +16,7 @@
 #include "harness/capture/h5util.h"
 #include "harness/capture/read_guard.h"
 #include "harness/capture/store.h"
+#include "harness/capture/store_sketch.h"
 
 namespace dc {
 namespace {
@@ -231,6 +232,7 @@ void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapDat
     if (*n < 1) input_error("{}: attribute 'rounding_steps' is {}; it must be >= 1", where, *n);
     t.rounding_steps = *n;
   }
+  read_sketch_attrs(ds, where, t);
 }
 
 // Rank-file naming: "<prefix>.rank<R>.h5".
@@ -272,6 +274,17 @@ void attach_references(ActivationSet& set, H5Data& data, const std::vector<std::
       if (!ds.valid()) input_error("{}: not a dataset", where);
       Shape s = dataset_shape(ds.get(), where, declared[fi]);
       Shape global = t.layout.global_shape(set.mesh, t.local_shape);
+      if (h5::read_string_attr(ds.get(), "sketch", where)) {
+        check_reference_sketch(ds.get(), where, t, s, global);
+        stored_kind(ds.get(), where);
+        t.reference_shape = global;
+        t.sketch->reference_is_sketch = true;
+        data.set_reference(t.data_id, f, path);
+        break;
+      }
+      if (t.sketch && static_cast<long long>(global[global.size() - 2] * t.sketch->rows) > kMaxSketchSigns)
+        input_error("{}: {} tokens x {} sketch rows is more than {} signs", where, global[global.size() - 2],
+                    t.sketch->rows, kMaxSketchSigns);
       if (s != global)
         input_error("{}: reference shape {} does not match the tap's global shape {} (local {} "
                     "with spec '{}' on mesh {})",
@@ -331,6 +344,7 @@ ActivationSet read_run_file(hid_t file, const std::string& path, const Root& roo
                   set.world_size, shape_str(s));
     t.local_shape.assign(s.begin() + 1, s.end());
     read_tap_attrs(ds.get(), where, set.mesh, t);
+    if (t.sketch) input_error("{}: sketch taps are read from rank files (<prefix>.rank<R>.h5), not from a run file", where);
     t.data_id = data.add_tap("/taps/" + n);
     set.taps.push_back(std::move(t));
   }
@@ -389,10 +403,11 @@ ActivationSet read_rank_files(const std::string& prefix, const std::string& firs
         t.local_shape = s;
         t.stored = k;
         read_tap_attrs(ds.get(), where, set.mesh, t);
-      } else if (s != t.local_shape) {
+      } else if (s != (t.sketch ? t.sketch->stored_shape : t.local_shape)) {
         input_error("{}: local shape {} differs from rank 0's {}", where, shape_str(s),
-                    shape_str(t.local_shape));
+                    shape_str(t.sketch ? t.sketch->stored_shape : t.local_shape));
       }
+      read_sketch_piece(ds.get(), where, t, r, static_cast<std::size_t>(set.world_size));
     }
     if (names_r.size() != set.taps.size())
       input_error("{}: has {} taps, rank 0 has {}", fr, names_r.size(), set.taps.size());

@@ -15,6 +15,7 @@
 #include "harness/check/column_error.h"
 #include "harness/check/math_mode.h"
 #include "harness/check/scans.h"
+#include "harness/check/sketch_check.h"
 #include "harness/check/tap_plan.h"
 #include "harness/check/tap_stats.h"
 #include "harness/check/work_items.h"
@@ -138,20 +139,7 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
 
   Tolerance tol;
   if (has_ref) {
-    ToleranceInputs in{t.dtype, t.reduction_depth, t.atol, t.rtol, opts.atol, opts.rtol, 0.0,
-                       t.tolerance_factor.value_or(1.0)};
-    in.rounding_steps = t.rounding_steps;
-    if (auto m = set.info.find("math"); m != set.info.end()) {
-      const MathRounding math = math_rounding(m->second, t.dtype, set.source);
-      in.math_roundoff = math.roundoff;
-      in.math_label = math.label;
-    }
-    if (opts.measure_floor) in = {t.dtype, t.reduction_depth, {}, {}, {}, 1.0, 0.0, 1.0};
-    if (opts.tolerances) {
-      in.measured = opts.tolerances->find(t.name);
-      in.measured_source = opts.tolerances->source;
-      in.per_mesh = t.per_mesh;
-    }
+    ToleranceInputs in = tap_tolerance_inputs(set, t, opts);
     if (tolerance_needs_rms(in)) in.reference_rms = reference_rms(set, p, chunk, unit, opts.memory_budget, threads, bufs);
     tol = derive_tolerance(in);
   }
@@ -288,14 +276,7 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
     rc.other_value = w.value;
   }
   rc.pass = rc.differing.empty() || rc.max_ulp <= opts.replica_ulps;
-  // Every axis along which some differing rank sits apart from its leader.
-  std::vector<bool> apart(mesh.axes().size(), false);
-  for (int r : rc.differing) {
-    auto a = mesh.coords(replica_leader_of(t, mesh, r)), b = mesh.coords(r);
-    for (std::size_t i = 0; i < a.size(); ++i) apart[i] = apart[i] || a[i] != b[i];
-  }
-  for (std::size_t i = 0; i < apart.size(); ++i)
-    if (apart[i]) rc.axes.push_back(mesh.axes()[i].name);
+  rc.axes = replica_axes_apart(t, mesh, rc.differing);
 
   if (has_ref) {
     ReferenceCheck& ref = v.reference;
@@ -341,6 +322,24 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
 }
 
 }  // namespace
+
+ToleranceInputs tap_tolerance_inputs(const ActivationSet& set, const TapData& t, const CompareOptions& opts) {
+  ToleranceInputs in{t.dtype, t.reduction_depth, t.atol, t.rtol, opts.atol, opts.rtol, 0.0,
+                     t.tolerance_factor.value_or(1.0)};
+  in.rounding_steps = t.rounding_steps;
+  if (auto m = set.info.find("math"); m != set.info.end()) {
+    const MathRounding math = math_rounding(m->second, t.dtype, set.source);
+    in.math_roundoff = math.roundoff;
+    in.math_label = math.label;
+  }
+  if (opts.measure_floor) in = {t.dtype, t.reduction_depth, {}, {}, {}, 1.0, 0.0, 1.0};
+  if (opts.tolerances) {
+    in.measured = opts.tolerances->find(t.name);
+    in.measured_source = opts.tolerances->source;
+    in.per_mesh = t.per_mesh;
+  }
+  return in;
+}
 
 std::size_t chunk_elements(std::size_t budget, int threads) {
   std::size_t for_buffers = budget > 2 * kProcessAllowance ? budget - kProcessAllowance : budget / 2;
@@ -399,7 +398,7 @@ CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
   CompareResult res;
   for (const auto& t : set.taps) {
     const auto t0 = std::chrono::steady_clock::now();
-    TapVerdict v = check_tap(set, t, opts, chunk, workers, bufs);
+    TapVerdict v = t.sketch ? check_sketch_tap(set, t, opts) : check_tap(set, t, opts, chunk, workers, bufs);
     if (opts.tolerances && t.reference_shape && !opts.tolerances->find(t.name))
       res.tolerance_fallbacks.push_back(t.name);
     v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -74,6 +74,7 @@ struct ReplicaCheck {
   double leader_value = 0, other_value = 0;
   std::vector<std::string> axes;  // replica axes along which differing ranks sit ("across dp")
   std::vector<int> differing;   // ranks whose piece differs from their group leader
+  bool by_hash = false;         // a sketch tap: told by hashes of the bits, no element or ULP figure
   bool pass = true;
 };
 
@@ -90,6 +91,12 @@ struct ReferenceCheck {
   // The column-mean error (check/column_error.h), measured when a noise
   // floor is measured or the tolerance limits it; and its ratio to the limit.
   std::optional<double> column_mean, column_ratio;
+  // A sketch tap (check/sketch_check.h): rel_l2 and the reference's RMS are
+  // estimates, good to within +-`estimate_bound` (relative, 99%); column
+  // means are exact; there is no element-wise figure (max_abs, max_rel and
+  // the worst element are NaN / absent).
+  bool estimated = false;
+  double estimate_bound = 0;
   // The largest of the element-wise, norm-wise and column-mean ratios: > 1 fails.
   double margin() const {
     double m = worst_ratio;
@@ -162,6 +169,10 @@ struct CompareResult {
 };
 
 CompareResult compare(const ActivationSet& set, const CompareOptions& opts);
+
+// What a tap's tolerance is derived from: its attributes, the options, the
+// run's math and the tolerance table (shared by whole and sketch taps).
+ToleranceInputs tap_tolerance_inputs(const ActivationSet& set, const TapData& t, const CompareOptions& opts);
 
 // ULP distance between two values as stored in `kind`.
 long long ulp_distance(double a, double b, StoredKind kind);

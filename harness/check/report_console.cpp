@@ -24,6 +24,7 @@ std::string nonfinite_cell(const NonFinite& nf) {
 std::string replica_cell(const ReplicaCheck& rc) {
   if (!rc.applies) return "n/a";
   if (rc.differing.empty()) return "equal";
+  if (rc.by_hash) return "bits differ";
   if (rc.max_ulp == std::numeric_limits<long long>::max()) return fmt::format("{} (nan)", sci(rc.max_abs));
   return fmt::format("{} ({}ulp)", sci(rc.max_abs), rc.max_ulp);
 }
@@ -89,8 +90,9 @@ class ConsoleReporter final : public Reporter {
       }
       if (res.first_divergence == i) verdict += "  <- first divergence";
       row(i, truncate(t.name, 40), wname, truncate(t.layout, 28), wlay, nonfinite_cell(t.nonfinite),
-          replica_cell(t.replica), rc.present ? sci(rc.max_abs) : "-",
-          rc.present ? sci(rc.max_rel) : "-", rc.present ? sci(rc.rel_l2) : "-",
+          replica_cell(t.replica), rc.present && !rc.estimated ? sci(rc.max_abs) : rc.present ? "(sketch)" : "-",
+          rc.present && !rc.estimated ? sci(rc.max_rel) : "-",
+          rc.present ? (rc.estimated ? "~" : "") + sci(rc.rel_l2) : "-",
           rc.present ? sci(rc.margin()) : "-", rc.present ? tolerance_cell(rc.tol) : "-", wtol, verdict);
     }
     print_steps(res, out);
@@ -180,14 +182,23 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
   const auto& nf = t.nonfinite;
   if (nf.nan || nf.inf) {
     s += fmt::format("  non-finite: {} NaN, {} Inf on ranks {}", nf.nan, nf.inf, rank_ranges(nf.ranks));
-    if (nf.first_nan)
+    if (nf.first_nan && nf.first_nan->index.empty())
+      s += fmt::format("; first NaN on rank {} (a sketch: counts only)", nf.first_nan->rank);
+    else if (nf.first_nan)
       s += fmt::format("; first NaN on rank {} at {}", nf.first_nan->rank, index_str(nf.first_nan->index));
-    if (nf.first_inf)
+    if (nf.first_inf && nf.first_inf->index.empty())
+      s += fmt::format("; first Inf on rank {} (a sketch: counts only)", nf.first_inf->rank);
+    else if (nf.first_inf)
       s += fmt::format("; first Inf on rank {} at {}", nf.first_inf->rank, index_str(nf.first_inf->index));
     s += "\n";
   }
   const auto& rc = t.replica;
-  if (!rc.pass) {
+  if (!rc.pass && rc.by_hash) {
+    s += fmt::format("  replicas DIFFER across {}: the bits of ranks {} differ from their replica-group leader's "
+                     "(first: rank {} against rank {}; a sketch has hashes, no values: capture again with "
+                     "only=report for the elements)\n",
+                     fmt::join(rc.axes, ", "), rank_ranges(rc.differing), rc.other, rc.leader);
+  } else if (!rc.pass) {
     s += fmt::format(
         "  replicas DIFFER across {}: ranks {} disagree with their replica-group leader; largest difference "
         "{} ({} ULP) between rank {} and rank {} at local index {} (rank {}: {:.9g}, rank {}: {:.9g})\n",
@@ -199,7 +210,18 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
     s += "  replicas agree (bitwise)\n";
   }
   const auto& ref = t.reference;
-  if (ref.present && !ref.pass) {
+  if (ref.present && !ref.pass && ref.estimated) {
+    s += fmt::format("  reference DISAGREES (from sketches): rel L2 ~{} (+-{:.0f}%, estimated) over its limit {} "
+                     "({:.3g}x){}; a sketch has no element values: capture again with only=report for the worst "
+                     "element and its ranks\n",
+                     sci(ref.rel_l2), 100 * ref.estimate_bound, sci(*ref.tol.rel_l2_limit),
+                     ref.l2_ratio.value_or(NAN),
+                     ref.column_ratio && !(*ref.column_ratio <= 1)
+                         ? fmt::format(", and the column-mean error {} (exact) over its limit {} ({:.3g}x)",
+                                       sci(*ref.column_mean), sci(*ref.tol.column_mean_limit), *ref.column_ratio)
+                         : "");
+    s += "  tolerance " + tolerance_line(ref) + "\n" + math_hint(ref);
+  } else if (ref.present && !ref.pass) {
     const bool l2_fails = ref.l2_ratio && !(*ref.l2_ratio <= 1);
     const bool column_fails = ref.column_ratio && !(*ref.column_ratio <= 1);
     s += fmt::format(

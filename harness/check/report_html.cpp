@@ -107,9 +107,11 @@ std::string tap_table(const CompareResult& res) {
         "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l\" title=\"{}\">{}</td><td class=\"l v\">{}</td></tr>\n",
         cls, esc(t.name), i, esc(t.name), esc(t.layout),
         t.nonfinite.nan + t.nonfinite.inf ? fmt::format("{} / {}", t.nonfinite.nan, t.nonfinite.inf) : "-",
-        !t.replica.applies ? "n/a" : t.replica.differing.empty() ? "equal" : html::num(t.replica.max_abs),
-        ref.present ? html::num(ref.max_abs) : "-", ref.present ? html::num(ref.max_rel) : "-",
-        ref.present ? html::num(ref.rel_l2) : "-", ref.present ? html::num(ref.margin()) : "-",
+        !t.replica.applies ? "n/a" : t.replica.differing.empty() ? "equal"
+                                   : t.replica.by_hash ? "bits differ" : html::num(t.replica.max_abs),
+        ref.present && !ref.estimated ? html::num(ref.max_abs) : ref.present ? "(sketch)" : "-",
+        ref.present && !ref.estimated ? html::num(ref.max_rel) : "-",
+        ref.present ? (ref.estimated ? "~" : "") + html::num(ref.rel_l2) : "-", ref.present ? html::num(ref.margin()) : "-",
         ref.present ? esc(tolerance_line(ref)) : "", ref.present ? esc(tolerance_cell(ref.tol)) : "-", esc(verdict));
   }
   s += "</tbody></table>\n";

@@ -35,7 +35,7 @@ json tap_json(const TapVerdict& t, std::size_t order) {
   j["nonfinite"] = {{"nan", nf.nan}, {"inf", nf.inf}, {"first_nan", element(nf.first_nan)},
                     {"first_inf", element(nf.first_inf)}, {"ranks", nf.ranks}};
   const auto& rc = t.replica;
-  j["replica"] = {{"applies", rc.applies}, {"pass", rc.pass}, {"max_abs", num(rc.max_abs)},
+  j["replica"] = {{"applies", rc.applies}, {"pass", rc.pass}, {"by_hash", rc.by_hash}, {"max_abs", num(rc.max_abs)},
                   {"max_ulp", rc.max_ulp}, {"differing_ranks", rc.differing}};
   if (!rc.differing.empty())
     j["replica"]["worst"] = {{"leader", rc.leader}, {"other", rc.other}, {"index", rc.index},
@@ -58,6 +58,7 @@ json tap_json(const TapVerdict& t, std::size_t order) {
     if (ref.tol.rel_l2_limit)
       j["reference"].update({{"rel_l2_limit", num(*ref.tol.rel_l2_limit)}, {"l2_ratio", num(ref.l2_ratio.value_or(0))}});
     if (ref.column_mean) j["reference"]["column_mean"] = num(*ref.column_mean);
+    if (ref.estimated) j["reference"].update({{"estimated", true}, {"estimate_bound", num(ref.estimate_bound)}});
     if (ref.tol.column_mean_limit)
       j["reference"].update({{"column_mean_limit", num(*ref.tol.column_mean_limit)},
                              {"column_ratio", num(ref.column_ratio.value_or(0))}});

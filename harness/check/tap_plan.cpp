@@ -41,4 +41,16 @@ int replica_leader_of(const TapData& t, const Mesh& mesh, int rank) {
   return mesh.rank_of(c);
 }
 
+std::vector<std::string> replica_axes_apart(const TapData& t, const Mesh& mesh, const std::vector<int>& differing) {
+  std::vector<bool> apart(mesh.axes().size(), false);
+  for (int r : differing) {
+    auto a = mesh.coords(replica_leader_of(t, mesh, r)), b = mesh.coords(r);
+    for (std::size_t i = 0; i < a.size(); ++i) apart[i] = apart[i] || a[i] != b[i];
+  }
+  std::vector<std::string> axes;
+  for (std::size_t i = 0; i < apart.size(); ++i)
+    if (apart[i]) axes.push_back(mesh.axes()[i].name);
+  return axes;
+}
+
 }  // namespace dc

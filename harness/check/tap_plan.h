@@ -3,6 +3,7 @@
 // replicas), from the tap's layout and the mesh alone.
 #pragma once
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "harness/capture/activations.h"
@@ -33,5 +34,9 @@ TapPlan plan_tap(const TapData& t, const Mesh& mesh);
 
 // The replica-group leader of `rank` for tap `t`.
 int replica_leader_of(const TapData& t, const Mesh& mesh, int rank);
+
+// Every mesh axis along which some rank of `differing` sits apart from its
+// replica leader ("replicas differ across dp").
+std::vector<std::string> replica_axes_apart(const TapData& t, const Mesh& mesh, const std::vector<int>& differing);
 
 }  // namespace dc

@@ -1,0 +1,87 @@
+#include "harness/capture/store_sketch.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "harness/capture/h5util.h"
+#include "harness/core/error.h"
+
+namespace dc {
+namespace {
+
+long long sketch_int(hid_t ds, const char* name, const std::string& where, long long low, long long high) {
+  auto v = h5::read_int_attr(ds, name, where);
+  if (!v) input_error("{}: sketch tap without attribute '{}'", where, name);
+  if (*v < low || *v > high) input_error("{}: attribute '{}' is {}; it must be in [{}, {}]", where, name, *v, low, high);
+  return *v;
+}
+
+}  // namespace
+
+// A sketch tap's attributes (`sketch` present): the kind, seed and token
+// count, checked against the dataset's shape; local_shape becomes the
+// sketched tensor's. Per-rank attributes are read by read_sketch_piece.
+void read_sketch_attrs(hid_t ds, const std::string& where, TapData& t) {
+  const auto kind = h5::read_string_attr(ds, "sketch", where);
+  if (!kind) return;
+  if (*kind != "rademacher1")
+    input_error("{}: attribute 'sketch' is '{}'; this diffcheck reads 'rademacher1' (docs/FORMAT.md)", where, *kind);
+  if (t.stored == StoredKind::integer) input_error("{}: a sketch tap must be stored as float32 or float64", where);
+  if (t.local_shape.size() < 2 || t.local_shape[t.local_shape.size() - 2] < 2 ||
+      t.local_shape[t.local_shape.size() - 2] > static_cast<std::size_t>(kMaxSketchRows) + 1)
+    input_error("{}: a sketch tap's shape is [lead..., k+1, width] with 1 <= k <= {}; found {}", where,
+                kMaxSketchRows, shape_str(t.local_shape));
+  if (!t.image.empty()) input_error("{}: a sketch tap cannot be an image (attribute 'image')", where);
+  SketchInfo info;
+  info.seed = static_cast<std::uint32_t>(sketch_int(ds, "sketch_seed", where, 0, 0xFFFFFFFFLL));
+  info.rows = t.local_shape[t.local_shape.size() - 2] - 1;
+  info.stored_shape = t.local_shape;
+  t.local_shape[t.local_shape.size() - 2] =
+      static_cast<std::size_t>(sketch_int(ds, "sketch_tokens", where, 1, kMaxSketchSigns));
+  t.sketch = std::move(info);
+}
+
+// One rank's counts and hash of a sketch tap, and the attributes every rank must share.
+void read_sketch_piece(hid_t ds, const std::string& where, TapData& t, int rank, std::size_t world) {
+  const bool here = h5::read_string_attr(ds, "sketch", where).has_value();
+  if (here != t.sketch.has_value())
+    input_error("{}: {} a sketch tap here but {} on rank 0", where, here ? "is" : "is not", here ? "not" : "is");
+  if (!here) return;
+  SketchInfo& info = *t.sketch;
+  const Shape& local = t.local_shape;
+  if (sketch_int(ds, "sketch_seed", where, 0, 0xFFFFFFFFLL) != info.seed ||
+      sketch_int(ds, "sketch_tokens", where, 1, kMaxSketchSigns) != static_cast<long long>(local[local.size() - 2]))
+    input_error("{}: attributes 'sketch_seed'/'sketch_tokens' differ from rank 0's", where);
+  info.pieces.resize(world);
+  SketchPiece& p = info.pieces[static_cast<std::size_t>(rank)];
+  p.nan = sketch_int(ds, "nan_count", where, 0, std::numeric_limits<long long>::max());
+  p.inf = sketch_int(ds, "inf_count", where, 0, std::numeric_limits<long long>::max());
+  auto h = h5::read_string_attr(ds, "bits_hash", where);
+  if (!h || h->empty() || h->size() > 64) input_error("{}: sketch tap without a 'bits_hash' of 1 to 64 characters", where);
+  p.bits_hash = *h;
+}
+
+// A reference stored as the global tensor's sketch: for a sketch tap only,
+// with its seed, rows and the global token count, shaped [lead..., k+1, width].
+void check_reference_sketch(hid_t ds, const std::string& where, const TapData& t, const Shape& s, const Shape& global) {
+  if (!t.sketch) input_error("{}: a sketch reference (attribute 'sketch') for a tap stored whole", where);
+  const auto kind = h5::read_string_attr(ds, "sketch", where);
+  if (*kind != "rademacher1")
+    input_error("{}: attribute 'sketch' is '{}'; this diffcheck reads 'rademacher1' (docs/FORMAT.md)", where, *kind);
+  const std::size_t tokens = global[global.size() - 2];
+  if (sketch_int(ds, "sketch_seed", where, 0, 0xFFFFFFFFLL) != t.sketch->seed ||
+      sketch_int(ds, "sketch_tokens", where, 1, kMaxSketchSigns) != static_cast<long long>(tokens))
+    input_error("{}: a sketch reference must have the tap's seed {} and its {} global tokens", where, t.sketch->seed,
+                tokens);
+  if (static_cast<long long>(tokens) * static_cast<long long>(t.sketch->rows) > kMaxSketchSigns)
+    input_error("{}: {} tokens x {} sketch rows is more than {} signs", where, tokens, t.sketch->rows, kMaxSketchSigns);
+  Shape want = global;
+  want[want.size() - 2] = t.sketch->rows + 1;
+  if (s != want)
+    input_error("{}: a sketch reference of shape {}; the tap's global sketch is {}", where, shape_str(s),
+                shape_str(want));
+}
+
+
+}  // namespace dc
