@@ -188,18 +188,18 @@ def work(rank, world, args):
     model.to(dtype)
     tokens = slice(g.sp_rank * S // g.sp, (g.sp_rank + 1) * S // g.sp)
     text = prompts[g.cfg_rank] if g.cfg > 1 else prompts.reshape(2 * B, T, D)
-    with dct.capture(model, out=f"{args.out}/cfg", mesh=f"cfg={g.cfg},sp={g.sp}", layouts=LAYOUTS):  # diffcheck
+    with dct.capture(model, out=f"{args.out}/cfg", mesh=f"cfg={g.cfg},sp={g.sp}", layouts=LAYOUTS, sketch=args.sketch):  # diffcheck
         denoise(model, noise[:, tokens].to(dtype), text.to(dtype), rank, g, args.bug)  # diffcheck
     if rank == 0:
         single = Groups(0, 1, 1)
         reference = Denoiser(single).double()  # unsharded
         reference.load_state_dict(weights)
-        with dct.capture(reference, out=f"{args.out}/ref", reference=True):  # diffcheck
+        with dct.capture(reference, out=f"{args.out}/ref", reference=True, sketch=args.sketch):  # diffcheck
             denoise(reference, noise, prompts.reshape(2 * B, T, D), 0, single)  # diffcheck
         one_device = Denoiser(single)  # unsharded, in the run's dtype: each tap's yardstick
         one_device.load_state_dict(weights)
         one_device.to(dtype)
-        with dct.capture(one_device, out=f"{args.out}/ref", one_device=True):  # diffcheck
+        with dct.capture(one_device, out=f"{args.out}/ref", one_device=True, sketch=args.sketch):  # diffcheck
             denoise(one_device, noise.to(dtype), prompts.reshape(2 * B, T, D).to(dtype), 0, single)  # diffcheck
 
 
@@ -215,6 +215,7 @@ if __name__ == "__main__":
                     "number (cfg=2, sp=n/2; default 4)")
     ap.add_argument("--bug", action="store_true", help="broadcast each step's timestep into a temporary")
     ap.add_argument("--out", default="dumps/cfg_denoise", help="directory of the activation files")
+    ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors (docs/torch.md, 'Sketch mode')")
     ap.add_argument("--tokens", type=int, default=S, help=f"image tokens (default {S})")
     ap.add_argument("--dim", type=int, default=D, help=f"model width D (default {D}); the MLP is 4 D")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")

@@ -161,14 +161,14 @@ def work(rank, world, args):
     dtype = DTYPES[args.dtype]
     w, x = full_weights()
     block = Block(w, world, rank, args.bug and args.bug_scale).to(dtype)
-    with dct.capture(block, out=f"{args.out}/tp", mesh=f"tp={world}", layouts=LAYOUTS):  # diffcheck
+    with dct.capture(block, out=f"{args.out}/tp", mesh=f"tp={world}", layouts=LAYOUTS, sketch=args.sketch):  # diffcheck
         block(x.to(dtype))  # diffcheck
     if rank == 0:
         reference = Block(w).double()  # unsharded
-        with dct.capture(reference, out=f"{args.out}/ref", reference=True):  # diffcheck
+        with dct.capture(reference, out=f"{args.out}/ref", reference=True, sketch=args.sketch):  # diffcheck
             reference(x)  # diffcheck
         one_device = Block(w).to(dtype)  # unsharded, in the run's dtype: each tap's yardstick
-        with dct.capture(one_device, out=f"{args.out}/ref", one_device=True):  # diffcheck
+        with dct.capture(one_device, out=f"{args.out}/ref", one_device=True, sketch=args.sketch):  # diffcheck
             one_device(x.to(dtype))  # diffcheck
 
 
@@ -185,6 +185,7 @@ if __name__ == "__main__":
     ap.add_argument("--bug-scale", type=float, default=1.0, metavar="A",
                     help="with --bug: the sum holds the bias 1 + A (tp - 1) times (default 1: tp times)")
     ap.add_argument("--out", default="dumps/tp_block", help="directory of the activation files")
+    ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors (docs/torch.md, 'Sketch mode')")
     ap.add_argument("--tokens", type=int, default=B * S, help=f"tokens, {B} sequences of tokens/{B} (default {B * S})")
     ap.add_argument("--dim", type=int, default=D, help=f"model width D (default {D})")
     ap.add_argument("--heads", type=int, default=HEADS, help=f"attention heads (default {HEADS})")

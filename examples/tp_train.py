@@ -204,13 +204,13 @@ def work(rank, world, args):
     share = slice(rank * S // world, (rank + 1) * S // world)
     block = Block(w, world, rank).to(dtype)
     opt = torch.optim.SGD(block.parameters(), lr=LR)
-    with dct.capture(block, out=f"{args.out}/tp", mesh=f"tp={world}", layouts=LAYOUTS, backward=True, optimizer=opt):  # noqa: E501  # diffcheck
+    with dct.capture(block, out=f"{args.out}/tp", mesh=f"tp={world}", layouts=LAYOUTS, backward=True, optimizer=opt, sketch=args.sketch):  # noqa: E501  # diffcheck
         run(block, opt, x[:, share].to(dtype), target[:, share].to(dtype), world, args.bug)
     if rank == 0:
         for name, model_dtype in (("reference", torch.float64), ("one_device", dtype)):
             model = Block(w).to(model_dtype)  # unsharded
             opt = torch.optim.SGD(model.parameters(), lr=LR)
-            with dct.capture(model, out=f"{args.out}/ref", backward=True, optimizer=opt, **{name: True}):  # noqa: E501  # diffcheck
+            with dct.capture(model, out=f"{args.out}/ref", backward=True, optimizer=opt, **{name: True}, sketch=args.sketch):  # noqa: E501  # diffcheck
                 run(model, opt, x.to(model_dtype), target.to(model_dtype), 1)
 
 
@@ -236,6 +236,7 @@ if __name__ == "__main__":
     ap.add_argument("-n", type=int, default=2, help="processes to start when not under mpirun (default 2)")
     ap.add_argument("--bug", choices=BUGS, help="the gradient reduction's bug to inject")
     ap.add_argument("--out", default="dumps/tp_train", help="directory of the activation files")
+    ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors (docs/torch.md, 'Sketch mode')")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
     a = ap.parse_args()
     launch(work, after, a, a.n)
