@@ -180,9 +180,11 @@ class RankDump(_AtomicH5):
         self._order = 0
 
     def tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None, dtype=None,
-            rounding_steps=None):
+            rounding_steps=None, order=None):
         """`dtype`: the logical dtype when `x` holds another one's values (a
-        bfloat16 tensor already turned into float32); found by itself otherwise."""
+        bfloat16 tensor already turned into float32); found by itself otherwise.
+        `order`: the tap's place in execution order when taps are written in
+        another order (default: the order of writing)."""
         a, logical = to_numpy(x)
         logical = dtype or logical
         ds = self._dataset(f"taps/{name}", a)
@@ -190,7 +192,7 @@ class RankDump(_AtomicH5):
             ds.attrs["spec"] = spec
         if partial:
             ds.attrs["partial"] = partial
-        ds.attrs["order"] = self._order
+        ds.attrs["order"] = self._order if order is None else int(order)
         self._order += 1
         if logical:
             ds.attrs["dtype"] = logical

@@ -71,10 +71,11 @@ def as_matrix_shape(shape):
     return tuple(shape[:-2]), shape[-2], shape[-1]
 
 
-def sketchable(tensor, k):
-    """Worth sketching: floating point, and more tokens than the sketch has
-    rows (else the tensor itself is as small, and exact)."""
-    return tensor.is_floating_point() and tensor.dim() >= 2 and tensor.shape[-2] > k + 1
+def sketchable(tensor, k, global_tokens):
+    """Worth sketching: floating point, and more tokens in the GLOBAL tensor
+    than the sketch has rows (else the tensor itself is as small, and exact).
+    Decided on the global count so that every rank and the reference agree."""
+    return tensor.is_floating_point() and tensor.dim() >= 2 and global_tokens > k + 1
 
 
 class Sketcher:

@@ -21,13 +21,17 @@ class SketchTaps:
 
     def offer(self, name, tensor, attrs, logical):
         """Takes tap `name` as a sketch (True), or leaves it to be written whole."""
-        if not sketch.sketchable(tensor, self.sketcher.k):
+        if tensor.dim() < 2:
             return False
         c = self.capture
-        first = 0
+        first, shards = 0, 1
         if not (c.reference_mode or c.one_device):
             entry = spec_entry(attrs.get("spec"), -2, tensor.dim())
             first = block_index(entry, c.rank, c.axis_sizes) * tensor.shape[-2]
+            for axis in ([] if entry == "-" else entry.split("*")):
+                shards *= c.axis_sizes[axis]
+        if not sketch.sketchable(tensor, self.sketcher.k, tensor.shape[-2] * shards):
+            return False
         self.pending.add(name, self.sketcher.summarize(tensor, first), (attrs, logical, tensor.shape[-2]))
         return True
 

@@ -131,6 +131,7 @@ class Capture:
                            "math": math_mode(self._model_device()), **extra_attrs, **root_attrs}
         self._writer, self._thread, self._handles, self._calls, self._step = None, None, [], {}, ""
         self._staging = None  # see _staged
+        self._order = 0  # the next tap's place in execution order
         if optimizer is not None and not backward:
             raise ValueError("capture(optimizer=...) taps the parameters around its step: give backward=True too")
         self.gradients = Gradients(self, optimizer) if backward else None
@@ -206,6 +207,9 @@ class Capture:
             self._check_layout(name, tensor, pattern, attrs)
             if self.derive_depths:
                 attrs = self._with_counts(tensor, attrs)
+        if not self.reference_mode:  # execution order, whichever write comes first (sketches wait for the step's end)
+            attrs = {**attrs, "order": self._order}
+            self._order += 1
         if self.sketches is not None and self.sketches.offer(name, tensor, attrs, _logical_dtype(tensor)):
             return
 
