@@ -140,6 +140,22 @@ def hex64(value):
     return f"{int(value) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
+def estimate_rel_l2(run_sketch, ref_sketch, k, tokens, seed):
+    """The comparator's estimate of ||x - ref|| / ||ref|| (harness/check/
+    sketch_check.cpp) from two global sketches [lead..., k+1, width] of
+    tensors with `tokens` tokens, in NumPy: the column sums are taken out
+    exactly, the centred part estimated from the k rows."""
+    import numpy as np
+    ss = signs(seed, k, 0, tokens).sum(1).double().numpy()
+
+    def squared_norm(s):
+        s = np.asarray(s, dtype=np.float64)
+        c = s[..., k, :]
+        centred = s[..., :k, :] - ss[:, None] * c[..., None, :] / tokens
+        return (centred ** 2).sum() / k + (c ** 2).sum() / tokens
+    return float(np.sqrt(squared_norm(np.asarray(run_sketch) - np.asarray(ref_sketch)) / squared_norm(ref_sketch)))
+
+
 class Pending:
     """Summaries computed in hooks, kept on their device until flush(): then
     every device's results come home in one copy each, and `emit(name,
