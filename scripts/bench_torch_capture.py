@@ -9,6 +9,10 @@ that a capture's writeback does not slow the next forward; the time of that
 sync after a capture is reported too (what making the taps durable adds).
 
     /usr/bin/python3 scripts/bench_torch_capture.py [--size example|medium|large] [-n 2] [--rounds 9] [--backward]
+                                                    [--sketch [K]]
+
+--sketch: the capture in sketch mode (every tap a sketch of K = 8 rows,
+diffcheck/sketch.py), against the same uninstrumented forward.
 
 --backward: a training step's worth instead, forward and backward of the sum
 of the output, uninstrumented against captured with backward=True (every
@@ -72,12 +76,12 @@ def rank_main(rank, n, a, init, out_dir, results):
         if a.backward:
             block.zero_grad(set_to_none=True)
             with dct.capture(block, out=f"{out_dir}/tp", mesh=f"tp={n}", layouts=tp_block.LAYOUTS, backward=True,
-                             derive_depths=not a.no_depths):
+                             derive_depths=not a.no_depths, sketch=a.sketch):
                 block(x).sum().backward()
                 dct.grads()
             return
         with torch.no_grad(), dct.capture(block, out=f"{out_dir}/tp", mesh=f"tp={n}", layouts=tp_block.LAYOUTS,
-                                          derive_depths=not a.no_depths):
+                                          derive_depths=not a.no_depths, sketch=a.sketch):
             block(x)
 
     def settled(fn):
@@ -110,6 +114,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--no-depths", action="store_true", help="derive_depths=False: no rounding counts (their cost)")
     ap.add_argument("--backward", action="store_true", help="forward and backward, captured with backward=True")
+    ap.add_argument("--sketch", type=int, nargs="?", const=8, default=0, metavar="K",
+                    help="sketch mode (K rows, default 8) instead of whole tensors")
     ap.add_argument("--dir", default=None, help="where the rank files go (default: a temporary directory)")
     a = ap.parse_args()
     ctx = mp.get_context("spawn")
@@ -123,7 +129,8 @@ def main():
         print("\n".join(f"{p * 1e3:8.1f} {c * 1e3:8.1f} {s * 1e3:7.1f}" for p, c, s in rows))
     ratios = [c / p for p, c, _ in rows]
     durable = [(c + s) / p for p, c, s in rows]
-    print(f"size {a.size} {SIZES[a.size]}, tp={a.n}, {a.rounds} rounds{', forward and backward' if a.backward else ''}; "
+    print(f"size {a.size} {SIZES[a.size]}, tp={a.n}, {a.rounds} rounds{', forward and backward' if a.backward else ''}"
+          f"{f', sketch mode k={a.sketch}' if a.sketch else ''}; "
           f"rank 0 writes {size / 2 ** 20:.1f} MiB per {'step' if a.backward else 'forward'}")
     print(f"uninstrumented forward: median {statistics.median(r[0] for r in rows) * 1e3:.1f} ms")
     print(f"captured forward:       median {statistics.median(r[1] for r in rows) * 1e3:.1f} ms "
