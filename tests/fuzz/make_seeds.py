@@ -67,7 +67,28 @@ def rank_file(name):
     os.rename(prefix + ".rank0.h5", prefix)
 
 
-def main():
+def sketch_file(name):
+    """A one-rank set of sketch taps (docs/FORMAT.md, "Sketch taps"): one
+    with a sketch reference, one with a whole reference, one whole tap."""
+    prefix = os.path.join(READER, name)
+    with RankDump(prefix, mesh="sp=1", rank=0) as d:
+        x = rng.standard_normal((2, 16, 3))
+        for tap in ("s/sketched_ref", "s/whole_ref"):
+            d.tap(tap, rng.standard_normal((2, 3, 3)), spec="-,sp,-")
+            ds = d.f["taps"][tap]
+            ds.attrs.update({"sketch": "rademacher1", "sketch_seed": 1, "sketch_tokens": 16, "nan_count": 0,
+                             "inf_count": 0, "bits_hash": "00000000deadbeef", "dtype": "float32"})
+        d.f.create_dataset("reference/s/sketched_ref", data=rng.standard_normal((2, 3, 3)))
+        d.f["reference/s/sketched_ref"].attrs.update({"sketch": "rademacher1", "sketch_seed": 1, "sketch_tokens": 16})
+        d.reference("s/whole_ref", x)
+        d.tap("s/whole", x[0], spec="sp,-")
+    os.rename(prefix + ".rank0.h5", prefix)
+
+
+def main(only=None):
+    if only == "sketch":  # the seed added with sketch taps, without rewriting the others
+        sketch_file("sketch_rankfile.h5")
+        return
     os.makedirs(READER, exist_ok=True)
     os.makedirs(PARSERS, exist_ok=True)
     run_file("run_contiguous.h5")
@@ -75,6 +96,7 @@ def main():
     run_file("run_latest.h5", libver="latest")
     run_file("run_mesh3.h5", world=4, mesh="dp=2,tp=2")
     rank_file("rankfile.h5")
+    sketch_file("sketch_rankfile.h5")
     # The parsers target: the first byte picks the parser (0 mesh, 1 layout, 2 flags).
     texts = {
         "mesh_simple": b"\x00dp=2,tp=4",
@@ -92,4 +114,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:2])
