@@ -117,22 +117,41 @@ class Sketcher:
         token `first_token`: device tensors, nothing synchronised."""
         x = tensor.detach()
         lead, tokens, width = as_matrix_shape(tuple(x.shape))
-        x = x.reshape(*lead, tokens, width)
+        x = x.reshape(-1, tokens, width)
         acc = accumulator(x.dtype)
         r = self._sign_rows(first_token, tokens, x.device, acc)
-        sketch = torch.matmul(r, x.to(acc))
-        nan = torch.isnan(x).sum()
-        inf = torch.isinf(x).sum()
+        # One matrix product per lead index: torch's batched matmul with a
+        # broadcast left operand is several times slower on the CPU.
+        sketch = torch.stack([torch.mm(r, x[i].to(acc)) for i in range(x.shape[0])]).reshape(*lead, self.k + 1, width)
+        nan, inf = self._nonfinite(x, sketch)
         return sketch, nan, inf, self.bits_hash(x)
 
+    def _nonfinite(self, x, sketch):
+        """Exact NaN and Inf counts. A column whose sum is finite holds no NaN
+        or Inf (they propagate through the sums), so on the CPU, where looking
+        costs no synchronisation, the counting pass runs only when a column sum
+        is not finite; on a device it always runs (no host round trip)."""
+        if x.device.type == "cpu" and bool(torch.isfinite(sketch[..., self.k, :]).all()):
+            zero = torch.zeros((), dtype=torch.int64)
+            return zero, zero
+        return torch.isnan(x).sum(), torch.isinf(x).sum()
+
     def bits_hash(self, x):
-        """A 64-bit function of the piece's bits (int64 arithmetic wraps)."""
-        int_type = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[x.element_size()]
-        bits = x.contiguous().view(int_type) if x.is_floating_point() else x
-        lead, tokens, width = as_matrix_shape(tuple(bits.shape))
-        bits = bits.reshape(-1, width).to(torch.int64)
-        per_row = (bits * self._hash_weights(width, x.device, 1)).sum(-1)
-        return (per_row * self._hash_weights(per_row.numel(), x.device, 2)).sum()
+        """A 64-bit function of the piece's bits: each row's bytes read as
+        int64 words and summed (wrapping), the row sums weighted by odd
+        numbers and summed. One read of the tensor, no int64 copy of it."""
+        x = x.contiguous()
+        lead, tokens, width = as_matrix_shape(tuple(x.shape))
+        rows = max(x.numel() // max(width, 1), 1)
+        row_bytes = width * x.element_size()
+        if x.numel() and row_bytes % 8 == 0:
+            words = x.reshape(rows, width).view(torch.int64)
+        else:  # rows of an odd byte length: widen each element
+            int_type = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[x.element_size()]
+            bits = x.view(int_type) if x.is_floating_point() else x
+            words = bits.reshape(rows, -1).to(torch.int64)
+        per_row = words.sum(-1)
+        return (per_row * self._hash_weights(rows, x.device, 2)).sum()
 
 
 def hex64(value):
