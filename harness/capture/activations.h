@@ -40,6 +40,10 @@ struct SketchInfo {
   Shape stored_shape;
   std::vector<SketchPiece> pieces;  // per rank
   bool reference_is_sketch = false;  // the reference is the global sketch, not the tensor
+  // `sketch_shared`: replica axes whose ranks each sketched a share of the
+  // tokens (their sketches add up like partial sums; their hashes are still
+  // of the whole piece).
+  std::vector<std::string> shared_axes;
 };
 
 struct TapData {

@@ -232,7 +232,7 @@ void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapDat
     if (*n < 1) input_error("{}: attribute 'rounding_steps' is {}; it must be >= 1", where, *n);
     t.rounding_steps = *n;
   }
-  read_sketch_attrs(ds, where, t);
+  read_sketch_attrs(ds, where, mesh, t);
 }
 
 // Rank-file naming: "<prefix>.rank<R>.h5".

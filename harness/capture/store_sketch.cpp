@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "harness/capture/h5util.h"
@@ -22,7 +23,7 @@ long long sketch_int(hid_t ds, const char* name, const std::string& where, long 
 // A sketch tap's attributes (`sketch` present): the kind, seed and token
 // count, checked against the dataset's shape; local_shape becomes the
 // sketched tensor's. Per-rank attributes are read by read_sketch_piece.
-void read_sketch_attrs(hid_t ds, const std::string& where, TapData& t) {
+void read_sketch_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapData& t) {
   const auto kind = h5::read_string_attr(ds, "sketch", where);
   if (!kind) return;
   if (*kind != "rademacher1")
@@ -37,6 +38,20 @@ void read_sketch_attrs(hid_t ds, const std::string& where, TapData& t) {
   info.seed = static_cast<std::uint32_t>(sketch_int(ds, "sketch_seed", where, 0, 0xFFFFFFFFLL));
   info.rows = t.local_shape[t.local_shape.size() - 2] - 1;
   info.stored_shape = t.local_shape;
+  if (auto shared = h5::read_string_attr(ds, "sketch_shared", where); shared && !shared->empty()) {
+    const auto replicas = t.layout.replica_axes(mesh);
+    std::size_t at = 0;
+    while (at <= shared->size()) {
+      const std::size_t end = std::min(shared->find('*', at), shared->size());
+      const std::string axis = shared->substr(at, end - at);
+      if (std::find(replicas.begin(), replicas.end(), axis) == replicas.end() ||
+          std::find(info.shared_axes.begin(), info.shared_axes.end(), axis) != info.shared_axes.end())
+        input_error("{}: attribute 'sketch_shared' is '{}'; '{}' is not a replica axis of the tap (mesh {}, layout {})",
+                    where, *shared, axis, mesh.str(), t.layout.str());
+      info.shared_axes.push_back(axis);
+      at = end + 1;
+    }
+  }
   t.local_shape[t.local_shape.size() - 2] =
       static_cast<std::size_t>(sketch_int(ds, "sketch_tokens", where, 1, kMaxSketchSigns));
   t.sketch = std::move(info);
@@ -50,6 +65,11 @@ void read_sketch_piece(hid_t ds, const std::string& where, TapData& t, int rank,
   if (!here) return;
   SketchInfo& info = *t.sketch;
   const Shape& local = t.local_shape;
+  const auto shared = h5::read_string_attr(ds, "sketch_shared", where).value_or("");
+  std::string shared0;
+  for (const auto& a : info.shared_axes) shared0 += (shared0.empty() ? "" : "*") + a;
+  if (shared != shared0)
+    input_error("{}: attribute 'sketch_shared' is '{}', rank 0's is '{}'", where, shared, shared0);
   if (sketch_int(ds, "sketch_seed", where, 0, 0xFFFFFFFFLL) != info.seed ||
       sketch_int(ds, "sketch_tokens", where, 1, kMaxSketchSigns) != static_cast<long long>(local[local.size() - 2]))
     input_error("{}: attributes 'sketch_seed'/'sketch_tokens' differ from rank 0's", where);

@@ -18,7 +18,7 @@ inline constexpr long long kMaxSketchSigns = 1LL << 30;
 
 // A tap's sketch attributes (when it has `sketch`): kind, seed and token
 // count against the dataset's shape; local_shape becomes the sketched tensor's.
-void read_sketch_attrs(hid_t ds, const std::string& where, TapData& t);
+void read_sketch_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapData& t);
 
 // One rank's counts and hash, and the attributes every rank must share with rank 0.
 void read_sketch_piece(hid_t ds, const std::string& where, TapData& t, int rank, std::size_t world);

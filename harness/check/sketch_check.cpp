@@ -26,6 +26,8 @@ TapData sketch_as_tap(const TapData& t) {
     s.layout.partial.insert(s.layout.partial.end(), entry.begin(), entry.end());
     entry.clear();
   }
+  // Replicas that each sketched a share of the tokens: their sketches add up.
+  s.layout.partial.insert(s.layout.partial.end(), t.sketch->shared_axes.begin(), t.sketch->shared_axes.end());
   return s;
 }
 

@@ -88,6 +88,31 @@ def mesh_axes(mesh):
     return [part.split("=")[0].strip() for part in mesh.split(",")]
 
 
+_SCALAR = None
+_TYPES = {}
+
+
+def _set_attrs(ds, attrs):
+    """Writes attributes as h5py's `ds.attrs[k] = v` would; ints and floats
+    (int64, float64 scalars) through the low-level API: a tap has a dozen
+    attributes, and h5py's high-level path costs some 45 us each (a sketch
+    tap's writing was mostly that). Strings take h5py's own way."""
+    global _SCALAR
+    if _SCALAR is None:
+        _SCALAR = h5py.h5s.create(h5py.h5s.SCALAR)
+        _TYPES.update({int: (h5py.h5t.py_create(np.dtype(np.int64)), np.int64),
+                       float: (h5py.h5t.py_create(np.dtype(np.float64)), np.float64)})
+    for name, value in attrs.items():
+        kind = bool if isinstance(value, (bool, np.bool_)) else int if isinstance(value, (int, np.integer)) \
+            else float if isinstance(value, (float, np.floating)) else None
+        if kind in (None, bool) or name in ds.attrs:
+            ds.attrs[name] = value  # strings (variable-length UTF-8), anything else, a rewrite: h5py's own way
+            continue
+        tid, dtype = _TYPES[kind]
+        attr = h5py.h5a.create(ds.id, name.encode(), tid, _SCALAR)
+        attr.write(np.array(value, dtype=dtype))
+
+
 class _AtomicH5:
     """An HDF5 file written as PATH.tmp and renamed to PATH when it closed
     cleanly (all data and metadata written); otherwise removed."""
@@ -188,42 +213,31 @@ class RankDump(_AtomicH5):
         a, logical = to_numpy(x)
         logical = dtype or logical
         ds = self._dataset(f"taps/{name}", a)
-        if spec:
-            ds.attrs["spec"] = spec
-        if partial:
-            ds.attrs["partial"] = partial
-        ds.attrs["order"] = self._order if order is None else int(order)
+        attrs = {"spec": spec or None, "partial": partial or None,
+                 "order": self._order if order is None else int(order), "dtype": logical or None,
+                 "reduction_depth": None if reduction_depth is None else int(reduction_depth),
+                 "rounding_steps": None if rounding_steps is None else int(rounding_steps),
+                 "atol": None if atol is None else float(atol), "rtol": None if rtol is None else float(rtol)}
         self._order += 1
-        if logical:
-            ds.attrs["dtype"] = logical
-        if reduction_depth is not None:
-            ds.attrs["reduction_depth"] = int(reduction_depth)
-        if rounding_steps is not None:
-            ds.attrs["rounding_steps"] = int(rounding_steps)
-        if atol is not None:
-            ds.attrs["atol"] = float(atol)
-        if rtol is not None:
-            ds.attrs["rtol"] = float(rtol)
+        _set_attrs(ds, {k: v for k, v in attrs.items() if v is not None})
         return ds
 
     def sketch(self, name, values, *, tokens, seed, nan, inf, bits_hash, dtype, spec=None, partial=None,
-               **attrs):
+               shared=None, **attrs):
         """A sketch tap (docs/FORMAT.md, "Sketch taps"): `values` is this
         piece's sketch [lead..., k+1, width], `tokens` the piece's own token
         count, nan/inf its exact counts, bits_hash 16 hex digits of its bits;
-        spec, partial and the other attributes describe the sketched tensor."""
+        spec, partial and the other attributes describe the sketched tensor;
+        `shared`: the replica axes whose ranks each sketched a share of the
+        tokens (their sketches add up, docs/FORMAT.md)."""
         ds = self.tap(name, values, spec=spec, partial=partial, dtype=dtype, **attrs)
-        _sketch_attrs(ds, seed, tokens)
-        ds.attrs["nan_count"] = int(nan)
-        ds.attrs["inf_count"] = int(inf)
-        ds.attrs["bits_hash"] = str(bits_hash)
+        _sketch_attrs(ds, seed, tokens, nan_count=int(nan), inf_count=int(inf), bits_hash=str(bits_hash),
+                      **({"sketch_shared": shared} if shared else {}))
 
 
-def _sketch_attrs(ds, seed, tokens):
+def _sketch_attrs(ds, seed, tokens, **more):
     from diffcheck.sketch import KIND
-    ds.attrs["sketch"] = KIND
-    ds.attrs["sketch_seed"] = int(seed)
-    ds.attrs["sketch_tokens"] = int(tokens)
+    _set_attrs(ds, {"sketch": KIND, "sketch_seed": int(seed), "sketch_tokens": int(tokens), **more})
 
 
 class ReferenceDump(_AtomicH5):

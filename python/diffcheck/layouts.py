@@ -56,6 +56,15 @@ def block_index(entry, rank, axis_sizes):
     return block
 
 
+def replica_axes(attrs, axis_sizes):
+    """The mesh axes of size > 1 a tap's layout names in neither spec nor
+    partial, in mesh order: its pieces are equal along them."""
+    used = set()
+    for part in ((attrs.get("spec") or "").split(",") + [attrs.get("partial") or ""]):
+        used.update(a for a in part.split("*") if a and a != "-")
+    return [a for a, n in axis_sizes.items() if a not in used and n > 1]
+
+
 def spec_entry(spec, dim, ndim):
     """The spec entry of dimension `dim` (negative: from the end); "-" for a replicated tensor."""
     if not spec:

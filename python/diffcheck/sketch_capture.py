@@ -6,7 +6,7 @@ to sketch (a vector, a scalar, fewer tokens than the sketch has rows, an
 integer tensor) is written whole as before: it costs no more.
 """
 from diffcheck import sketch
-from diffcheck.layouts import block_index, spec_entry
+from diffcheck.layouts import block_index, replica_axes, spec_entry
 
 
 class SketchTaps:
@@ -24,15 +24,23 @@ class SketchTaps:
         if tensor.dim() < 2:
             return False
         c = self.capture
-        first, shards = 0, 1
+        first, shards, share, shared = 0, 1, None, None
         if not (c.reference_mode or c.one_device):
             entry = spec_entry(attrs.get("spec"), -2, tensor.dim())
             first = block_index(entry, c.rank, c.axis_sizes) * tensor.shape[-2]
             for axis in ([] if entry == "-" else entry.split("*")):
                 shards *= c.axis_sizes[axis]
+            replicas = replica_axes(attrs, c.axis_sizes)
+            if replicas:  # the replicas split the sketching of the tokens (each still hashes its whole piece)
+                j, n = block_index("*".join(replicas), c.rank, c.axis_sizes), 1
+                for axis in replicas:
+                    n *= c.axis_sizes[axis]
+                tokens = tensor.shape[-2]
+                share, shared = (j * tokens // n, (j + 1) * tokens // n), "*".join(replicas)
         if not sketch.sketchable(tensor, self.sketcher.k, tensor.shape[-2] * shards):
             return False
-        self.pending.add(name, self.sketcher.summarize(tensor, first), (attrs, logical, tensor.shape[-2]))
+        summary = self.sketcher.summarize(tensor, first, share)
+        self.pending.add(name, summary, (attrs, logical, tensor.shape[-2], shared))
         return True
 
     def flush(self):
@@ -41,11 +49,12 @@ class SketchTaps:
         seed = self.sketcher.seed
 
         def emit(name, values, nan, inf, bits_hash, extra):
-            attrs, logical, tokens = extra
+            attrs, logical, tokens, shared = extra
             if c.reference_mode:
                 store = lambda: c._writer.reference_sketch(name, values, tokens=tokens, seed=seed)  # noqa: E731
             else:
                 store = lambda: c._writer.sketch(name, values, tokens=tokens, seed=seed, nan=nan, inf=inf,  # noqa
-                                                 bits_hash=bits_hash, dtype=logical, **attrs)
+                                                 bits_hash=bits_hash, dtype=logical, shared=shared, **attrs)
             c._thread.submit(lambda: lambda: c._guarded(name, store))
         self.pending.flush(emit)
+        self.sketcher.forget()
