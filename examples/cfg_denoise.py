@@ -38,10 +38,13 @@ import diffcheck.torch as dct  # noqa: E402  # diffcheck
 B, S, C, D, T, HEADS, BLOCKS, STEPS, GUIDANCE = 1, 16, 8, 32, 4, 4, 2, 4, 4.0  # --tokens, --dim change S and D
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+SEED = 0  # --seed: of the weights, the noise and the prompts
+
 
 def set_size(args, world=1):
     """The model's size from the command line (every process: spawned ones import this file afresh)."""
-    global S, D
+    global S, D, SEED
+    SEED = args.seed
     sp = max(world // 2, 1)
     if args.tokens % sp or args.dim % HEADS:
         raise SystemExit(f"cfg_denoise: --tokens must be a multiple of the sp ranks ({sp}), --dim of {HEADS}")
@@ -147,9 +150,9 @@ class Denoiser(nn.Module):
 
 def inputs():
     """Weights, the noise, the negative and the positive prompt embeddings (float64)."""
-    torch.manual_seed(0)
+    torch.manual_seed(SEED)
     model = Denoiser(Groups(0, 1, 1)).double()
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(SEED + 1)
     noise, prompts = torch.randn(B, S, C, generator=g, dtype=torch.float64), \
         torch.randn(2, B, T, D, generator=g, dtype=torch.float64)
     return model.state_dict(), noise, prompts
@@ -216,6 +219,7 @@ if __name__ == "__main__":
     ap.add_argument("--bug", action="store_true", help="broadcast each step's timestep into a temporary")
     ap.add_argument("--out", default="dumps/cfg_denoise", help="directory of the activation files")
     ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors (docs/torch.md, 'Sketch mode')")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
     ap.add_argument("--tokens", type=int, default=S, help=f"image tokens (default {S})")
     ap.add_argument("--dim", type=int, default=D, help=f"model width D (default {D}); the MLP is 4 D")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")

@@ -32,12 +32,14 @@ from _launch import launch, require_dtype  # noqa: E402
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
 B, S, D, HEADS, FFN = 2, 16, 64, 8, 256  # as shipped; --tokens, --dim, --heads, --ffn change them
+SEED = 0  # --seed: of the weights and the input
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def set_size(args):
     """The block's size from the command line (every process: spawned ones import this file afresh)."""
-    global S, D, HEADS, FFN
+    global S, D, HEADS, FFN, SEED
+    SEED = args.seed
     if args.tokens % B or args.dim % args.heads or args.heads % max(args.world, 1) or args.ffn % max(args.world, 1):
         raise SystemExit(f"tp_block: --tokens must be a multiple of {B}, --dim of --heads, and --heads and --ffn "
                          f"of the ranks{f' ({args.world})' if args.world else ''}")
@@ -47,7 +49,7 @@ LAYOUTS = {"attn.[qkv]": "-,-,tp", "attn.core": "-,-,tp", "mlp.fc1": "-,-,tp", "
 
 def full_weights():
     """The unsharded weights and input, the same in every process (float64)."""
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(SEED)
 
     def randn(*shape, scale=1.0):
         return torch.randn(*shape, generator=g, dtype=torch.float64) * scale
@@ -186,6 +188,7 @@ if __name__ == "__main__":
                     help="with --bug: the sum holds the bias 1 + A (tp - 1) times (default 1: tp times)")
     ap.add_argument("--out", default="dumps/tp_block", help="directory of the activation files")
     ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors (docs/torch.md, 'Sketch mode')")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
     ap.add_argument("--tokens", type=int, default=B * S, help=f"tokens, {B} sequences of tokens/{B} (default {B * S})")
     ap.add_argument("--dim", type=int, default=D, help=f"model width D (default {D})")
     ap.add_argument("--heads", type=int, default=HEADS, help=f"attention heads (default {HEADS})")

@@ -29,6 +29,9 @@ KIND = "rademacher1"
 DEFAULT_ROWS = 8
 _MASK32 = 0xFFFFFFFF
 _SIGN_CACHE_LIMIT = 64
+# Sign rows and hash weights, kept across captures (a capture per forward
+# would otherwise make them again each time); bounded, per device.
+_SIGN_ROWS, _HASH_WEIGHTS = {}, {}
 
 
 def _mul32(h, c):
@@ -92,10 +95,10 @@ class Sketcher:
         if not (isinstance(k, int) and 1 <= k <= 256):
             raise ValueError(f"sketch rows k={k!r}: give an int from 1 to 256 (8 is the default)")
         self.k, self.seed = k, int(seed) & _MASK32
-        self._rows, self._weights, self._seen = {}, {}, {}
+        self._rows, self._weights, self._seen = _SIGN_ROWS, _HASH_WEIGHTS, {}
 
     def _sign_rows(self, first_token, tokens, device, dtype):
-        key = (first_token, tokens, str(device), dtype)
+        key = (self.seed, self.k, first_token, tokens, str(device), dtype)
         r = self._rows.get(key)
         if r is None:
             if len(self._rows) >= _SIGN_CACHE_LIMIT:
@@ -112,6 +115,8 @@ class Sketcher:
         key = (n, str(device), salt)
         w = self._weights.get(key)
         if w is None:
+            if len(self._weights) >= _SIGN_CACHE_LIMIT:
+                self._weights.clear()
             i = torch.arange(n, dtype=torch.int64)
             w = (_fmix32((i * 0x9E3779B1 + salt * 0x632BE5AB) & _MASK32) >> 1) | 1
             w = w.to(device)

@@ -1,7 +1,9 @@
 """The sketch mode of a capture (`dct.capture(..., sketch=True)`): each tap
 whose tensor is worth it becomes a sketch tap (diffcheck/sketch.py), computed
-in the hook on the tensor's device and written when the step ends (dct.step)
-or the capture closes, all summaries coming home in one copy. A tap too small
+in the hook on the tensor's device and, for a device other than the CPU,
+written when the step ends (dct.step) or the capture closes, all summaries
+coming home in one copy (no synchronisation in a hook); a CPU tensor's is
+handed to the writer thread at once, as a whole tap is. A tap too small
 to sketch (a vector, a scalar, fewer tokens than the sketch has rows, an
 integer tensor) is written whole as before: it costs no more.
 """
@@ -41,20 +43,24 @@ class SketchTaps:
             return False
         summary = self.sketcher.summarize(tensor, first, share)
         self.pending.add(name, summary, (attrs, logical, tensor.shape[-2], shared))
+        if tensor.device.type == "cpu":  # no device to wait for: written now, beside the forward, as whole taps are
+            self.pending.flush(self._emit)
         return True
 
     def flush(self):
-        """Every pending summary home and onto the writer thread."""
+        """Every pending summary home and onto the writer thread; the step's summaries are not reused after."""
+        self.pending.flush(self._emit)
+        self.sketcher.forget()
+
+    def _emit(self, name, values, nan, inf, bits_hash, extra):
         c = self.capture
         seed = self.sketcher.seed
-
-        def emit(name, values, nan, inf, bits_hash, extra):
-            attrs, logical, tokens, shared = extra
-            if c.reference_mode:
-                store = lambda: c._writer.reference_sketch(name, values, tokens=tokens, seed=seed)  # noqa: E731
-            else:
-                store = lambda: c._writer.sketch(name, values, tokens=tokens, seed=seed, nan=nan, inf=inf,  # noqa
-                                                 bits_hash=bits_hash, dtype=logical, shared=shared, **attrs)
-            c._thread.submit(lambda: lambda: c._guarded(name, store))
-        self.pending.flush(emit)
-        self.sketcher.forget()
+        attrs, logical, tokens, shared = extra
+        if c.reference_mode:
+            def store():
+                c._writer.reference_sketch(name, values, tokens=tokens, seed=seed)
+        else:
+            def store():
+                c._writer.sketch(name, values, tokens=tokens, seed=seed, nan=nan, inf=inf, bits_hash=bits_hash,
+                                 dtype=logical, shared=shared, **attrs)
+        c._thread.submit(lambda: lambda: c._guarded(name, store))
