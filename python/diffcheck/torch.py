@@ -25,22 +25,22 @@ matches is replicated. See docs/torch.md.
 import fnmatch
 import os
 
-import numpy as np
 import torch
 
 from diffcheck import __version__
 from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: F401
-from diffcheck.dump import RankDump, ReferenceDump, mesh_size, mesh_sizes, to_numpy
-from diffcheck.layouts import check_layout, layout_attrs
+from diffcheck.dump import RankDump, ReferenceDump, mesh_size, mesh_sizes
+from diffcheck.layouts import layout_attrs
 from diffcheck.keywords import check_root_keywords, root_attributes, unexpected
 from diffcheck.math_mode import math_mode
 from diffcheck import rounding
 from diffcheck.backward import Gradients
 from diffcheck.writer import BackgroundWriter
+from diffcheck.capture_writing import TapWriting
+from diffcheck.staging import HostStaging
 from diffcheck.sketch import DEFAULT_ROWS
 from diffcheck.sketch_capture import SketchTaps
 from diffcheck.drill_down import drill_down_taps
-from diffcheck.layouts import dtensor_layout
 
 ROOT_NAME = "model"
 _TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
@@ -57,10 +57,15 @@ _CAPTURE_PARAMETERS = ("out", "mesh", "layouts", "include", "exclude", "inputs",
 # <reference without .h5>.one_device.rank0.h5 beside the reference by itself.
 ONE_DEVICE_SUFFIX = ".one_device"
 _TAP_ATTRIBUTES = ("reduction_depth", "rounding_steps", "atol", "rtol")
+# The suite's CPU twin of a device model's whole-tap copies (staging.py):
+# True sends every tap through the host staging pool, unpinned.
+_CPU_TWIN_OF_DEVICE_COPIES = False
 
 
-def _logical_dtype(tensor):
-    return _TORCH_DTYPES.get(tensor.dtype, str(tensor.dtype).replace("torch.", ""))
+def compiled_original(model):
+    """The eager module inside a torch.compile'd one (OptimizedModule, duck-typed), else None."""
+    original = getattr(model, "_orig_mod", None)
+    return original if isinstance(original, torch.nn.Module) else None
 
 
 def rank_and_world():
@@ -89,7 +94,7 @@ def _flatten(obj, name):
             yield from _flatten(v, f"{name}/{i}")
 
 
-class Capture:
+class Capture(TapWriting):
     """The context manager `capture()` returns. Its hooks are on the model
     from `__enter__` to `__exit__`, and gone after it also when the block
     raised; the file gets its name only when the block ended cleanly."""
@@ -131,6 +136,7 @@ class Capture:
                            "math": math_mode(self._model_device()), **extra_attrs, **root_attrs}
         self._writer, self._thread, self._handles, self._calls, self._step = None, None, [], {}, ""
         self._staging = None  # see _staged
+        self._host_staging = None  # a device model's (staging.py)
         self._order = 0  # the next tap's place in execution order
         if optimizer is not None and not backward:
             raise ValueError("capture(optimizer=...) taps the parameters around its step: give backward=True too")
@@ -179,93 +185,9 @@ class Capture:
                 return pattern, attrs
         return None, {}
 
-    # -- writing ------------------------------------------------------------
-
-    def _check_layout(self, name, tensor, pattern, attrs):
-        where = f"rank {self.rank}: tap '{name}' (shape {tuple(tensor.shape)})" + \
-            (f", layout '{pattern}'" if pattern else "")
-        check_layout(where, attrs, tensor.dim(), self.axes, self.mesh)
-
-    def _write(self, name, tensor, plain_names, explicit=None, watch=False):
-        """Tap `name`: its layout `explicit` or the layouts' for `plain_names`;
-        `watch`: also its gradient (a module output under backward=True)."""
-        pattern, attrs = (None, explicit) if explicit is not None else self._layout_for(*plain_names)
-        if watch and self.gradients is not None:
-            self.gradients.watch(name, tensor, attrs)
-        self._write_now(name, tensor, attrs, pattern)
-
-    def _write_now(self, name, tensor, attrs, pattern=None):
-        if self.only is not None and name not in self.only:
-            return
-        local = dtensor_layout(tensor, list(self.axis_sizes))
-        if local is not None:  # a DTensor: its shard, laid out as its placements say (unless a layout does)
-            tensor, placed = local
-            attrs = attrs or placed
-        if self.reference_mode or self.one_device:  # global tensors: no layout to say
-            attrs = {}
-        else:
-            self._check_layout(name, tensor, pattern, attrs)
-            if self.derive_depths:
-                attrs = self._with_counts(tensor, attrs)
-        if not self.reference_mode:  # execution order, whichever write comes first (sketches wait for the step's end)
-            attrs = {**attrs, "order": self._order}
-            self._order += 1
-        if self.sketches is not None and self.sketches.offer(name, tensor, attrs, _logical_dtype(tensor)):
-            return
-
-        def prepare():
-            """Here, before the model goes on: this rank's values, copied if
-            they are the tensor's own memory (the model may change it in place,
-            as an all-reduce does)."""
-            array, logical = to_numpy(tensor)
-            if tensor.device.type == "cpu" and array.size and array.ctypes.data == tensor.data_ptr():
-                array = self._staged(array)
-            return lambda: self._store(name, array, logical, attrs)
-        self._thread.submit(prepare)
-
-    def _with_counts(self, tensor, attrs):
-        """`attrs` plus the tensor's rounding counts (rounding.py), unless the
-        user gave a depth: a partial sum's depth is the global one."""
-        depth, steps = rounding.counts(tensor)
-        if "reduction_depth" in attrs or not (depth or steps):
-            return attrs
-        partial = attrs.get("partial")
-        if partial:
-            ranks = 1
-            for axis in partial.split("*"):
-                ranks *= self.axis_sizes.get(axis, 1)
-            depth += rounding.own_depth(tensor) * (ranks - 1)
-        return {**attrs, "reduction_depth": max(int(depth), 1), "rounding_steps": max(int(steps), 1)}
-
-    def _staged(self, array):
-        """A copy of `array` in the capture's one staging buffer: the writer
-        thread writes one tap at a time, so one buffer, reused, serves every
-        tap (fresh memory per tap costs its page faults every time)."""
-        if self._staging is None or self._staging.nbytes < array.nbytes:
-            self._staging = None
-            self._staging = np.empty(array.nbytes, np.uint8)
-        copy = self._staging[:array.nbytes].view(array.dtype).reshape(array.shape)
-        np.copyto(copy, array)
-        return copy
-
-    def _store(self, name, array, logical, attrs):
-        """On the writer thread."""
-        if self.reference_mode:
-            self._guarded(name, lambda: self._writer.reference(name, array))
-        else:
-            self._guarded(name, lambda: self._writer.tap(name, array, dtype=logical, **attrs))
-
-    def _guarded(self, name, store):
-        """A write on the writer thread; an h5py error names the rank, tap and file."""
-        try:
-            store()
-        except ValueError:
-            raise
-        except Exception as e:
-            raise OSError(f"rank {self.rank}: writing tap '{name}' to {self._writer.path}.tmp failed: {e}") from e
-
     def _record(self, path, value, inputs=False):
         """A module call's output (or, before it runs, its inputs: `<path>:in`)."""
+        self._fired.add(path)
         with rounding.paused():
             self._record_now(path, value, inputs)
 
@@ -304,13 +226,27 @@ class Capture:
             self._writer = ReferenceDump(self.path, **self.root_attrs)
         else:
             self._writer = RankDump(self._rank_prefix, self.mesh, self.rank, **self.root_attrs)
-        self._thread = BackgroundWriter()
+        # A model on a device copies its whole taps home asynchronously
+        # (staging.py): several may be in flight; otherwise one at a time.
+        on_device = self._model_device() not in (None, "cpu") or _CPU_TWIN_OF_DEVICE_COPIES
+        self._host_staging = HostStaging(pinned=None if not _CPU_TWIN_OF_DEVICE_COPIES else False) if on_device \
+            else None
+        self._thread = BackgroundWriter(queued=self._host_staging.slots if on_device else 1)
         try:
-            for path, module in self.model.named_modules():
+            # A torch.compile'd model (OptimizedModule): the eager model's
+            # modules, under the eager names; whether their hooks fire inside
+            # the compiled graph is checked when the capture closes.
+            eager = compiled_original(self.model)
+            self._selected_paths, self._fired, self._compiled_calls = set(), set(), []
+            if eager is not None:  # the compiled wrapper's own call: a forward ran
+                self._handles.append(self.model.register_forward_hook(
+                    lambda *_: self._compiled_calls.append(1)))
+            for path, module in (eager or self.model).named_modules():
                 path = path or ROOT_NAME
                 if not self._selected(path):
                     continue
                 name = self._renamed(path)
+                self._selected_paths.add(name)
                 self._handles.append(module.register_forward_hook(
                     lambda _m, _args, output, name=name: self._record(name, output)))
                 if self.inputs:
@@ -332,6 +268,11 @@ class Capture:
         return False
 
     def _close(self, failed):
+        unseen = None
+        if not failed and compiled_original(self.model) is not None and self._compiled_calls:
+            unseen = sorted(set(self._selected_paths) - self._fired)
+        if unseen:  # never a silent partial file
+            failed = True
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -361,6 +302,13 @@ class Capture:
             writer.abandon() if failed or error else writer.close()
         if error is not None and not failed:  # else the block's own exception is the one to see
             raise error
+        if unseen:
+            raise RuntimeError(
+                f"rank {self.rank}: capture of a torch.compile'd model saw {len(self._fired)} of "
+                f"{len(self._selected_paths)} module outputs: the compiled graph ran {len(unseen)} modules without "
+                f"their hooks ({', '.join(unseen[:5])}{', ...' if len(unseen) > 5 else ''}), so {self.path} was not "
+                "written. Capture the eager model (model._orig_mod), or select what the compiled model shows "
+                "(include=/exclude=)")
 
     @property
     def path(self):

@@ -7,8 +7,11 @@ import threading
 
 
 class BackgroundWriter:
-    def __init__(self, name="diffcheck-writer"):
-        self._idle = threading.Semaphore(1)
+    def __init__(self, name="diffcheck-writer", queued=1):
+        """`queued`: writes that may wait (prepared) beyond the one running;
+        1 (the default) keeps at most one tap's copy alive."""
+        self._slots = queued
+        self._idle = threading.Semaphore(queued)
         self._jobs = queue.SimpleQueue()
         self._error = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -31,11 +34,13 @@ class BackgroundWriter:
         """Waits for the last write and ends the thread; raises a failed write."""
         if self._thread is None:
             return
-        self._idle.acquire()
+        for _ in range(self._slots):
+            self._idle.acquire()
         self._jobs.put(None)
         self._thread.join()
         self._thread = None
-        self._idle.release()
+        for _ in range(self._slots):
+            self._idle.release()
         self._raise()
 
     def _raise(self):

@@ -1,0 +1,115 @@
+"""The writing half of a capture (diffcheck/torch.py's Capture): a tap's
+layout checked, its rounding counts added, and its values handed to the
+writer thread — whole (copied if the model may change them; a device
+tensor's through host staging, staging.py), or as a sketch
+(sketch_capture.py). A mixin: the state it uses is the Capture's."""
+import numpy as np
+
+from diffcheck import rounding
+from diffcheck.dump import to_numpy
+from diffcheck.layouts import check_layout, dtensor_layout
+
+_TORCH_DTYPE_NAMES = {"torch.float32": "float32", "torch.float64": "float64", "torch.bfloat16": "bfloat16",
+                      "torch.float16": "float16"}
+
+
+def logical_dtype(tensor):
+    return _TORCH_DTYPE_NAMES.get(str(tensor.dtype), str(tensor.dtype).replace("torch.", ""))
+
+
+class TapWriting:
+    def _check_layout(self, name, tensor, pattern, attrs):
+        where = f"rank {self.rank}: tap '{name}' (shape {tuple(tensor.shape)})" + \
+            (f", layout '{pattern}'" if pattern else "")
+        check_layout(where, attrs, tensor.dim(), self.axes, self.mesh)
+
+    def _write(self, name, tensor, plain_names, explicit=None, watch=False):
+        """Tap `name`: its layout `explicit` or the layouts' for `plain_names`;
+        `watch`: also its gradient (a module output under backward=True)."""
+        pattern, attrs = (None, explicit) if explicit is not None else self._layout_for(*plain_names)
+        if watch and self.gradients is not None:
+            self.gradients.watch(name, tensor, attrs)
+        self._write_now(name, tensor, attrs, pattern)
+
+    def _write_now(self, name, tensor, attrs, pattern=None):
+        if self.only is not None and name not in self.only:
+            return
+        local = dtensor_layout(tensor, list(self.axis_sizes))
+        if local is not None:  # a DTensor: its shard, laid out as its placements say (unless a layout does)
+            tensor, placed = local
+            attrs = attrs or placed
+        if self.reference_mode or self.one_device:  # global tensors: no layout to say
+            attrs = {}
+        else:
+            self._check_layout(name, tensor, pattern, attrs)
+            if self.derive_depths:
+                attrs = self._with_counts(tensor, attrs)
+        if not self.reference_mode:  # execution order, whichever write comes first (sketches wait for the step's end)
+            attrs = {**attrs, "order": self._order}
+            self._order += 1
+        if self.sketches is not None and self.sketches.offer(name, tensor, attrs, logical_dtype(tensor)):
+            return
+
+        def prepare():
+            """Here, before the model goes on: this rank's values, copied if
+            they are the tensor's own memory (the model may change it in place,
+            as an all-reduce does). A device tensor (or any, in the CPU twin)
+            with host staging: an asynchronous copy the writer waits for."""
+            staging = self._host_staging
+            if staging is not None and (tensor.device.type != "cpu" or staging.pinned is False):
+                host, done, buf = staging.copy(tensor)
+
+                def job():
+                    try:
+                        done.synchronize()
+                        array, logical = to_numpy(host)
+                        self._store(name, array, logical, attrs)
+                    finally:
+                        staging.release(buf)
+                return job
+            array, logical = to_numpy(tensor)
+            if tensor.device.type == "cpu" and array.size and array.ctypes.data == tensor.data_ptr():
+                array = self._staged(array) if staging is None else array.copy()
+            return lambda: self._store(name, array, logical, attrs)
+        self._thread.submit(prepare)
+
+    def _with_counts(self, tensor, attrs):
+        """`attrs` plus the tensor's rounding counts (rounding.py), unless the
+        user gave a depth: a partial sum's depth is the global one."""
+        depth, steps = rounding.counts(tensor)
+        if "reduction_depth" in attrs or not (depth or steps):
+            return attrs
+        partial = attrs.get("partial")
+        if partial:
+            ranks = 1
+            for axis in partial.split("*"):
+                ranks *= self.axis_sizes.get(axis, 1)
+            depth += rounding.own_depth(tensor) * (ranks - 1)
+        return {**attrs, "reduction_depth": max(int(depth), 1), "rounding_steps": max(int(steps), 1)}
+
+    def _staged(self, array):
+        """A copy of `array` in the capture's one staging buffer: the writer
+        thread writes one tap at a time, so one buffer, reused, serves every
+        tap (fresh memory per tap costs its page faults every time)."""
+        if self._staging is None or self._staging.nbytes < array.nbytes:
+            self._staging = None
+            self._staging = np.empty(array.nbytes, np.uint8)
+        copy = self._staging[:array.nbytes].view(array.dtype).reshape(array.shape)
+        np.copyto(copy, array)
+        return copy
+
+    def _store(self, name, array, logical, attrs):
+        """On the writer thread."""
+        if self.reference_mode:
+            self._guarded(name, lambda: self._writer.reference(name, array))
+        else:
+            self._guarded(name, lambda: self._writer.tap(name, array, dtype=logical, **attrs))
+
+    def _guarded(self, name, store):
+        """A write on the writer thread; an h5py error names the rank, tap and file."""
+        try:
+            store()
+        except ValueError:
+            raise
+        except Exception as e:
+            raise OSError(f"rank {self.rank}: writing tap '{name}' to {self._writer.path}.tmp failed: {e}") from e

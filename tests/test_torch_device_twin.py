@@ -1,0 +1,116 @@
+"""The CPU twins of diffcheck.torch's device paths (no GPU in the suite):
+- whole taps through host staging (staging.py, what a CUDA model uses): the
+  same values as the direct path, taken when the hook ran (a later in-place
+  change does not reach the file), never more buffers than its slots;
+- a torch.compile'd model (an OptimizedModule, here a stand-in whose graph
+  runs the submodules without their hooks) is refused with the count of
+  module outputs it did not show, and no file; one whose hooks fire is
+  captured under the eager names.
+Runs against the source tree (PYTHONPATH=python/)."""
+import os
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import diffcheck.torch as dct
+import diffcheck.torch as dct_module
+from diffcheck import staging
+
+
+class InPlace(nn.Module):
+    """Returns a tensor it then changes in place (as an in-place all-reduce would)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.inner(x)
+        kept = y.clone()
+        y.mul_(0)  # after inner's hook: the tap must hold the value before this
+        return kept + y
+
+
+class Compiled(nn.Module):
+    """A stand-in for torch.compile's OptimizedModule: `_orig_mod` is the eager model."""
+
+    def __init__(self, model, hooks_fire):
+        super().__init__()
+        self._orig_mod, self.hooks_fire = model, hooks_fire
+
+    def forward(self, x):
+        if self.hooks_fire:
+            return self._orig_mod(x)
+        a, b = self._orig_mod[0], self._orig_mod[1]  # the graph: the weights, not the modules' calls
+        return F.linear(F.linear(x, a.weight, a.bias), b.weight, b.bias)
+
+
+def read_taps(path):
+    with h5py.File(path) as f:
+        return {n: f["taps"][n][()] for n in f["taps"]}
+
+
+class DeviceTwinTest(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory()
+        self.dir = self._tmp.name
+
+    def tearDown(self):
+        self._tmp.cleanup()
+        dct_module._CPU_TWIN_OF_DEVICE_COPIES = False
+
+    def test_host_staging_writes_what_the_hook_saw(self):
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(10)], InPlace())
+        x = torch.randn(4, 8)
+        with torch.no_grad(), dct.capture(model, out=os.path.join(self.dir, "direct")):
+            model(x)
+        made = []
+        original = staging.HostStaging.__init__
+
+        def spy(self, *a, **k):
+            original(self, *a, **k)
+            made.append(self)
+        staging.HostStaging.__init__ = spy
+        try:
+            dct_module._CPU_TWIN_OF_DEVICE_COPIES = True
+            with torch.no_grad(), dct.capture(model, out=os.path.join(self.dir, "staged")):
+                model(x)
+        finally:
+            staging.HostStaging.__init__ = original
+        direct, staged = (read_taps(os.path.join(self.dir, f"{n}.rank0.h5")) for n in ("direct", "staged"))
+        self.assertEqual(sorted(direct), sorted(staged))
+        for name in direct:
+            np.testing.assert_array_equal(direct[name], staged[name], err_msg=name)
+        self.assertFalse(np.all(staged["10.inner"] == 0))  # taken before the in-place change
+        pool = made[0]
+        self.assertLessEqual(pool.peak_in_use, pool.slots)
+        self.assertLessEqual(pool.buffers, pool.slots)
+        self.assertFalse(pool.pinned)
+
+    def test_compiled_model_without_hooks_is_refused(self):
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        compiled = Compiled(model, hooks_fire=False)
+        for mode in ({}, {"sketch": True}):
+            with self.subTest(mode=mode):
+                with self.assertRaisesRegex(RuntimeError, r"compile'd model saw 0 of 3 module outputs.*not written"):
+                    with torch.no_grad(), dct.capture(compiled, out=os.path.join(self.dir, "c"), **mode):
+                        compiled(torch.randn(20, 4))
+                self.assertEqual(os.listdir(self.dir), [])
+                self.assertEqual(sum(len(m._forward_hooks) for m in compiled.modules()), 0)
+
+    def test_compiled_model_whose_hooks_fire_has_the_eager_names(self):
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        compiled = Compiled(model, hooks_fire=True)
+        with torch.no_grad(), dct.capture(compiled, out=os.path.join(self.dir, "c")):
+            compiled(torch.randn(3, 4))
+        self.assertEqual(sorted(read_taps(os.path.join(self.dir, "c.rank0.h5"))), ["0", "1", "model"])
+
+
+if __name__ == "__main__":
+    unittest.main()
