@@ -93,24 +93,25 @@ _TYPES = {}
 
 
 def _set_attrs(ds, attrs):
-    """Writes attributes as h5py's `ds.attrs[k] = v` would; ints and floats
-    (int64, float64 scalars) through the low-level API: a tap has a dozen
-    attributes, and h5py's high-level path costs some 45 us each (a sketch
-    tap's writing was mostly that). Strings take h5py's own way."""
+    """Writes scalar attributes exactly as h5py's `ds.attrs[k] = v` would
+    (variable-length UTF-8 strings, int64, float64), through the low-level
+    API: a tap has a dozen attributes, and h5py's high-level path costs some
+    45 us each (a sketch tap's writing was mostly that)."""
     global _SCALAR
     if _SCALAR is None:
         _SCALAR = h5py.h5s.create(h5py.h5s.SCALAR)
-        _TYPES.update({int: (h5py.h5t.py_create(np.dtype(np.int64)), np.int64),
-                       float: (h5py.h5t.py_create(np.dtype(np.float64)), np.float64)})
+        text = h5py.string_dtype("utf-8")  # the file's type is h5py's logical one, memory's its object type
+        _TYPES.update({str: (h5py.h5t.py_create(text, logical=True), text, h5py.h5t.py_create(text)),
+                       int: (h5py.h5t.py_create(np.dtype(np.int64)), np.int64, None),
+                       float: (h5py.h5t.py_create(np.dtype(np.float64)), np.float64, None)})
     for name, value in attrs.items():
         kind = bool if isinstance(value, (bool, np.bool_)) else int if isinstance(value, (int, np.integer)) \
-            else float if isinstance(value, (float, np.floating)) else None
-        if kind in (None, bool) or name in ds.attrs:
-            ds.attrs[name] = value  # strings (variable-length UTF-8), anything else, a rewrite: h5py's own way
+            else float if isinstance(value, (float, np.floating)) else str if isinstance(value, str) else None
+        if kind in (None, bool) or h5py.h5a.exists(ds.id, name.encode()):
+            ds.attrs[name] = value  # anything else, or a rewrite: h5py's own way
             continue
-        tid, dtype = _TYPES[kind]
-        attr = h5py.h5a.create(ds.id, name.encode(), tid, _SCALAR)
-        attr.write(np.array(value, dtype=dtype))
+        tid, dtype, memory = _TYPES[kind]
+        h5py.h5a.create(ds.id, name.encode(), tid, _SCALAR).write(np.asarray(value, dtype=dtype), mtype=memory)
 
 
 class _AtomicH5:
