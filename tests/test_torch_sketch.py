@@ -239,6 +239,29 @@ class SketchTest(unittest.TestCase):
             self.assertNotIn("sketch", f["taps/small"].attrs)
         self.assertEqual(sorted(order, key=order.get), ["0", "1", "model", "small"])
 
+    def test_whole_run_held_to_a_floor_measured_from_sketches(self):
+        """The floor has no element figure: the whole taps are held norm-wise (and by column
+        means), and pass clean; a bias added twice still fails."""
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+        x = torch.randn(2, 48, 32)
+        ref = self.path("ref")
+        with torch.no_grad():
+            with dct.capture(m.double(), out=ref, reference=True):
+                m(x.double())
+            m.float()
+            with dct.capture(m, out=ref, one_device=True, sketch=True):
+                m(x)
+            for name, bug in (("clean", 0.0), ("bug", 1.0)):
+                with dct.capture(m, out=self.path(name)):
+                    m[2].bias += bug
+                    m(x)
+                    m[2].bias -= bug
+                p = subprocess.run([find_executable(), "compare", self.path(name), "--reference", ref + ".h5"],
+                                   capture_output=True, text=True)
+                self.assertIn("tolerances: measured, the one-device run", p.stdout)
+                self.assertEqual(p.returncode, 1 if bug else 0, p.stdout + p.stderr)
+
     def test_drill_down_names(self):
         report = {"taps": [{"name": "a"}, {"name": "b"}, {"name": "c"}],
                   "first_divergence": {"tap": "c", "order": 2}}

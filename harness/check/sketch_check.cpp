@@ -227,6 +227,9 @@ TapVerdict check_sketch_tap(const ActivationSet& set, const TapData& t, const Co
   ref.rel_l2 = e.rel_l2;
   ref.max_abs = ref.max_rel = NAN;
   ref.n_total = static_cast<long long>(numel(global));
+  // A floor measured from sketches has no element figure: infinite, so that
+  // a whole tap held to it is held norm-wise and by its column means only.
+  if (opts.measure_floor) ref.worst_ratio = INFINITY;
   const double limit = *tol.rel_l2_limit;
   ref.l2_ratio = !(e.rel_l2 >= 0) ? NAN : limit > 0 ? e.rel_l2 / limit : e.rel_l2 > 0 ? INFINITY : 0.0;
   ref.pass = *ref.l2_ratio <= 1;
