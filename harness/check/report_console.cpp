@@ -151,16 +151,21 @@ std::string math_hint(const ReferenceCheck& ref) {
 
 std::string tolerance_line(const ReferenceCheck& ref) {
   const auto& tol = ref.tol;
-  std::string s = fmt::format("{}{}: atol {} + rtol {}*|ref|", source_name(tol.source),
-                              tol.yardstick.empty() ? "" : " (" + tol.yardstick + ")", sci(tol.atol), sci(tol.rtol));
+  // A sketch tap has no element-wise check: its line starts at the norm-wise limit.
+  std::string s = fmt::format("{}{}", source_name(tol.source), tol.yardstick.empty() ? "" : " (" + tol.yardstick + ")");
+  if (!ref.estimated) s += fmt::format(": atol {} + rtol {}*|ref|", sci(tol.atol), sci(tol.rtol));
+  if (ref.estimated && !tol.measured && tol.rel_l2_limit) s += fmt::format(": rel L2 <= {}", sci(*tol.rel_l2_limit));
   if (tol.measured) {
     const auto& m = *tol.measured;
     auto margin = [](double limit, double floor) {
       return floor > 0 ? fmt::format("clean margin {:.3g}x", limit / floor) : std::string("floor 0");
     };
     const double limit = tol.rel_l2_limit.value_or(m.rel_l2_limit);
-    s += fmt::format(" (noise floor {}, {}), rel L2 <= {} ", sci(m.floor_element), margin(m.rtol, m.floor_element),
-                     sci(limit));
+    if (ref.estimated || !std::isfinite(m.floor_element))  // no element figure (a sketch, or a floor made of sketches)
+      s += fmt::format("{} rel L2 <= {} ", ref.estimated ? ":" : " (no element floor: the floor was sketched),", sci(limit));
+    else
+      s += fmt::format(" (noise floor {}, {}), rel L2 <= {} ", sci(m.floor_element), margin(m.rtol, m.floor_element),
+                       sci(limit));
     if (tol.own_inputs)
       s += fmt::format("(one-device error on this run's inputs {}, {})", sci(*m.floor_rel_l2_as_is),
                        margin(limit, *m.floor_rel_l2_as_is));
