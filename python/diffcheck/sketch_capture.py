@@ -63,4 +63,4 @@ class SketchTaps:
             def store():
                 c._writer.sketch(name, values, tokens=tokens, seed=seed, nan=nan, inf=inf, bits_hash=bits_hash,
                                  dtype=logical, shared=shared, **attrs)
-        c._thread.submit(lambda: lambda: c._guarded(name, store))
+        c._thread.submit_small(lambda: c._guarded(name, store))

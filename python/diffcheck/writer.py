@@ -1,15 +1,22 @@
 """Writes on a thread of their own, so that the forward goes on while a tap
-goes to disk (h5py lets go of the GIL while it writes). One write at a time:
-a new one is prepared only when the previous one has finished, so at most one
-tap's copy exists beyond what the model itself holds."""
+goes to disk (h5py lets go of the GIL while it writes). A whole tap's write
+is prepared only when a slot is free (by default one: a new one is prepared
+only when the previous one has finished, so at most one tap's copy exists
+beyond what the model itself holds); a small job (a sketch's few rows) is
+queued without waiting. Jobs run in the order they were submitted."""
 import queue
 import threading
 
 
+class _Small:
+    def __init__(self, job):
+        self.job = job
+
+
 class BackgroundWriter:
     def __init__(self, name="diffcheck-writer", queued=1):
-        """`queued`: writes that may wait (prepared) beyond the one running;
-        1 (the default) keeps at most one tap's copy alive."""
+        """`queued`: whole-tap writes that may be prepared and waiting beyond
+        the one running (1: one at a time)."""
         self._slots = queued
         self._idle = threading.Semaphore(queued)
         self._jobs = queue.SimpleQueue()
@@ -18,9 +25,9 @@ class BackgroundWriter:
         self._thread.start()
 
     def submit(self, prepare):
-        """Waits for the previous write, then calls prepare() here (it copies
-        what must not change meanwhile) and runs the function it returns on
-        the thread. A failed earlier write is raised here."""
+        """Waits for a free slot, then calls prepare() here (it copies what
+        must not change meanwhile) and runs the function it returns on the
+        thread. A failed earlier write is raised here."""
         self._idle.acquire()
         try:
             self._raise()
@@ -30,17 +37,19 @@ class BackgroundWriter:
             raise
         self._jobs.put(job)
 
+    def submit_small(self, job):
+        """Queues `job`, which holds only small arrays, without waiting for
+        the writes before it. A failed earlier write is raised here."""
+        self._raise()
+        self._jobs.put(_Small(job))
+
     def close(self):
         """Waits for the last write and ends the thread; raises a failed write."""
         if self._thread is None:
             return
-        for _ in range(self._slots):
-            self._idle.acquire()
         self._jobs.put(None)
         self._thread.join()
         self._thread = None
-        for _ in range(self._slots):
-            self._idle.release()
         self._raise()
 
     def _raise(self):
@@ -53,9 +62,11 @@ class BackgroundWriter:
             job = self._jobs.get()
             if job is None:
                 return
+            small = isinstance(job, _Small)
             try:
-                job()
+                (job.job if small else job)()
             except BaseException as e:  # raised in the caller's thread, at its next submit or close
                 self._error = e
             finally:
-                self._idle.release()
+                if not small:
+                    self._idle.release()
