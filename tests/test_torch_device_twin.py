@@ -7,7 +7,10 @@
   module outputs it did not show, and no file; one whose hooks fire is
   captured under the eager names.
 Runs against the source tree (PYTHONPATH=python/)."""
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -110,6 +113,21 @@ class DeviceTwinTest(unittest.TestCase):
         with torch.no_grad(), dct.capture(compiled, out=os.path.join(self.dir, "c")):
             compiled(torch.randn(3, 4))
         self.assertEqual(sorted(read_taps(os.path.join(self.dir, "c.rank0.h5"))), ["0", "1", "model"])
+
+    def test_gpu_script_runs_its_cpu_twin(self):
+        """scripts/gpu_sketch_bench.py (what a lent GPU runs) at its tiny size on the CPU: its
+        figures written, and its sketch files compare clean against its sketched reference."""
+        out = os.path.join(self.dir, "gsb")
+        script = os.path.join(os.path.dirname(__file__), "..", "scripts", "gpu_sketch_bench.py")
+        p = subprocess.run([sys.executable, script, "--device", "cpu", "--tiny", "--rounds", "1", "--no-compile",
+                            "--out", out], capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(os.path.join(out, "gpu_sketch_bench.json")) as f:
+            figures = json.load(f)
+        for key in ("sketch", "whole4", "disk_bytes_per_s"):
+            self.assertIn(key, figures)
+        report = dct.compare(os.path.join(out, "sketch"), reference=os.path.join(out, "ref.h5"))
+        self.assertEqual(len(report["taps"]), 21)
 
 
 if __name__ == "__main__":
