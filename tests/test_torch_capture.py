@@ -353,5 +353,29 @@ def _without_exe(prefix):
         os.environ["DIFFCHECK_EXE"], os.environ["PATH"] = saved, path
 
 
+class WriterTest(unittest.TestCase):
+    def test_a_dead_writer_thread_raises_instead_of_hanging(self):
+        """Found while sweeping seeds: a writer thread that died left the next submit waiting forever."""
+        import threading
+        from diffcheck.writer import BackgroundWriter
+        w = BackgroundWriter()
+        w._jobs.put(None)  # the thread ends as if it had died
+        w._thread.join()
+        w.submit(lambda: (lambda: None))  # takes the one slot; nothing will free it
+        outcome = []
+
+        def second():
+            try:
+                w.submit(lambda: (lambda: None))
+                outcome.append("returned")
+            except RuntimeError as e:
+                outcome.append(str(e))
+        t = threading.Thread(target=second, daemon=True)
+        t.start()
+        t.join(timeout=10)
+        self.assertFalse(t.is_alive(), "submit hung")
+        self.assertIn("writer thread has ended", outcome[0])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -28,7 +28,9 @@ class BackgroundWriter:
         """Waits for a free slot, then calls prepare() here (it copies what
         must not change meanwhile) and runs the function it returns on the
         thread. A failed earlier write is raised here."""
-        self._idle.acquire()
+        while not self._idle.acquire(timeout=1.0):  # a writer thread that died must not hang the model
+            if not self._thread.is_alive():
+                raise RuntimeError("diffcheck's writer thread has ended: no more taps can be written")
         try:
             self._raise()
             job = prepare()
