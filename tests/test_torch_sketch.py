@@ -262,6 +262,27 @@ class SketchTest(unittest.TestCase):
                 self.assertIn("tolerances: measured, the one-device run", p.stdout)
                 self.assertEqual(p.returncode, 1 if bug else 0, p.stdout + p.stderr)
 
+    def test_one_copy_home_equals_the_summaries(self):
+        """The device path's packing (every summary of a device in one tensor, one copy home),
+        run on CPU tensors, gives what the summaries hold."""
+        sk = sketch.Sketcher(8, 2)
+        tensors = {"f32": torch.randn(2, 20, 6), "bf16": torch.randn(30, 5).bfloat16(), "f64": torch.randn(12, 3).double()}
+        tensors["f32"][0, 3, 1] = float("nan")
+        got = {}
+        for pack in (False, True):
+            pending = sketch.Pending(pack_cpu=pack)
+            for name, t in tensors.items():
+                pending.add(name, sk.summarize(t), None)
+            pending.flush(lambda name, values, nan, inf, h, extra: got.setdefault(pack, {}).__setitem__(
+                name, (values, nan, inf, h)))
+        for name, t in tensors.items():
+            a, b = got[False][name], got[True][name]
+            self.assertEqual(a[0].dtype, b[0].dtype)
+            np.testing.assert_array_equal(a[0], b[0])
+            self.assertEqual(a[1:], b[1:])
+        self.assertEqual(got[True]["f32"][1:3], (1, 0))
+        self.assertEqual(got[True]["bf16"][0].dtype, np.float32)
+
     def test_drill_down_names(self):
         report = {"taps": [{"name": "a"}, {"name": "b"}, {"name": "c"}],
                   "first_divergence": {"tap": "c", "order": 2}}

@@ -208,8 +208,11 @@ class Pending:
     every device's results come home in one copy each, and `emit(name,
     sketch, nan, inf, hash, extra)` is called per summary in order."""
 
-    def __init__(self):
+    def __init__(self, pack_cpu=False):
+        """pack_cpu: pack CPU summaries as a device's are (the CPU twin of the
+        one-copy path, for tests); by default they are home already."""
         self._items = []
+        self._pack_cpu = pack_cpu
 
     def add(self, name, summary, extra):
         self._items.append((name, summary, extra))
@@ -225,6 +228,9 @@ class Pending:
         for i, (_, (sketch, nan, inf, h), _) in enumerate(items):
             by_device.setdefault(str(sketch.device), []).append(i)
         home = [None] * len(items)
+        for i in ([] if self._pack_cpu else by_device.pop("cpu", [])):  # home already: nothing to pack
+            sketch, nan, inf, h = items[i][1]
+            home[i] = (sketch, int(nan), int(inf), int(h))
         for indices in by_device.values():
             parts = []
             for i in indices:
