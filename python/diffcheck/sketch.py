@@ -29,6 +29,11 @@ KIND = "rademacher1"
 DEFAULT_ROWS = 8
 _MASK32 = 0xFFFFFFFF
 _SIGN_CACHE_LIMIT = 64
+# Elements of a tap widened to the sketch's dtype at a time: bounds the
+# temporary (8 MiB of float64 on the CPU, where it also stays in cache; 64 MiB
+# of float32 on a device, where each slab is a kernel launch).
+_WIDEN_ELEMENTS_CPU, _WIDEN_ELEMENTS = 1 << 20, 1 << 24
+_SIGN_CHUNK = 1 << 14  # tokens whose signs are made at a time
 # Sign rows and hash weights, kept across captures (a capture per forward
 # would otherwise make them again each time); bounded, per device.
 _SIGN_ROWS, _HASH_WEIGHTS = {}, {}
@@ -104,7 +109,9 @@ class Sketcher:
             if len(self._rows) >= _SIGN_CACHE_LIMIT:
                 self._rows.clear()
             r = torch.empty(self.k + 1, tokens, dtype=dtype, device=device)
-            r[:self.k] = signs(self.seed, self.k, first_token, tokens, device).to(dtype)
+            for t0 in range(0, tokens, _SIGN_CHUNK):  # the hash's int64 temporaries stay small
+                n = min(_SIGN_CHUNK, tokens - t0)
+                r[:self.k, t0:t0 + n] = signs(self.seed, self.k, first_token + t0, n, device).to(dtype)
             r[self.k] = 1
             self._rows[key] = r
         return r
@@ -140,9 +147,17 @@ class Sketcher:
         lo, hi = share or (0, tokens)
         acc = accumulator(x.dtype)
         r = self._sign_rows(first_token + lo, hi - lo, x.device, acc)
-        # One matrix product per lead index: torch's batched matmul with a
-        # broadcast left operand is several times slower on the CPU.
-        sketch = torch.stack([torch.mm(r, x[i, lo:hi].to(acc)) for i in range(x.shape[0])])
+        if x.dtype == acc:
+            # One matrix product per lead index: torch's batched matmul with a
+            # broadcast left operand is several times slower on the CPU.
+            sketch = torch.stack([torch.mm(r, x[i, lo:hi]) for i in range(x.shape[0])])
+        else:  # widened a bounded slab of tokens at a time: no copy of the whole tap
+            step = max(1, (_WIDEN_ELEMENTS_CPU if x.device.type == "cpu" else _WIDEN_ELEMENTS) // max(width, 1))
+            sketch = torch.zeros(x.shape[0], self.k + 1, width, dtype=acc, device=x.device)
+            for i in range(x.shape[0]):
+                for t0 in range(lo, hi, step):
+                    t1 = min(hi, t0 + step)
+                    sketch[i].addmm_(r[:, t0 - lo:t1 - lo], x[i, t0:t1].to(acc))
         sketch = sketch.reshape(*lead, self.k + 1, width)
         nan, inf = self._nonfinite(x, sketch if (lo, hi) == (0, tokens) else None)
         result = sketch, nan, inf, self.bits_hash(x)
