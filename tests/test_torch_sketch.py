@@ -216,6 +216,18 @@ class SketchTest(unittest.TestCase):
                 self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
                 self.assertIn("tap 'x'", p.stderr)
                 self.assertIn(expect, p.stderr)
+        # no hash ("-") where replicas compare them; fine where none does
+        prefix = self.path("nohash")
+        write_sketch_files(prefix, prefix + ".ref.h5", [ref, ref], "dp=2", None, None, ref,
+                           tamper=lambda r, a: a.__setitem__("bits_hash", "-"))
+        p, _ = compare(prefix, prefix + ".ref.h5")
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("attribute 'bits_hash' is '-' (none), but the tap's pieces are replicated along 'dp'", p.stderr)
+        prefix = self.path("nohash_sharded")
+        write_sketch_files(prefix, prefix + ".ref.h5", [ref[:, :16].copy(), ref[:, 16:].copy()], "sp=2", "-,sp,-",
+                           None, ref, tamper=lambda r, a: a.__setitem__("bits_hash", "-"))
+        p, _ = compare(prefix, prefix + ".ref.h5")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         # a wrong kind, a sketch reference for a whole tap, rows over the limit
         prefix = self.path("kind")
         write_sketch_files(prefix, prefix + ".ref.h5", [ref], "dp=1", None, None, ref)
@@ -237,6 +249,7 @@ class SketchTest(unittest.TestCase):
             self.assertEqual(f["taps/0"].shape, (5, 8))
             self.assertEqual(f["taps/0"].attrs["sketch_tokens"], 40)
             self.assertNotIn("sketch", f["taps/small"].attrs)
+            self.assertEqual(f["taps/0"].attrs["bits_hash"], "-")  # one rank: no replica compares it
         self.assertEqual(sorted(order, key=order.get), ["0", "1", "model", "small"])
 
     def test_whole_run_held_to_a_floor_measured_from_sketches(self):

@@ -407,7 +407,7 @@ ActivationSet read_rank_files(const std::string& prefix, const std::string& firs
         input_error("{}: local shape {} differs from rank 0's {}", where, shape_str(s),
                     shape_str(t.sketch ? t.sketch->stored_shape : t.local_shape));
       }
-      read_sketch_piece(ds.get(), where, t, r, static_cast<std::size_t>(set.world_size));
+      read_sketch_piece(ds.get(), where, set.mesh, t, r, static_cast<std::size_t>(set.world_size));
     }
     if (names_r.size() != set.taps.size())
       input_error("{}: has {} taps, rank 0 has {}", fr, names_r.size(), set.taps.size());

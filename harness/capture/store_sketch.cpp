@@ -58,7 +58,7 @@ void read_sketch_attrs(hid_t ds, const std::string& where, const Mesh& mesh, Tap
 }
 
 // One rank's counts and hash of a sketch tap, and the attributes every rank must share.
-void read_sketch_piece(hid_t ds, const std::string& where, TapData& t, int rank, std::size_t world) {
+void read_sketch_piece(hid_t ds, const std::string& where, const Mesh& mesh, TapData& t, int rank, std::size_t world) {
   const bool here = h5::read_string_attr(ds, "sketch", where).has_value();
   if (here != t.sketch.has_value())
     input_error("{}: {} a sketch tap here but {} on rank 0", where, here ? "is" : "is not", here ? "not" : "is");
@@ -80,6 +80,11 @@ void read_sketch_piece(hid_t ds, const std::string& where, TapData& t, int rank,
   auto h = h5::read_string_attr(ds, "bits_hash", where);
   if (!h || h->empty() || h->size() > 64) input_error("{}: sketch tap without a 'bits_hash' of 1 to 64 characters", where);
   p.bits_hash = *h;
+  if (p.bits_hash == "-")
+    for (const auto& axis : t.layout.replica_axes(mesh))
+      if (mesh.axis_size(axis) > 1)
+        input_error("{}: attribute 'bits_hash' is '-' (none), but the tap's pieces are replicated along '{}', "
+                    "where the hashes are compared", where, axis);
 }
 
 // A reference stored as the global tensor's sketch: for a sketch tap only,

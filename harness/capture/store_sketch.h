@@ -21,7 +21,8 @@ inline constexpr long long kMaxSketchSigns = 1LL << 30;
 void read_sketch_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapData& t);
 
 // One rank's counts and hash, and the attributes every rank must share with rank 0.
-void read_sketch_piece(hid_t ds, const std::string& where, TapData& t, int rank, std::size_t world);
+// `bits_hash` "-" (none) only for a tap without replicas (nothing compares it).
+void read_sketch_piece(hid_t ds, const std::string& where, const Mesh& mesh, TapData& t, int rank, std::size_t world);
 
 // A reference stored as the global sketch: for a sketch tap only, with its
 // seed and global token count, shaped [lead..., k+1, width].

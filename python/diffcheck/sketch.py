@@ -130,15 +130,16 @@ class Sketcher:
             self._weights[key] = w
         return w
 
-    def summarize(self, tensor, first_token=0, share=None):
+    def summarize(self, tensor, first_token=0, share=None, hashed=True):
         """(sketch, nan, inf, hash) of a piece whose first token is global
         token `first_token`: device tensors, nothing synchronised. `share`:
         (lo, hi), sketch only the piece's tokens lo..hi-1 (its replicas
         sketch the rest); the counts and the hash are always the whole
-        piece's. The same tensor offered again unchanged in this step (a
-        module returning its submodule's output) reuses its summary."""
+        piece's; hashed=False: no hash (None), for a tap no replica compares.
+        The same tensor offered again unchanged in this step (a module
+        returning its submodule's output) reuses its summary."""
         x = tensor.detach()
-        key = (id(tensor), first_token, share)
+        key = (id(tensor), first_token, share, hashed)
         seen = self._seen.get(key)
         if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
             return seen[2]
@@ -160,7 +161,7 @@ class Sketcher:
                     sketch[i].addmm_(r[:, t0 - lo:t1 - lo], x[i, t0:t1].to(acc))
         sketch = sketch.reshape(*lead, self.k + 1, width)
         nan, inf = self._nonfinite(x, sketch if (lo, hi) == (0, tokens) else None)
-        result = sketch, nan, inf, self.bits_hash(x)
+        result = sketch, nan, inf, self.bits_hash(x) if hashed else None
         self._seen[key] = (weakref.ref(tensor), tensor._version, result)
         return result
 
@@ -198,8 +199,8 @@ class Sketcher:
 
 
 def hex64(value):
-    """The hash as the file keeps it: 16 hex digits."""
-    return f"{int(value) & 0xFFFFFFFFFFFFFFFF:016x}"
+    """The hash as the file keeps it: 16 hex digits; "-" for none (no replica compares it)."""
+    return "-" if value is None else f"{int(value) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def estimate_rel_l2(run_sketch, ref_sketch, k, tokens, seed):
@@ -245,11 +246,12 @@ class Pending:
         home = [None] * len(items)
         for i in ([] if self._pack_cpu else by_device.pop("cpu", [])):  # home already: nothing to pack
             sketch, nan, inf, h = items[i][1]
-            home[i] = (sketch, int(nan), int(inf), int(h))
+            home[i] = (sketch, int(nan), int(inf), None if h is None else int(h))
         for indices in by_device.values():
             parts = []
             for i in indices:
                 sketch, nan, inf, h = items[i][1]
+                h = torch.zeros((), dtype=torch.int64, device=nan.device) if h is None else h
                 ints = torch.stack([nan.to(torch.int64), inf.to(torch.int64), h.to(torch.int64)])
                 parts += [ints.view(torch.float64), sketch.reshape(-1).to(torch.float64)]
             flat = torch.cat(parts).cpu()  # the one copy (and the one wait) per device
@@ -257,6 +259,7 @@ class Pending:
             for i in indices:
                 sketch = items[i][1][0]
                 nan, inf, h = flat[at:at + 3].view(torch.int64).tolist()
+                h = None if items[i][1][3] is None else h
                 at += 3
                 values = flat[at:at + sketch.numel()].reshape(sketch.shape)
                 at += sketch.numel()

@@ -26,7 +26,7 @@ class SketchTaps:
         if tensor.dim() < 2:
             return False
         c = self.capture
-        first, shards, share, shared = 0, 1, None, None
+        first, shards, share, shared, replicas = 0, 1, None, None, []
         if not (c.reference_mode or c.one_device):
             entry = spec_entry(attrs.get("spec"), -2, tensor.dim())
             first = block_index(entry, c.rank, c.axis_sizes) * tensor.shape[-2]
@@ -41,7 +41,9 @@ class SketchTaps:
                 share, shared = (j * tokens // n, (j + 1) * tokens // n), "*".join(replicas)
         if not sketch.sketchable(tensor, self.sketcher.k, tensor.shape[-2] * shards):
             return False
-        summary = self.sketcher.summarize(tensor, first, share)
+        # A hash only where a replica will compare it (every rank of the tap agrees on that).
+        hashed = not (c.reference_mode or c.one_device) and bool(replicas)
+        summary = self.sketcher.summarize(tensor, first, share, hashed)
         self.pending.add(name, summary, (attrs, logical, tensor.shape[-2], shared))
         if tensor.device.type == "cpu":  # no device to wait for: written now, beside the forward, as whole taps are
             self.pending.flush(self._emit)
