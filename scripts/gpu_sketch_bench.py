@@ -118,17 +118,18 @@ def main():
     results = {"device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "torch": torch.__version__,
                "dtype": str(dtype), "size": [d, heads, mlp, tokens]}
 
-    def plain():
-        with torch.no_grad():
-            model(x)
+    def forward(m, **capture):
+        """m's forward, captured with `capture` (none: plain)."""
+        def fn():
+            with torch.no_grad():
+                if not capture:
+                    return m(x)
+                with dct.capture(m, **capture):
+                    m(x)
+        return fn
 
-    def sketch():
-        with torch.no_grad(), dct.capture(model, out=f"{a.out}/sketch", sketch=True):
-            model(x)
-
-    def whole4():
-        with torch.no_grad(), dct.capture(model, out=f"{a.out}/whole4", include="blocks.[0-9]"):
-            model(x)
+    plain, sketch = forward(model), forward(model, out=f"{a.out}/sketch", sketch=True)
+    whole4 = forward(model, out=f"{a.out}/whole4", include="blocks.[0-9]")
 
     def paired(fn, base):
         fn(), base()  # warm-up
@@ -145,14 +146,7 @@ def main():
     results["whole4"]["over_yardstick"] = results["whole4"]["ms"] / results["whole4"]["yardstick_ms"]
     if not a.no_compile and hasattr(torch, "compile"):
         compiled = torch.compile(model)
-
-        def plain_c():
-            with torch.no_grad():
-                compiled(x)
-
-        def sketch_c():
-            with torch.no_grad(), dct.capture(compiled, out=f"{a.out}/sketch_compiled", sketch=True):
-                compiled(x)
+        plain_c, sketch_c = forward(compiled), forward(compiled, out=f"{a.out}/sketch_compiled", sketch=True)
         try:
             results["compiled"] = paired(sketch_c, plain_c)
         except RuntimeError as e:  # the capture refused: the graph hid module outputs

@@ -21,7 +21,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import diffcheck.torch as dct
-import diffcheck.torch as dct_module
 from diffcheck import staging
 
 
@@ -65,7 +64,7 @@ class DeviceTwinTest(unittest.TestCase):
 
     def tearDown(self):
         self._tmp.cleanup()
-        dct_module._CPU_TWIN_OF_DEVICE_COPIES = False
+        dct._CPU_TWIN_OF_DEVICE_COPIES = False
 
     def test_host_staging_writes_what_the_hook_saw(self):
         torch.manual_seed(0)
@@ -81,7 +80,7 @@ class DeviceTwinTest(unittest.TestCase):
             made.append(self)
         staging.HostStaging.__init__ = spy
         try:
-            dct_module._CPU_TWIN_OF_DEVICE_COPIES = True
+            dct._CPU_TWIN_OF_DEVICE_COPIES = True
             with torch.no_grad(), dct.capture(model, out=os.path.join(self.dir, "staged")):
                 model(x)
         finally:

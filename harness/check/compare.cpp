@@ -298,30 +298,35 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
       ref.worst.rank = ref.worst_ranks.empty() ? -1 : ref.worst_ranks.front();
     }
     ref.pass = ref.n_fail == 0;
-    if (tol.rel_l2_limit) {
-      ref.l2_ratio = *tol.rel_l2_limit > 0 ? ref.rel_l2 / *tol.rel_l2_limit : ref.rel_l2 > 0 ? INFINITY : 0.0;
-      ref.pass = ref.pass && *ref.l2_ratio <= 1;
-    }
-    if (columns.tracked()) {
-      ref.column_mean = column_mean_error(s.column_err, columns, s.ref_sq.rms(numel(p.global)));
-      if (tol.column_mean_limit) {
-        const double c = *ref.column_mean, limit = *tol.column_mean_limit;
-        ref.column_ratio = !(c >= 0) ? INFINITY : limit > 0 ? c / limit : c > 0 ? INFINITY : 0.0;
-        ref.pass = ref.pass && *ref.column_ratio <= 1;
-      }
-    }
-    // A limit on the whole tensor (rel L2, column means) is every block's:
-    // each rank's err/tol (heatmaps, step summaries) shows at least its ratio,
-    // or a tap failing by it alone would look like a pass there.
-    for (const auto& whole : {ref.l2_ratio, ref.column_ratio})
-      if (whole)
-        for (double& r : pr.err_over_tol)
-          if (*whole > r) r = *whole;
+    if (columns.tracked()) ref.column_mean = column_mean_error(s.column_err, columns, s.ref_sq.rms(numel(p.global)));
+    judge_whole_tensor(ref, pr.err_over_tol);
   }
   return v;
 }
 
 }  // namespace
+
+void judge_whole_tensor(ReferenceCheck& ref, std::vector<double>& err_over_tol) {
+  const Tolerance& tol = ref.tol;
+  if (tol.rel_l2_limit) {
+    ref.l2_ratio = *tol.rel_l2_limit > 0 ? ref.rel_l2 / *tol.rel_l2_limit : ref.rel_l2 > 0 ? INFINITY : 0.0;
+    ref.pass = ref.pass && *ref.l2_ratio <= 1;
+  }
+  if (ref.column_mean && tol.column_mean_limit) {
+    const double c = *ref.column_mean, limit = *tol.column_mean_limit;
+    ref.column_ratio = !(c >= 0) ? INFINITY : limit > 0 ? c / limit : c > 0 ? INFINITY : 0.0;
+    ref.pass = ref.pass && *ref.column_ratio <= 1;
+  }
+  // A limit on the whole tensor is every block's: each rank's err/tol
+  // (heatmaps, step summaries) shows at least its ratio (a NaN one as
+  // infinite), or a tap failing by it alone would look like a pass there.
+  for (const auto& whole : {ref.l2_ratio, ref.column_ratio})
+    if (whole) {
+      const double w = std::isnan(*whole) ? INFINITY : *whole;
+      for (double& r : err_over_tol)
+        if (w > r) r = w;
+    }
+}
 
 ToleranceInputs tap_tolerance_inputs(const ActivationSet& set, const TapData& t, const CompareOptions& opts) {
   ToleranceInputs in{t.dtype, t.reduction_depth, t.atol, t.rtol, opts.atol, opts.rtol, 0.0,

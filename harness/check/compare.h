@@ -170,6 +170,11 @@ struct CompareResult {
 
 CompareResult compare(const ActivationSet& set, const CompareOptions& opts);
 
+// Holds a reference check to its whole-tensor limits (the tolerance's rel L2
+// and column-mean limits, on ref.rel_l2 and ref.column_mean as measured or
+// estimated): the ratios, the verdict, and every rank's err/tol raised to them.
+void judge_whole_tensor(ReferenceCheck& ref, std::vector<double>& err_over_tol);
+
 // What a tap's tolerance is derived from: its attributes, the options, the
 // run's math and the tolerance table (shared by whole and sketch taps).
 ToleranceInputs tap_tolerance_inputs(const ActivationSet& set, const TapData& t, const CompareOptions& opts);

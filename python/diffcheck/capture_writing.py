@@ -4,17 +4,18 @@ writer thread — whole (copied if the model may change them; a device
 tensor's through host staging, staging.py), or as a sketch
 (sketch_capture.py). A mixin: the state it uses is the Capture's."""
 import numpy as np
+import torch
 
 from diffcheck import rounding
 from diffcheck.dump import to_numpy
 from diffcheck.layouts import check_layout, dtensor_layout
 
-_TORCH_DTYPE_NAMES = {"torch.float32": "float32", "torch.float64": "float64", "torch.bfloat16": "bfloat16",
-                      "torch.float16": "float16"}
+TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
+                torch.float16: "float16"}
 
 
 def logical_dtype(tensor):
-    return _TORCH_DTYPE_NAMES.get(str(tensor.dtype), str(tensor.dtype).replace("torch.", ""))
+    return TORCH_DTYPES.get(tensor.dtype, str(tensor.dtype).replace("torch.", ""))
 
 
 class TapWriting:

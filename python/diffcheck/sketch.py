@@ -93,41 +93,41 @@ def sketchable(tensor, k, global_tokens):
 
 
 class Sketcher:
-    """Sketches pieces of tensors: sign matrices cached per (token range,
-    device, accumulator), hash weights per width and rows."""
+    """Sketches pieces of tensors, with the process's cached sign rows (per
+    seed, k, token range, device, accumulator) and hash weights (per row count)."""
 
     def __init__(self, k=DEFAULT_ROWS, seed=0):
         if not (isinstance(k, int) and 1 <= k <= 256):
             raise ValueError(f"sketch rows k={k!r}: give an int from 1 to 256 (8 is the default)")
         self.k, self.seed = k, int(seed) & _MASK32
-        self._rows, self._weights, self._seen = _SIGN_ROWS, _HASH_WEIGHTS, {}
+        self._seen = {}  # this step's summaries, by tensor (summarize)
 
     def _sign_rows(self, first_token, tokens, device, dtype):
         key = (self.seed, self.k, first_token, tokens, str(device), dtype)
-        r = self._rows.get(key)
+        r = _SIGN_ROWS.get(key)
         if r is None:
-            if len(self._rows) >= _SIGN_CACHE_LIMIT:
-                self._rows.clear()
+            if len(_SIGN_ROWS) >= _SIGN_CACHE_LIMIT:
+                _SIGN_ROWS.clear()
             r = torch.empty(self.k + 1, tokens, dtype=dtype, device=device)
             for t0 in range(0, tokens, _SIGN_CHUNK):  # the hash's int64 temporaries stay small
                 n = min(_SIGN_CHUNK, tokens - t0)
                 r[:self.k, t0:t0 + n] = signs(self.seed, self.k, first_token + t0, n, device).to(dtype)
             r[self.k] = 1
-            self._rows[key] = r
+            _SIGN_ROWS[key] = r
         return r
 
-    def _hash_weights(self, n, device, salt):
+    @staticmethod
+    def _hash_weights(n, device):
         """n odd int64 weights below 2^31 (any fixed choice: only replicas of
         one run compare hashes)."""
-        key = (n, str(device), salt)
-        w = self._weights.get(key)
+        key = (n, str(device))
+        w = _HASH_WEIGHTS.get(key)
         if w is None:
-            if len(self._weights) >= _SIGN_CACHE_LIMIT:
-                self._weights.clear()
+            if len(_HASH_WEIGHTS) >= _SIGN_CACHE_LIMIT:
+                _HASH_WEIGHTS.clear()
             i = torch.arange(n, dtype=torch.int64)
-            w = (_fmix32((i * 0x9E3779B1 + salt * 0x632BE5AB) & _MASK32) >> 1) | 1
-            w = w.to(device)
-            self._weights[key] = w
+            w = ((_fmix32((i * 0x9E3779B1) & _MASK32) >> 1) | 1).to(device)
+            _HASH_WEIGHTS[key] = w
         return w
 
     def summarize(self, tensor, first_token=0, share=None, hashed=True):
@@ -195,7 +195,7 @@ class Sketcher:
             bits = x.view(int_type) if x.is_floating_point() else x
             words = bits.reshape(rows, -1).to(torch.int64)
         per_row = words.sum(-1)
-        return (per_row * self._hash_weights(rows, x.device, 2)).sum()
+        return (per_row * self._hash_weights(rows, x.device)).sum()
 
 
 def hex64(value):
@@ -232,9 +232,6 @@ class Pending:
 
     def add(self, name, summary, extra):
         self._items.append((name, summary, extra))
-
-    def __len__(self):
-        return len(self._items)
 
     def flush(self, emit):
         items, self._items = self._items, []

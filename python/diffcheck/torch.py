@@ -36,15 +36,13 @@ from diffcheck.math_mode import math_mode
 from diffcheck import rounding
 from diffcheck.backward import Gradients
 from diffcheck.writer import BackgroundWriter
-from diffcheck.capture_writing import TapWriting
+from diffcheck.capture_writing import TORCH_DTYPES, TapWriting
 from diffcheck.staging import HostStaging
 from diffcheck.sketch import DEFAULT_ROWS
 from diffcheck.sketch_capture import SketchTaps
 from diffcheck.drill_down import drill_down_taps
 
 ROOT_NAME = "model"
-_TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
-                 torch.float16: "float16"}
 # Where launchers put a process's rank and the number of processes, most specific first.
 _LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
                  ("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
@@ -158,7 +156,7 @@ class Capture(TapWriting):
     def _model_dtype(self):
         for p in self.model.parameters():
             if p.is_floating_point():
-                return _TORCH_DTYPES.get(p.dtype)
+                return TORCH_DTYPES.get(p.dtype)
         return None
 
     def _renamed(self, path):
@@ -229,8 +227,7 @@ class Capture(TapWriting):
         # A model on a device copies its whole taps home asynchronously
         # (staging.py): several may be in flight; otherwise one at a time.
         on_device = self._model_device() not in (None, "cpu") or _CPU_TWIN_OF_DEVICE_COPIES
-        self._host_staging = HostStaging(pinned=None if not _CPU_TWIN_OF_DEVICE_COPIES else False) if on_device \
-            else None
+        self._host_staging = HostStaging(pinned=False if _CPU_TWIN_OF_DEVICE_COPIES else None) if on_device else None
         self._thread = BackgroundWriter(queued=self._host_staging.slots if on_device else 1)
         try:
             # A torch.compile'd model (OptimizedModule): the eager model's

@@ -17,7 +17,6 @@ class BackgroundWriter:
     def __init__(self, name="diffcheck-writer", queued=1):
         """`queued`: whole-tap writes that may be prepared and waiting beyond
         the one running (1: one at a time)."""
-        self._slots = queued
         self._idle = threading.Semaphore(queued)
         self._jobs = queue.SimpleQueue()
         self._error = None
