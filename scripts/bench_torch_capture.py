@@ -93,6 +93,17 @@ def rank_main(rank, n, a, init, out_dir, results):
     for _ in range(2):  # warm-up: allocator, BLAS, the file system
         settled(plain)
         settled(captured)
+    if a.profile and rank == 0:  # where rank 0's captured time goes, over the timed rounds
+        import cProfile
+        profiler = cProfile.Profile()
+        captured_plain = captured
+
+        def captured():
+            profiler.enable()
+            try:
+                captured_plain()
+            finally:
+                profiler.disable()
     rows = []
     for r in range(a.rounds):  # pairs, in alternating order
         if r % 2 == 0:
@@ -101,10 +112,19 @@ def rank_main(rank, n, a, init, out_dir, results):
             c = settled(captured)
             p = settled(plain)
         rows.append((p, c, timed(os.sync)))  # what making this forward's taps durable costs on top
+    if a.profile and rank == 0:
+        profiler.dump_stats(a.profile)
     if rank == 0:
         size = os.path.getsize(f"{out_dir}/tp.rank0.h5")
         results.put((rows, size))
     dist.destroy_process_group()
+
+
+def kernel_in_use():
+    """Which path sketches the taps: the fused CPU kernel or torch ops (diffcheck/sketch_cpu.py)."""
+    from diffcheck import sketch_cpu
+    path = sketch_cpu.loaded_from()
+    return f"the fused CPU kernel {path}" if path else "torch ops: no CPU kernel built"
 
 
 def main():
@@ -116,6 +136,8 @@ def main():
     ap.add_argument("--backward", action="store_true", help="forward and backward, captured with backward=True")
     ap.add_argument("--sketch", type=int, nargs="?", const=8, default=0, metavar="K",
                     help="sketch mode (K rows, default 8) instead of whole tensors")
+    ap.add_argument("--profile", metavar="FILE", help="cProfile rank 0's captured forwards into FILE (pstats); "
+                    "the profiler's own cost inflates the ratio, so read it for the shares, not the figure")
     ap.add_argument("--dir", default=None, help="where the rank files go (default: a temporary directory)")
     a = ap.parse_args()
     ctx = mp.get_context("spawn")
@@ -130,7 +152,7 @@ def main():
     ratios = [c / p for p, c, _ in rows]
     durable = [(c + s) / p for p, c, s in rows]
     print(f"size {a.size} {SIZES[a.size]}, tp={a.n}, {a.rounds} rounds{', forward and backward' if a.backward else ''}"
-          f"{f', sketch mode k={a.sketch}' if a.sketch else ''}; "
+          f"{f', sketch mode k={a.sketch} ({kernel_in_use()})' if a.sketch else ''}; "
           f"rank 0 writes {size / 2 ** 20:.1f} MiB per {'step' if a.backward else 'forward'}")
     print(f"uninstrumented forward: median {statistics.median(r[0] for r in rows) * 1e3:.1f} ms")
     print(f"captured forward:       median {statistics.median(r[1] for r in rows) * 1e3:.1f} ms "

@@ -46,9 +46,10 @@ fi
 
 BUILD_DIR=${BUILD_DIR:-build}
 bash scripts/configure.sh "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}"
-# The demo waits for one program, not for the test binaries; the test
+# The demo waits for one program and the Python package's CPU sketch kernel
+# (installed beside the package), not for the test binaries; the test
 # command builds them all.
-targets=(--target diffcheck)
+targets=(--target diffcheck --target diffcheck_sketch_cpu)
 ((test_tools)) && targets=()
 cmake --build "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"
 cmake --install "$BUILD_DIR" --prefix /usr/local >/dev/null

@@ -6,6 +6,9 @@ comparator's sketch taps (harness/check/sketch_check.cpp):
   tensor's sketch (within float64 rounding);
 - the estimate of rel L2 is within 25% of the exact figure on 99% of random
   and structured errors; the column means are exact;
+- the fused CPU kernel (python/kernels/sketch_cpu.c) gives the torch-ops
+  path's sketch (within float64 rounding) for every shape, stride, share and
+  row count, and the suite runs with it;
 - a 1-ulp difference on one replica is caught (the bits hash), a NaN counted;
 - hostile sketch files are refused with exit 2 naming file, tap and attribute;
 - `only=` drill-down names; DTensor placements to layouts (duck-typed here;
@@ -23,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import diffcheck.torch as dct
-from diffcheck import sketch
+from diffcheck import sketch, sketch_cpu
 from diffcheck.compare import find_executable
 from diffcheck.dump import RankDump, ReferenceDump
 from diffcheck.drill_down import drill_down_taps
@@ -118,6 +121,46 @@ class SketchTest(unittest.TestCase):
         self.assertEqual(sketch.signs(0, 3, 0, 8).tolist(), SIGNS_SEED0)
         # a window of tokens is the same window of the whole row
         self.assertEqual(sketch.signs(7, 4, 100, 50).tolist(), sketch.signs(7, 4, 0, 150)[:, 100:].tolist())
+
+    def test_cpu_kernel_equals_the_torch_path(self):
+        # The suite runs with this tree's kernel (tests/CMakeLists.txt):
+        # without it every capture below would test the torch path only.
+        if os.environ.get(sketch_cpu.ENV):
+            self.assertIsNotNone(sketch_cpu.function(), os.environ[sketch_cpu.ENV])
+        if sketch_cpu.function() is None:
+            self.skipTest("no CPU sketch kernel built (DIFFCHECK_SKETCH_KERNEL)")
+        g = torch.Generator().manual_seed(5)
+        cases = [((2, 37, 1100), torch.float32, 8, None),    # width over one tile, not a multiple of it
+                 ((3, 40, 64), torch.float64, 8, None),
+                 ((50, 7), torch.float32, 5, None),          # k not a multiple of 4: a half group
+                 ((2, 30, 9), torch.float32, 1, None),
+                 ((30, 9), torch.float32, 13, None),         # an odd number of groups
+                 ((4, 2, 33, 16), torch.float32, 32, None),
+                 ((64, 1), torch.float64, 8, None),          # one column
+                 ((2, 60, 24), torch.float32, 8, (17, 43)),  # a replica's share of the tokens
+                 ("strided", torch.float32, 8, None)]        # leads and tokens not adjacent in memory
+        for shape, dtype, k, share in cases:
+            with self.subTest(shape=shape, dtype=dtype, k=k, share=share):
+                if shape == "strided":
+                    x = torch.randn(24, 3, 40, generator=g).transpose(0, 1)[:, :, 5:29]  # [3, 24, 24], rows strided
+                else:
+                    x = torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype) * 3 + 1
+                fused = sketch.Sketcher(k, seed=11).summarize(x, first_token=5, share=share)
+                sketch_cpu._state.update(function=None, tried=True)  # the torch path alone
+                try:
+                    plain = sketch.Sketcher(k, seed=11).summarize(x, first_token=5, share=share)
+                finally:
+                    sketch_cpu.reset()
+                self.assertEqual(fused[0].dtype, torch.float64)
+                self.assertEqual(fused[0].shape, plain[0].shape)
+                scale = float(plain[0].abs().max())
+                self.assertLess(float((fused[0] - plain[0]).abs().max()), 1e-13 * scale)
+                self.assertEqual([int(v) for v in fused[1:]], [int(v) for v in plain[1:]])
+        # non-finite values propagate to the column sums, so they are counted
+        x = torch.randn(2, 20, 12, generator=g)
+        x[1, 3, 4], x[0, 7, 0], x[0, 8, 0] = float("nan"), float("inf"), float("-inf")
+        _, nan, inf, _ = sketch.Sketcher(8).summarize(x)
+        self.assertEqual((int(nan), int(inf)), (1, 2))
 
     def test_linearity_across_layouts_at_1_to_4_ranks(self):
         for world in (1, 2, 3, 4):

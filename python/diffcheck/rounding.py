@@ -198,16 +198,34 @@ def release():
         mode.__exit__(None, None, None)
 
 
+def _top_mode():
+    """The innermost torch function mode, where this torch can say and can pop
+    it (else None: the ledger then stays on the stack, paused)."""
+    o = torch.overrides
+    if not all(hasattr(o, f) for f in ("_get_current_function_mode", "_pop_mode", "_push_mode")):
+        return None
+    return o._get_current_function_mode()
+
+
 class paused:
-    """The capture's own tensor ops (copies for the writer) are not the model's."""
+    """The capture's own tensor ops (sketches, copies for the writer) are not
+    the model's. The ledger also leaves the mode stack meanwhile where it is on
+    top: a paused mode still costs each of those ops a trip through Python
+    (tens of them per tap, a sketch's slices and sums)."""
 
     def __enter__(self):
         self.mode = _ledger["mode"]
         self.was = self.mode.paused if self.mode else None
+        self.popped = False
         if self.mode:
             self.mode.paused = True
+            if _top_mode() is self.mode:
+                torch.overrides._pop_mode()
+                self.popped = True
 
     def __exit__(self, *exc):
         if self.mode:
+            if self.popped:
+                torch.overrides._push_mode(self.mode)
             self.mode.paused = self.was
         return False

@@ -25,6 +25,8 @@ import weakref
 
 import torch
 
+from diffcheck import sketch_cpu
+
 KIND = "rademacher1"
 DEFAULT_ROWS = 8
 _MASK32 = 0xFFFFFFFF
@@ -148,22 +150,30 @@ class Sketcher:
         lo, hi = share or (0, tokens)
         acc = accumulator(x.dtype)
         r = self._sign_rows(first_token + lo, hi - lo, x.device, acc)
-        if x.dtype == acc:
-            # One matrix product per lead index: torch's batched matmul with a
-            # broadcast left operand is several times slower on the CPU.
-            sketch = torch.stack([torch.mm(r, x[i, lo:hi]) for i in range(x.shape[0])])
-        else:  # widened a bounded slab of tokens at a time: no copy of the whole tap
-            step = max(1, (_WIDEN_ELEMENTS_CPU if x.device.type == "cpu" else _WIDEN_ELEMENTS) // max(width, 1))
-            sketch = torch.zeros(x.shape[0], self.k + 1, width, dtype=acc, device=x.device)
-            for i in range(x.shape[0]):
-                for t0 in range(lo, hi, step):
-                    t1 = min(hi, t0 + step)
-                    sketch[i].addmm_(r[:, t0 - lo:t1 - lo], x[i, t0:t1].to(acc))
+        # The fused CPU kernel (sketch_cpu.py) where it takes x: the same sums in one pass.
+        sketch = sketch_cpu.sketch(x[:, lo:hi], r, self.k) if sketch_cpu.takes(x) else None
+        if sketch is None:
+            sketch = self._torch_sketch(x[:, lo:hi], r, acc)
         sketch = sketch.reshape(*lead, self.k + 1, width)
         nan, inf = self._nonfinite(x, sketch if (lo, hi) == (0, tokens) else None)
         result = sketch, nan, inf, self.bits_hash(x) if hashed else None
         self._seen[key] = (weakref.ref(tensor), tensor._version, result)
         return result
+
+    def _torch_sketch(self, x, r, acc):
+        """The sketch [lead, k+1, width] of x [lead, tokens, width] in torch ops."""
+        width = x.shape[-1]
+        if x.dtype == acc:
+            # One matrix product per lead index: torch's batched matmul with a
+            # broadcast left operand is several times slower on the CPU.
+            return torch.stack([torch.mm(r, x[i]) for i in range(x.shape[0])])
+        # Widened a bounded slab of tokens at a time: no copy of the whole tap.
+        step = max(1, (_WIDEN_ELEMENTS_CPU if x.device.type == "cpu" else _WIDEN_ELEMENTS) // max(width, 1))
+        sketch = torch.zeros(x.shape[0], self.k + 1, width, dtype=acc, device=x.device)
+        for i in range(x.shape[0]):
+            for t0 in range(0, x.shape[1], step):
+                sketch[i].addmm_(r[:, t0:t0 + step], x[i, t0:t0 + step].to(acc))
+        return sketch
 
     def forget(self):
         """The step is over: no summary is reused across steps."""

@@ -1,0 +1,108 @@
+"""The fused CPU sketch (python/kernels/sketch_cpu.c, built by CMake as
+libdiffcheck_sketch_cpu.so) through ctypes: a float32 or float64 tap on the
+CPU sketched in one pass, summed in float64, where the torch-ops path of
+diffcheck/sketch.py makes three passes. Same sketch, same verdicts (the
+suite checks the two agree); where the library is not found (a pip install
+builds none) the torch-ops path serves.
+
+Where it is looked for: $DIFFCHECK_SKETCH_KERNEL (a path; "off": not at
+all), beside this package (CMake's install puts it there), then the build
+tree of a source checkout (<checkout>/build/python, scripts/setup.sh's).
+"""
+import ctypes
+import logging
+import os
+
+import torch
+
+LIBRARY = "libdiffcheck_sketch_cpu.so"
+ENV = "DIFFCHECK_SKETCH_KERNEL"
+GROUP_ROWS = 4  # sign rows per pattern byte, as the kernel takes them
+_PATTERN_CACHE_LIMIT = 64
+_state = {"function": None, "tried": False, "path": None}
+_PATTERNS = {}
+
+
+def _candidates():
+    given = os.environ.get(ENV)
+    if given:
+        return [] if given.lower() == "off" else [given]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.join(here, LIBRARY), os.path.join(here, "..", "..", "build", "python", LIBRARY)]
+
+
+def function():
+    """The kernel's entry point, or None (the torch-ops path then)."""
+    if not _state["tried"]:
+        _state["tried"] = True
+        for path in _candidates():
+            if not os.path.exists(path):
+                continue
+            try:
+                f = ctypes.CDLL(path).diffcheck_sketch_cpu
+            except (OSError, AttributeError) as e:
+                logging.getLogger("diffcheck").warning("diffcheck: %s does not load (%s): sketches use torch ops",
+                                                       path, e)
+                continue
+            f.restype = ctypes.c_int32
+            f.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                          ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]
+            _state["function"], _state["path"] = f, os.path.abspath(path)
+            break
+        given = os.environ.get(ENV)
+        if _state["function"] is None and given and given.lower() != "off":
+            logging.getLogger("diffcheck").warning("diffcheck: %s=%s is not a loadable kernel: sketches use torch ops",
+                                                   ENV, os.environ[ENV])
+    return _state["function"]
+
+
+def loaded_from():
+    """The library's path, or None where the torch-ops path serves."""
+    function()
+    return _state["path"]
+
+
+def reset():
+    """Look for the library again (tests switch it off and on)."""
+    _state.update(function=None, tried=False, path=None)
+
+
+def takes(x):
+    """The kernel sketches x (a [lead, tokens, width] view): on the CPU,
+    float32 or float64, its columns adjacent in memory."""
+    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+            and (x.shape[-1] <= 1 or x.stride(-1) == 1) and function() is not None)
+
+
+def patterns(sign_rows, k):
+    """The kernel's pattern bytes [ceil(k/4), tokens] of sign rows [k+1, tokens]
+    (rows < k are +-1): bit b of group g set where row 4g+b is -1. Cached
+    with the sign rows they come from."""
+    key = id(sign_rows)
+    hit = _PATTERNS.get(key)
+    if hit is not None and hit[0] is sign_rows:
+        return hit[1]
+    if len(_PATTERNS) >= _PATTERN_CACHE_LIMIT:
+        _PATTERNS.clear()
+    tokens = sign_rows.shape[1]
+    groups = (k + GROUP_ROWS - 1) // GROUP_ROWS
+    bits = torch.zeros(groups * GROUP_ROWS, tokens, dtype=torch.uint8)
+    bits[:k] = (sign_rows[:k] < 0).to(torch.uint8)
+    weights = (1 << torch.arange(GROUP_ROWS, dtype=torch.uint8))[None, :, None]
+    packed = (bits.reshape(groups, GROUP_ROWS, tokens) * weights).sum(1, dtype=torch.uint8).contiguous()
+    _PATTERNS[key] = (sign_rows, packed)
+    return packed
+
+
+def sketch(x, sign_rows, k):
+    """The float64 sketch [lead, k+1, width] of x [lead, tokens, width] with
+    sign rows [k+1, tokens] (the torch path's, rows < k used); None if the
+    kernel could not allocate its buckets."""
+    lead, tokens, width = x.shape
+    out = torch.empty(lead, k + 1, width, dtype=torch.float64)
+    if x.numel() == 0:
+        return out.zero_()
+    pattern_bytes = patterns(sign_rows, k)
+    rc = function()(x.data_ptr(), int(x.dtype == torch.float64), lead, x.stride(0), tokens, x.stride(1), width,
+                    pattern_bytes.data_ptr(), k, out.data_ptr())
+    return out if rc == 0 else None

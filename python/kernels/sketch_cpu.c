@@ -1,0 +1,106 @@
+/* The CPU sketch of a float32 or float64 tap in one pass, summed in float64
+ * (diffcheck/sketch.py, docs/FORMAT.md "Sketch taps"): the fused twin of the
+ * torch-ops path, loaded by diffcheck/sketch_cpu.py through ctypes.
+ *
+ * Why not a matrix product: with k = 8 sign rows the torch path widens each
+ * float32 tap to float64 (a float32 sketch's own rounding swamps a float32
+ * run's error of 1e-7) and then multiplies a 9-row matrix, three passes over
+ * the tap. Here the rows are taken four at a time: a token's four signs are a
+ * 4-bit pattern, and the token's row is added (in float64) into one of 16
+ * buckets per group of four rows. Each sketch row is then the buckets summed
+ * with the signs their pattern gives that row, and the column sums (row k)
+ * are all the buckets of a group summed. Per element: one conversion and
+ * ceil(k/4) additions, in one read of the tap.
+ *
+ * The buckets of a tile of columns stay in the first-level cache; their rows
+ * are padded off 4 KiB strides, where loads and stores of the same low
+ * address bits stall each other. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GROUP_ROWS 4
+#define PATTERNS (1 << GROUP_ROWS)
+#define TILE 512                 /* columns whose buckets are summed at a time */
+#define BUCKET_STRIDE (TILE + 24) /* doubles from one bucket row to the next */
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
+/* Buckets of `groups` groups for columns 0..n-1 of a piece whose token t
+ * starts at x + t * token_stride; patterns[g * tokens + t] is token t's
+ * pattern in group g. Groups go two at a time: one read of the row feeds
+ * both. */
+#define BUCKET_KERNEL(NAME, T)                                                                          \
+  VECTOR_CLONES static void NAME(const T *x, int64_t tokens, int64_t token_stride, int64_t n,          \
+                                 const uint8_t *patterns, int32_t groups, double *buckets) {            \
+    memset(buckets, 0, sizeof(double) * (size_t)groups * PATTERNS * BUCKET_STRIDE);                     \
+    int32_t g = 0;                                                                                      \
+    for (; g + 1 < groups; g += 2)                                                                      \
+      for (int64_t t = 0; t < tokens; ++t) {                                                            \
+        const T *row = x + t * token_stride;                                                            \
+        double *restrict b0 =                                                                           \
+            buckets + ((size_t)g * PATTERNS + patterns[(size_t)g * tokens + t]) * BUCKET_STRIDE;        \
+        double *restrict b1 =                                                                           \
+            buckets + ((size_t)(g + 1) * PATTERNS + patterns[(size_t)(g + 1) * tokens + t]) * BUCKET_STRIDE; \
+        for (int64_t j = 0; j < n; ++j) {                                                               \
+          double v = (double)row[j];                                                                    \
+          b0[j] += v;                                                                                   \
+          b1[j] += v;                                                                                   \
+        }                                                                                               \
+      }                                                                                                 \
+    for (; g < groups; ++g)                                                                             \
+      for (int64_t t = 0; t < tokens; ++t) {                                                            \
+        const T *row = x + t * token_stride;                                                            \
+        double *restrict b =                                                                            \
+            buckets + ((size_t)g * PATTERNS + patterns[(size_t)g * tokens + t]) * BUCKET_STRIDE;        \
+        for (int64_t j = 0; j < n; ++j) b[j] += (double)row[j];                                         \
+      }                                                                                                 \
+  }
+
+BUCKET_KERNEL(buckets_f32, float)
+BUCKET_KERNEL(buckets_f64, double)
+
+/* Rows 0..k of the sketch for columns 0..n-1, into out (row stride width):
+ * row i < k is group i/4's buckets with sign -1 where the pattern has bit
+ * i%4 set; row k, every bucket of group 0. */
+static void combine(const double *buckets, int32_t k, int64_t n, double *out, int64_t width) {
+  for (int32_t i = 0; i <= k; ++i) {
+    double *restrict o = out + (size_t)i * width;
+    const double *group = buckets + (size_t)(i == k ? 0 : i / GROUP_ROWS) * PATTERNS * BUCKET_STRIDE;
+    for (int64_t j = 0; j < n; ++j) o[j] = 0;
+    for (int p = 0; p < PATTERNS; ++p) {
+      const double *b = group + (size_t)p * BUCKET_STRIDE;
+      if (i == k || !((p >> (i % GROUP_ROWS)) & 1))
+        for (int64_t j = 0; j < n; ++j) o[j] += b[j];
+      else
+        for (int64_t j = 0; j < n; ++j) o[j] -= b[j];
+    }
+  }
+}
+
+/* The sketch [lead][k + 1][width] (float64, contiguous) of a piece of `lead`
+ * matrices [tokens][width] at x (float32, or float64 if is_f64), strides in
+ * elements (the width's is 1). patterns: [ceil(k/4)][tokens], token t's bits
+ * in group g (bit b set: row 4g + b has sign -1). Returns 0, or -1 if the
+ * buckets could not be allocated (the caller then takes the torch path). */
+int diffcheck_sketch_cpu(const void *x, int32_t is_f64, int64_t lead, int64_t lead_stride, int64_t tokens,
+                         int64_t token_stride, int64_t width, const uint8_t *patterns, int32_t k, double *out) {
+  int32_t groups = (k + GROUP_ROWS - 1) / GROUP_ROWS;
+  double *buckets = malloc(sizeof(double) * (size_t)groups * PATTERNS * BUCKET_STRIDE);
+  if (buckets == NULL) return -1;
+  for (int64_t l = 0; l < lead; ++l)
+    for (int64_t j0 = 0; j0 < width; j0 += TILE) {
+      int64_t n = width - j0 < TILE ? width - j0 : TILE;
+      if (is_f64)
+        buckets_f64((const double *)x + l * lead_stride + j0, tokens, token_stride, n, patterns, groups, buckets);
+      else
+        buckets_f32((const float *)x + l * lead_stride + j0, tokens, token_stride, n, patterns, groups, buckets);
+      combine(buckets, k, n, out + (size_t)l * (k + 1) * width + j0, width);
+    }
+  free(buckets);
+  return 0;
+}
