@@ -9,10 +9,16 @@ that a capture's writeback does not slow the next forward; the time of that
 sync after a capture is reported too (what making the taps durable adds).
 
     /usr/bin/python3 scripts/bench_torch_capture.py [--size example|medium|large] [-n 2] [--rounds 9] [--backward]
-                                                    [--sketch [K]]
+                                                    [--sketch [K]] [--steps N] [--profile FILE]
 
 --sketch: the capture in sketch mode (every tap a sketch of K = 8 rows,
-diffcheck/sketch.py), against the same uninstrumented forward.
+diffcheck/sketch.py), against the same uninstrumented forward. The summary
+line says whether the fused CPU kernel (diffcheck/sketch_cpu.py) or torch
+ops sketched the taps.
+
+--steps N: a round is N forwards in one capture, each under dct.step(t) (every
+tap of every step of a denoising loop, one file), against N uninstrumented
+forwards: the file's creation and closing are then shared by N steps.
 
 --backward: a training step's worth instead, forward and backward of the sum
 of the output, uninstrumented against captured with backward=True (every
@@ -70,7 +76,8 @@ def rank_main(rank, n, a, init, out_dir, results):
             block(x).sum().backward()
             return
         with torch.no_grad():
-            block(x)
+            for _ in range(a.steps):
+                block(x)
 
     def captured():
         if a.backward:
@@ -82,7 +89,10 @@ def rank_main(rank, n, a, init, out_dir, results):
             return
         with torch.no_grad(), dct.capture(block, out=f"{out_dir}/tp", mesh=f"tp={n}", layouts=tp_block.LAYOUTS,
                                           derive_depths=not a.no_depths, sketch=a.sketch):
-            block(x)
+            for t in range(a.steps):
+                if a.steps > 1:  # one file, every step's taps (a denoising loop's use)
+                    dct.step(t)
+                block(x)
 
     def settled(fn):
         """fn's time, after the page cache has gone to disk: a captured
@@ -133,6 +143,9 @@ def main():
     ap.add_argument("-n", type=int, default=2, help="tp ranks (processes over gloo; default 2)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--no-depths", action="store_true", help="derive_depths=False: no rounding counts (their cost)")
+    ap.add_argument("--steps", type=int, default=1, metavar="N",
+                    help="N forwards in one capture, each a dct.step (a denoising loop), against N uninstrumented "
+                         "ones: the capture's own opening and closing shared by N steps (default 1)")
     ap.add_argument("--backward", action="store_true", help="forward and backward, captured with backward=True")
     ap.add_argument("--sketch", type=int, nargs="?", const=8, default=0, metavar="K",
                     help="sketch mode (K rows, default 8) instead of whole tensors")
@@ -140,6 +153,8 @@ def main():
                     "the profiler's own cost inflates the ratio, so read it for the shares, not the figure")
     ap.add_argument("--dir", default=None, help="where the rank files go (default: a temporary directory)")
     a = ap.parse_args()
+    if a.steps < 1 or (a.backward and a.steps != 1):
+        ap.error("--steps takes N >= 1, and only without --backward")
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,10 +167,12 @@ def main():
     ratios = [c / p for p, c, _ in rows]
     durable = [(c + s) / p for p, c, s in rows]
     print(f"size {a.size} {SIZES[a.size]}, tp={a.n}, {a.rounds} rounds{', forward and backward' if a.backward else ''}"
+          f"{f', {a.steps} forwards per capture' if a.steps > 1 else ''}"
           f"{f', sketch mode k={a.sketch} ({kernel_in_use()})' if a.sketch else ''}; "
-          f"rank 0 writes {size / 2 ** 20:.1f} MiB per {'step' if a.backward else 'forward'}")
-    print(f"uninstrumented forward: median {statistics.median(r[0] for r in rows) * 1e3:.1f} ms")
-    print(f"captured forward:       median {statistics.median(r[1] for r in rows) * 1e3:.1f} ms "
+          f"rank 0 writes {size / 2 ** 20 / a.steps:.1f} MiB per {'step' if a.backward else 'forward'}")
+    per = f" ({a.steps} forwards)" if a.steps > 1 else ""
+    print(f"uninstrumented forward{per}: median {statistics.median(r[0] for r in rows) * 1e3:.1f} ms")
+    print(f"captured forward{per}:       median {statistics.median(r[1] for r in rows) * 1e3:.1f} ms "
           f"(+ {statistics.median(r[2] for r in rows) * 1e3:.1f} ms to sync its taps to disk)")
     print(f"ratio captured/uninstrumented: median {statistics.median(ratios):.3f} "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")

@@ -156,11 +156,22 @@ class SketchTest(unittest.TestCase):
                 scale = float(plain[0].abs().max())
                 self.assertLess(float((fused[0] - plain[0]).abs().max()), 1e-13 * scale)
                 self.assertEqual([int(v) for v in fused[1:]], [int(v) for v in plain[1:]])
-        # non-finite values propagate to the column sums, so they are counted
-        x = torch.randn(2, 20, 12, generator=g)
-        x[1, 3, 4], x[0, 7, 0], x[0, 8, 0] = float("nan"), float("inf"), float("-inf")
-        _, nan, inf, _ = sketch.Sketcher(8).summarize(x)
-        self.assertEqual((int(nan), int(inf)), (1, 2))
+        # NaN and Inf counted exactly, with and without the hash (one read of
+        # the piece, or the column sums they propagate to), the hash the same
+        for dtype in (torch.float32, torch.float64):
+            x = torch.randn(2, 20, 12, generator=g).to(dtype)
+            x[1, 3, 4], x[1, 3, 5], x[0, 7, 0], x[0, 8, 1] = float("nan"), float("nan"), float("inf"), float("-inf")
+            for hashed in (True, False):
+                with self.subTest(dtype=dtype, hashed=hashed):
+                    fused = sketch.Sketcher(8).summarize(x, hashed=hashed)
+                    self.assertEqual((int(fused[1]), int(fused[2])), (2, 2))
+                    sketch_cpu._state.update(function=None, tried=True)
+                    try:
+                        plain = sketch.Sketcher(8).summarize(x, hashed=hashed)
+                    finally:
+                        sketch_cpu.reset()
+                    self.assertEqual([None if v is None else int(v) for v in fused[1:]],
+                                     [None if v is None else int(v) for v in plain[1:]])
 
     def test_linearity_across_layouts_at_1_to_4_ranks(self):
         for world in (1, 2, 3, 4):

@@ -155,8 +155,12 @@ class Sketcher:
         if sketch is None:
             sketch = self._torch_sketch(x[:, lo:hi], r, acc)
         sketch = sketch.reshape(*lead, self.k + 1, width)
-        nan, inf = self._nonfinite(x, sketch if (lo, hi) == (0, tokens) else None)
-        result = sketch, nan, inf, self.bits_hash(x) if hashed else None
+        if hashed and sketch_cpu.takes_bits(x):  # the hash and the exact counts in one read
+            nan, inf, bits = sketch_cpu.piece_bits(x)
+        else:
+            nan, inf = self._nonfinite(x, sketch if (lo, hi) == (0, tokens) else None)
+            bits = self.bits_hash(x) if hashed else None
+        result = sketch, nan, inf, bits
         self._seen[key] = (weakref.ref(tensor), tensor._version, result)
         return result
 
@@ -239,12 +243,16 @@ class Pending:
         one-copy path, for tests); by default they are home already."""
         self._items = []
         self._pack_cpu = pack_cpu
+        self.cpu_bytes = 0  # what the CPU summaries held here take
 
     def add(self, name, summary, extra):
         self._items.append((name, summary, extra))
+        if summary[0].device.type == "cpu":
+            self.cpu_bytes += summary[0].numel() * summary[0].element_size()
 
     def flush(self, emit):
         items, self._items = self._items, []
+        self.cpu_bytes = 0
         if not items:
             return
         by_device = {}

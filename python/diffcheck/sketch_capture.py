@@ -1,14 +1,19 @@
 """The sketch mode of a capture (`dct.capture(..., sketch=True)`): each tap
 whose tensor is worth it becomes a sketch tap (diffcheck/sketch.py), computed
-in the hook on the tensor's device and, for a device other than the CPU,
-written when the step ends (dct.step) or the capture closes, all summaries
-coming home in one copy (no synchronisation in a hook); a CPU tensor's is
-handed to the writer thread at once, as a whole tap is. A tap too small
-to sketch (a vector, a scalar, fewer tokens than the sketch has rows, an
-integer tensor) is written whole as before: it costs no more.
+in the hook on the tensor's device and written when the step ends (dct.step)
+or the capture closes: a device's summaries come home in one copy (no
+synchronisation in a hook), and the writes of a step go to the writer thread
+together rather than one per hook, between the forward's collectives (a
+write that holds the interpreter lock while a rank's peers wait in an
+all-reduce costs every rank). CPU summaries are written sooner if those held
+pass CPU_HELD_BYTES. A tap too small to sketch (a vector, a scalar, fewer
+tokens than the sketch has rows, an integer tensor) is written whole as
+before: it costs no more.
 """
 from diffcheck import sketch
 from diffcheck.layouts import block_index, replica_axes, spec_entry
+
+CPU_HELD_BYTES = 64 << 20  # CPU summaries held until the step ends, at most
 
 
 class SketchTaps:
@@ -45,7 +50,7 @@ class SketchTaps:
         hashed = not (c.reference_mode or c.one_device) and bool(replicas)
         summary = self.sketcher.summarize(tensor, first, share, hashed)
         self.pending.add(name, summary, (attrs, logical, tensor.shape[-2], shared))
-        if tensor.device.type == "cpu":  # no device to wait for: written now, beside the forward, as whole taps are
+        if self.pending.cpu_bytes > CPU_HELD_BYTES:
             self.pending.flush(self._emit)
         return True
 

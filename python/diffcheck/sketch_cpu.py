@@ -19,7 +19,7 @@ LIBRARY = "libdiffcheck_sketch_cpu.so"
 ENV = "DIFFCHECK_SKETCH_KERNEL"
 GROUP_ROWS = 4  # sign rows per pattern byte, as the kernel takes them
 _PATTERN_CACHE_LIMIT = 64
-_state = {"function": None, "tried": False, "path": None}
+_state = {"function": None, "bits": None, "tried": False, "path": None}
 _PATTERNS = {}
 
 
@@ -39,7 +39,7 @@ def function():
             if not os.path.exists(path):
                 continue
             try:
-                f = ctypes.CDLL(path).diffcheck_sketch_cpu
+                f, b = ctypes.CDLL(path).diffcheck_sketch_cpu, ctypes.CDLL(path).diffcheck_piece_bits
             except (OSError, AttributeError) as e:
                 logging.getLogger("diffcheck").warning("diffcheck: %s does not load (%s): sketches use torch ops",
                                                        path, e)
@@ -47,7 +47,11 @@ def function():
             f.restype = ctypes.c_int32
             f.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                           ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]
-            _state["function"], _state["path"] = f, os.path.abspath(path)
+            b.restype = None
+            b.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,
+                          ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int64),
+                          ctypes.POINTER(ctypes.c_int64)]
+            _state["function"], _state["bits"], _state["path"] = f, b, os.path.abspath(path)
             break
         given = os.environ.get(ENV)
         if _state["function"] is None and given and given.lower() != "off":
@@ -64,7 +68,7 @@ def loaded_from():
 
 def reset():
     """Look for the library again (tests switch it off and on)."""
-    _state.update(function=None, tried=False, path=None)
+    _state.update(function=None, bits=None, tried=False, path=None)
 
 
 def takes(x):
@@ -106,3 +110,22 @@ def sketch(x, sign_rows, k):
     rc = function()(x.data_ptr(), int(x.dtype == torch.float64), lead, x.stride(0), tokens, x.stride(1), width,
                     pattern_bytes.data_ptr(), k, out.data_ptr())
     return out if rc == 0 else None
+
+
+def takes_bits(x):
+    """piece_bits serves x: a contiguous float32 or float64 CPU tensor whose
+    rows (last dimension) are whole 8-byte words, as bits_hash reads them."""
+    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.is_contiguous()
+            and x.numel() > 0 and (x.shape[-1] * x.element_size()) % 8 == 0 and function() is not None)
+
+
+def piece_bits(x):
+    """(nan, inf, hash) of x in one read, as int64 tensors: the exact NaN and
+    Inf counts and sketch.py's bits_hash (a 64-bit two's-complement value)."""
+    width = x.shape[-1] if x.dim() else 1
+    h, nan, inf = ctypes.c_uint64(), ctypes.c_int64(), ctypes.c_int64()
+    _state["bits"](x.data_ptr(), x.element_size(), x.numel() // width, width, ctypes.byref(h), ctypes.byref(nan),
+                   ctypes.byref(inf))
+    signed = h.value - (1 << 64) if h.value >= 1 << 63 else h.value
+    return (torch.tensor(nan.value, dtype=torch.int64), torch.tensor(inf.value, dtype=torch.int64),
+            torch.tensor(signed, dtype=torch.int64))

@@ -104,3 +104,59 @@ int diffcheck_sketch_cpu(const void *x, int32_t is_f64, int64_t lead, int64_t le
   free(buckets);
   return 0;
 }
+
+static uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  return h ^ (h >> 16);
+}
+
+/* What a replicated piece also needs, in the same single read: the bits hash
+ * of diffcheck/sketch.py's bits_hash (each row's bytes as 64-bit words summed
+ * with wrapping, row r's sum weighted by the odd number
+ * (fmix32(r * 0x9E3779B1) >> 1) | 1, the products summed with wrapping) and
+ * the exact NaN and Inf counts, of a contiguous float32 (element_size 4) or
+ * float64 (8) piece of `rows` rows of `width` elements, width * element_size
+ * a multiple of 8. */
+VECTOR_CLONES void diffcheck_piece_bits(const void *x, int32_t element_size, int64_t rows, int64_t width, uint64_t *hash,
+                          int64_t *nan, int64_t *inf) {
+  const uint64_t *words = x;
+  int64_t row_words = width * element_size / 8;
+  uint64_t total = 0;
+  int64_t nans = 0, infs = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint64_t *row = words + r * row_words;
+    uint64_t sum = 0;
+    uint64_t special = 0; /* some element of the row has its exponent all ones */
+    if (element_size == 4) {
+      for (int64_t j = 0; j < row_words; ++j) {
+        uint64_t w = row[j];
+        sum += w;
+        special |= ((w & 0x7F800000ull) == 0x7F800000ull) | (((w >> 32) & 0x7F800000ull) == 0x7F800000ull);
+      }
+    } else {
+      for (int64_t j = 0; j < row_words; ++j) {
+        uint64_t w = row[j];
+        sum += w;
+        special |= (w & 0x7FF0000000000000ull) == 0x7FF0000000000000ull;
+      }
+    }
+    if (special) { /* rare: count this row's NaN and Inf one by one */
+      if (element_size == 4) {
+        const uint32_t *e = (const uint32_t *)row;
+        for (int64_t j = 0; j < width; ++j)
+          if ((e[j] & 0x7F800000u) == 0x7F800000u) (e[j] & 0x007FFFFFu) ? ++nans : ++infs;
+      } else {
+        for (int64_t j = 0; j < row_words; ++j)
+          if ((row[j] & 0x7FF0000000000000ull) == 0x7FF0000000000000ull)
+            (row[j] & 0x000FFFFFFFFFFFFFull) ? ++nans : ++infs;
+      }
+    }
+    total += sum * (uint64_t)((fmix32((uint32_t)((uint64_t)r * 0x9E3779B1u)) >> 1) | 1u);
+  }
+  *hash = total;
+  *nan = nans;
+  *inf = infs;
+}
