@@ -306,6 +306,28 @@ class SketchTest(unittest.TestCase):
             self.assertEqual(f["taps/0"].attrs["bits_hash"], "-")  # one rank: no replica compares it
         self.assertEqual(sorted(order, key=order.get), ["0", "1", "model", "small"])
 
+    def test_cpu_summaries_held_until_the_step_ends_within_a_bound(self):
+        from diffcheck import sketch_capture
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 3))
+        x = torch.randn(40, 8)
+        for bound, held in ((sketch_capture.CPU_HELD_BYTES, 3), (0, 0)):
+            with self.subTest(bound=bound):
+                saved, sketch_capture.CPU_HELD_BYTES = sketch_capture.CPU_HELD_BYTES, bound
+                try:
+                    with torch.no_grad(), dct.capture(m, out=self.path(f"held{bound}"), sketch=4) as cap:
+                        dct.step(0)
+                        m(x)
+                        self.assertEqual(len(cap.sketches.pending._items), held)  # 0, 1 and the model's output
+                        dct.step(1)  # the step's end writes them
+                        self.assertEqual(len(cap.sketches.pending._items), 0)
+                        m(x)
+                finally:
+                    sketch_capture.CPU_HELD_BYTES = saved
+                with h5py.File(self.path(f"held{bound}.rank0.h5")) as f:
+                    self.assertEqual(sorted(f["taps/step0"]), ["0", "1", "model"])
+                    self.assertEqual(sorted(f["taps/step1"]), ["0", "1", "model"])
+
     def test_whole_run_held_to_a_floor_measured_from_sketches(self):
         """The floor has no element figure: the whole taps are held norm-wise (and by column
         means), and pass clean; a bias added twice still fails."""
