@@ -10,6 +10,7 @@ sync after a capture is reported too (what making the taps durable adds).
 
     /usr/bin/python3 scripts/bench_torch_capture.py [--size example|medium|large] [-n 2] [--rounds 9] [--backward]
                                                     [--sketch [K]] [--steps N] [--profile FILE]
+                                                    [--without sketch writes]
 
 --sketch: the capture in sketch mode (every tap a sketch of K = 8 rows,
 diffcheck/sketch.py), against the same uninstrumented forward. The summary
@@ -52,8 +53,24 @@ sys.path.insert(0, os.path.join(HERE, "..", "python"))
 SIZES = {"example": (2, 16, 64, 8, 256), "medium": (2, 512, 1024, 16, 4096), "large": (4, 1024, 2048, 16, 8192)}
 
 
+def leave_out(parts):
+    """--without: the capture with a part of sketch mode's work replaced by
+    nothing (a profile's question: what is left without it), its files then
+    hold zeros or lack the sketch taps."""
+    from diffcheck import dump, sketch
+    if "sketch" in parts:
+        def summarize(self, tensor, first_token=0, share=None, hashed=True):
+            zero = torch.zeros((), dtype=torch.int64)
+            rows = torch.zeros(*tensor.shape[:-2], self.k + 1, tensor.shape[-1], dtype=torch.float64)
+            return rows, zero, zero, zero if hashed else None
+        sketch.Sketcher.summarize = summarize
+    if "writes" in parts:
+        dump.RankDump.sketch = lambda self, *args, **kwargs: None
+
+
 def rank_main(rank, n, a, init, out_dir, results):
     torch.set_num_threads(1)
+    leave_out(a.without)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=n)
     import tp_block
     import diffcheck.torch as dct
@@ -151,10 +168,15 @@ def main():
                     help="sketch mode (K rows, default 8) instead of whole tensors")
     ap.add_argument("--profile", metavar="FILE", help="cProfile rank 0's captured forwards into FILE (pstats); "
                     "the profiler's own cost inflates the ratio, so read it for the shares, not the figure")
+    ap.add_argument("--without", nargs="+", default=[], choices=["sketch", "writes"],
+                    help="with --sketch: leave out the sketches' arithmetic (zeros instead) and/or the sketch taps' "
+                         "writes, to see what the rest of the capture costs (a diagnostic, not a capture)")
     ap.add_argument("--dir", default=None, help="where the rank files go (default: a temporary directory)")
     a = ap.parse_args()
     if a.steps < 1 or (a.backward and a.steps != 1):
         ap.error("--steps takes N >= 1, and only without --backward")
+    if a.without and not a.sketch:
+        ap.error("--without is for sketch mode: give --sketch too")
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,6 +190,7 @@ def main():
     durable = [(c + s) / p for p, c, s in rows]
     print(f"size {a.size} {SIZES[a.size]}, tp={a.n}, {a.rounds} rounds{', forward and backward' if a.backward else ''}"
           f"{f', {a.steps} forwards per capture' if a.steps > 1 else ''}"
+          f"{f', WITHOUT the sketch mode parts {a.without}' if a.without else ''}"
           f"{f', sketch mode k={a.sketch} ({kernel_in_use()})' if a.sketch else ''}; "
           f"rank 0 writes {size / 2 ** 20 / a.steps:.1f} MiB per {'step' if a.backward else 'forward'}")
     per = f" ({a.steps} forwards)" if a.steps > 1 else ""
