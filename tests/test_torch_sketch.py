@@ -146,11 +146,8 @@ class SketchTest(unittest.TestCase):
                 else:
                     x = torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype) * 3 + 1
                 fused = sketch.Sketcher(k, seed=11).summarize(x, first_token=5, share=share)
-                sketch_cpu._state.update(function=None, tried=True)  # the torch path alone
-                try:
+                with sketch_cpu.torch_ops_only():
                     plain = sketch.Sketcher(k, seed=11).summarize(x, first_token=5, share=share)
-                finally:
-                    sketch_cpu.reset()
                 self.assertEqual(fused[0].dtype, torch.float64)
                 self.assertEqual(fused[0].shape, plain[0].shape)
                 scale = float(plain[0].abs().max())
@@ -165,11 +162,8 @@ class SketchTest(unittest.TestCase):
                 with self.subTest(dtype=dtype, hashed=hashed):
                     fused = sketch.Sketcher(8).summarize(x, hashed=hashed)
                     self.assertEqual((int(fused[1]), int(fused[2])), (2, 2))
-                    sketch_cpu._state.update(function=None, tried=True)
-                    try:
+                    with sketch_cpu.torch_ops_only():
                         plain = sketch.Sketcher(8).summarize(x, hashed=hashed)
-                    finally:
-                        sketch_cpu.reset()
                     self.assertEqual([None if v is None else int(v) for v in fused[1:]],
                                      [None if v is None else int(v) for v in plain[1:]])
 

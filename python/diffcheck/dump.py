@@ -92,12 +92,13 @@ _SCALAR = None
 _TYPES = {}
 
 
-def _set_attrs(ds, attrs, fresh=False):
+def _set_attrs(ds, attrs):
     """Writes scalar attributes exactly as h5py's `ds.attrs[k] = v` would
     (variable-length UTF-8 strings, int64, float64), through the low-level
     API: a tap has a dozen attributes, and h5py's high-level path costs some
-    45 us each (a sketch tap's writing was mostly that). fresh: `ds` has
-    none of these attributes yet (no need to ask HDF5 for each)."""
+    45 us each (a sketch tap's writing was mostly that). `ds` is a dataset
+    just made, without any of these attributes: they are created, never
+    rewritten."""
     global _SCALAR
     if _SCALAR is None:
         _SCALAR = h5py.h5s.create(h5py.h5s.SCALAR)
@@ -108,8 +109,8 @@ def _set_attrs(ds, attrs, fresh=False):
     for name, value in attrs.items():
         kind = bool if isinstance(value, (bool, np.bool_)) else int if isinstance(value, (int, np.integer)) \
             else float if isinstance(value, (float, np.floating)) else str if isinstance(value, str) else None
-        if kind in (None, bool) or (not fresh and h5py.h5a.exists(ds.id, name.encode())):
-            ds.attrs[name] = value  # anything else, or a rewrite: h5py's own way
+        if kind in (None, bool):
+            ds.attrs[name] = value  # anything else: h5py's own way
             continue
         tid, dtype, memory = _TYPES[kind]
         h5py.h5a.create(ds.id, name.encode(), tid, _SCALAR).write(np.asarray(value, dtype=dtype), mtype=memory)
@@ -221,7 +222,7 @@ class RankDump(_AtomicH5):
                  "rounding_steps": None if rounding_steps is None else int(rounding_steps),
                  "atol": None if atol is None else float(atol), "rtol": None if rtol is None else float(rtol)}
         self._order += 1
-        _set_attrs(ds, {k: v for k, v in attrs.items() if v is not None}, fresh=True)
+        _set_attrs(ds, {k: v for k, v in attrs.items() if v is not None})
         return ds
 
     def sketch(self, name, values, *, tokens, seed, nan, inf, bits_hash, dtype, spec=None, partial=None,
@@ -239,8 +240,7 @@ class RankDump(_AtomicH5):
 
 def _sketch_attrs(ds, seed, tokens, **more):
     from diffcheck.sketch import KIND
-    # none of the tap's own attributes has these names: nothing to overwrite
-    _set_attrs(ds, {"sketch": KIND, "sketch_seed": int(seed), "sketch_tokens": int(tokens), **more}, fresh=True)
+    _set_attrs(ds, {"sketch": KIND, "sketch_seed": int(seed), "sketch_tokens": int(tokens), **more})
 
 
 class ReferenceDump(_AtomicH5):

@@ -1,6 +1,8 @@
 """Linear sketches of taps: a small summary of a tensor, computed where the
-tensor is (GPU or CPU, in torch ops), from which `diffcheck compare` makes
-the three checks without the tensor (docs/FORMAT.md, "Sketch taps").
+tensor is (in torch ops on a GPU; on the CPU by the fused kernel of
+sketch_cpu.py where it is built, else in torch ops), from which `diffcheck
+compare` makes the three checks without the tensor (docs/FORMAT.md, "Sketch
+taps").
 
 A tensor is read as [lead..., tokens, width] (its last two dimensions; a
 vector is one token of `width`). Its sketch is

@@ -9,6 +9,7 @@ Where it is looked for: $DIFFCHECK_SKETCH_KERNEL (a path; "off": not at
 all), beside this package (CMake's install puts it there), then the build
 tree of a source checkout (<checkout>/build/python, scripts/setup.sh's).
 """
+import contextlib
 import ctypes
 import logging
 import os
@@ -39,7 +40,8 @@ def function():
             if not os.path.exists(path):
                 continue
             try:
-                f, b = ctypes.CDLL(path).diffcheck_sketch_cpu, ctypes.CDLL(path).diffcheck_piece_bits
+                library = ctypes.CDLL(path)
+                f, b = library.diffcheck_sketch_cpu, library.diffcheck_piece_bits
             except (OSError, AttributeError) as e:
                 logging.getLogger("diffcheck").warning("diffcheck: %s does not load (%s): sketches use torch ops",
                                                        path, e)
@@ -67,8 +69,19 @@ def loaded_from():
 
 
 def reset():
-    """Look for the library again (tests switch it off and on)."""
+    """Look for the library again."""
     _state.update(function=None, bits=None, tried=False, path=None)
+
+
+@contextlib.contextmanager
+def torch_ops_only():
+    """Within: sketches take the torch-ops path, as without the library (the
+    tests compare the two); the library is looked for again after."""
+    _state.update(function=None, bits=None, tried=True, path=None)
+    try:
+        yield
+    finally:
+        reset()
 
 
 def takes(x):
