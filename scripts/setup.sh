@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up diffcheck on Debian 12 as root: install what is missing (apt-get),
+# Set up diffcheck on Debian 12 or 13 as root: install what is missing (apt-get),
 # configure, build, and install `diffcheck` into /usr/local/bin. Idempotent:
 # a second run installs nothing and rebuilds only what changed. Only what the
 # main job and the Python package need is built (the diffcheck executable);
@@ -7,14 +7,19 @@
 #   BUILD_DIR (default build), BUILD_TYPE (default RelWithDebInfo)
 #   --test-tools: also the tools only the test suite uses (clang for the
 #     fuzzers, chromium for the HTML pages, junitparser/xmllint for JUnit),
-#     and every target of the build tree (unit, MPI and bench programs)
+#     every target of the build tree (unit, MPI and bench programs), and the
+#     torch environment (--torch)
+#   --torch: a virtual environment for diffcheck.torch and its tests
+#     (scripts/torch_env.sh: torch 2.13.0 CPU, h5py, numpy, transformers,
+#     diffusers; DIFFCHECK_VENV, default <checkout>/.venv)
 #   --packages-only: install what is missing and stop (scripts/fuzz.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-test_tools=0 packages_only=0
+test_tools=0 packages_only=0 torch_env=0
 for arg in "$@"; do
   case $arg in
-    --test-tools) test_tools=1 ;;
+    --test-tools) test_tools=1 torch_env=1 ;;
+    --torch) torch_env=1 ;;
     --packages-only) packages_only=1 ;;
     *) echo "setup.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
@@ -27,7 +32,7 @@ PACKAGES=(
   libgtest-dev
   libxtensor-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libopenblas-dev librandom123-dev libpng-dev libxxhash-dev libsleef-dev
-  python3 python3-h5py python3-numpy python3-torch
+  python3 python3-h5py python3-numpy python3-venv
 )
 ((test_tools)) && PACKAGES+=(clang libclang-rt-14-dev chromium python3-junitparser libxml2-utils)
 
@@ -44,6 +49,8 @@ fi
 
 ((packages_only)) && exit 0
 
+# Before configuring: the build tree's Python tests run in it.
+((torch_env)) && bash scripts/torch_env.sh
 BUILD_DIR=${BUILD_DIR:-build}
 bash scripts/configure.sh "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}"
 # The demo waits for one program and the Python package's CPU sketch kernel
@@ -53,8 +60,9 @@ targets=(--target diffcheck --target diffcheck_sketch_cpu)
 ((test_tools)) && targets=()
 cmake --build "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"
 cmake --install "$BUILD_DIR" --prefix /usr/local >/dev/null
-# The Python package (import diffcheck.torch) for Debian's python3: checked
-# from outside the source tree, as a user's program would import it.
-(cd / && /usr/bin/python3 -c "import diffcheck.torch") ||
+# The Python package (import diffcheck) for Debian's python3, checked from
+# outside the source tree, as a user's program would import it. The demo
+# needs no torch: diffcheck.torch is for the torch environment below.
+(cd / && /usr/bin/python3 -c "import diffcheck, diffcheck.dump") ||
   { echo "setup: the diffcheck Python package does not import (see above)" >&2; exit 1; }
-echo "setup: $(command -v diffcheck) ready; /usr/bin/python3 -c 'import diffcheck.torch' works"
+echo "setup: $(command -v diffcheck) ready; /usr/bin/python3 -c 'import diffcheck' works"

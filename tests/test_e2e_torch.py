@@ -8,6 +8,7 @@ import filecmp
 import json
 import itertools
 import os
+import sys
 import re
 import subprocess
 import unittest
@@ -20,7 +21,7 @@ from e2e import MPIEXEC, E2ETest
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.normpath(os.path.join(HERE, ".."))
 EXAMPLES = os.path.join(SOURCE, "examples")
-PYTHON = "/usr/bin/python3"  # Debian's, with python3-torch
+PYTHON = sys.executable  # the torch environment (scripts/torch_env.sh)
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"  # e2e_torch_full (nightly): every rank count, 2 GiB
 
 
@@ -179,9 +180,9 @@ class TorchE2E(E2ETest):
                   f"{peaks['capture']['peak_mib']:.0f} MiB")
 
     def test_setup_installed_the_package(self):
-        # As a user's program imports it: Debian's python3, outside the source tree, no PYTHONPATH.
+        # As a user's program imports it: Debian's python3 (no torch there), outside the source tree, no PYTHONPATH.
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        p = subprocess.run([PYTHON, "-c", "import diffcheck, diffcheck.torch; print(diffcheck.__file__)"],
+        p = subprocess.run(["/usr/bin/python3", "-c", "import diffcheck, diffcheck.dump; print(diffcheck.__file__)"],
                            capture_output=True, text=True, cwd="/", env=env)
         self.assertEqual(p.returncode, 0, p.stderr)
         installed = os.path.dirname(p.stdout.strip())
@@ -189,12 +190,18 @@ class TorchE2E(E2ETest):
         same, differ, missing = filecmp.cmpfiles(os.path.join(SOURCE, "python", "diffcheck"), installed,
                                                  ["__init__.py", "dump.py", "compare.py", "torch.py"], shallow=False)
         self.assertEqual((differ, missing), ([], []), f"{installed} is stale: run bash scripts/setup.sh")
+        # The torch environment imports this checkout's diffcheck.torch, with no PYTHONPATH.
+        p = subprocess.run([PYTHON, "-c", "import diffcheck.torch, torch; print(diffcheck.__file__, torch.__version__)"],
+                           capture_output=True, text=True, cwd="/", env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        where, version = p.stdout.split()
+        self.assertEqual(os.path.dirname(where), os.path.join(SOURCE, "python", "diffcheck"))
+        self.assertTrue(version.startswith("2."), version)
         # The old script still serves `from diffcheck_dump import RankDump`.
-        p = subprocess.run([PYTHON, "-c", "import sys; sys.path.insert(0, 'scripts'); "
+        p = subprocess.run(["/usr/bin/python3", "-c", "import sys; sys.path.insert(0, 'scripts'); "
                             "from diffcheck_dump import RankDump; print(RankDump.__module__)"],
                            capture_output=True, text=True, cwd=SOURCE, env=env)
         self.assertEqual((p.returncode, p.stdout.strip()), (0, "diffcheck.dump"), p.stderr)
-
 
 if __name__ == "__main__":
     unittest.main()

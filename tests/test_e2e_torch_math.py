@@ -6,7 +6,7 @@ checked with no one-device run. When its file says TF32 (root attribute
 tap's yardstick names TF32; when the file says strict float32 it fails, and
 the failing tap's paragraph says the error is the size TF32 gives. A
 one-device run in other math than the run is refused, naming both.
-Skipped without python3-torch."""
+Skipped without torch, except under ctest (which runs it in the torch environment)."""
 import os
 import unittest
 
@@ -46,7 +46,8 @@ def model(dtype):
     return nn.Sequential(Tf32Linear(256, 512), nn.GELU(), Tf32Linear(512, 256)).to(dtype)
 
 
-@unittest.skipUnless(HAVE_TORCH, "python3-torch is not installed")
+@unittest.skipUnless(HAVE_TORCH or os.environ.get("DIFFCHECK_REQUIRE_TORCH"),
+                     "torch is not installed (bash scripts/torch_env.sh)")
 class TorchMath(E2ETest):
     def capture(self, math, out):
         x = torch.randn(64, 256, generator=torch.Generator().manual_seed(1), dtype=torch.float64)

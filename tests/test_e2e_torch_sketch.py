@@ -15,7 +15,7 @@ from e2e import E2ETest
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.normpath(os.path.join(HERE, ".."))
 EXAMPLES = os.path.join(SOURCE, "examples")
-PYTHON = "/usr/bin/python3"
+PYTHON = sys.executable  # the torch environment (scripts/torch_env.sh)
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
 
 

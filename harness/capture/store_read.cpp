@@ -287,9 +287,13 @@ void attach_references(ActivationSet& set, H5Data& data, const std::vector<std::
                     t.sketch->rows, kMaxSketchSigns);
       if (s != global)
         input_error("{}: reference shape {} does not match the tap's global shape {} (local {} "
-                    "with spec '{}' on mesh {})",
+                    "with spec '{}' on mesh {}){}",
                     where, shape_str(s), shape_str(global), shape_str(t.local_shape),
-                    t.layout.spec_str(), set.mesh.str());
+                    t.layout.spec_str(), set.mesh.str(),
+                    t.layout.sharded_axes().empty() && t.layout.partial.empty() && set.mesh.world_size() > 1
+                        ? ": the rank files call it replicated; if it is sharded, give the tap a layout "
+                          "(its 'spec' attribute; layouts= in diffcheck.torch)"
+                        : "");
       stored_kind(ds.get(), where);
       t.reference_shape = s;
       data.set_reference(t.data_id, f, path);

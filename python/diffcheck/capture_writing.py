@@ -8,7 +8,7 @@ import torch
 
 from diffcheck import rounding
 from diffcheck.dump import to_numpy
-from diffcheck.layouts import check_layout, dtensor_layout
+from diffcheck.layouts import check_layout, dtensor_layout, is_dtensor
 
 TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                 torch.float16: "float16"}
@@ -24,10 +24,16 @@ class TapWriting:
             (f", layout '{pattern}'" if pattern else "")
         check_layout(where, attrs, tensor.dim(), self.axes, self.mesh)
 
-    def _write(self, name, tensor, plain_names, explicit=None, watch=False):
-        """Tap `name`: its layout `explicit` or the layouts' for `plain_names`;
-        `watch`: also its gradient (a module output under backward=True)."""
+    def _write(self, name, tensor, plain_names, explicit=None, watch=False, inferred=None):
+        """Tap `name`: its layout `explicit`, or the layouts' for `plain_names`,
+        or what `inferred()` says (a DTensor plan's, dtensor_plan.py) where no
+        layout matches; `watch`: also its gradient (a module output under backward=True)."""
         pattern, attrs = (None, explicit) if explicit is not None else self._layout_for(*plain_names)
+        if pattern is None and explicit is None and inferred is not None and not is_dtensor(tensor):
+            attrs = inferred() or {}
+            pattern = "from the DTensor plan" if attrs else None
+        if self._plan is not None and not is_dtensor(tensor):
+            self._plan.remember(tensor, attrs)
         if watch and self.gradients is not None:
             self.gradients.watch(name, tensor, attrs)
         self._write_now(name, tensor, attrs, pattern)

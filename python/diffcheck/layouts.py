@@ -73,24 +73,32 @@ def spec_entry(spec, dim, ndim):
     return entries[dim % ndim] if len(entries) == ndim else "-"
 
 
+def is_dtensor(tensor):
+    """A torch DTensor (duck-typed: `to_local()`, `placements`)."""
+    return getattr(tensor, "placements", None) is not None and hasattr(tensor, "to_local")
+
+
 def dtensor_layout(tensor, axis_names=None):
     """(local tensor, {"spec", "partial"}) of a torch DTensor (duck-typed:
-    `to_local()`, `placements`, `device_mesh`), or None for another tensor.
-    Shard(d) puts the mesh dimension's axis on d, Replicate leaves it out,
-    Partial makes it a partial-sum axis. Axis names: the device mesh's
-    `mesh_dim_names`, else `axis_names`, else dim0, dim1, ..."""
-    placements = getattr(tensor, "placements", None)
-    if placements is None or not hasattr(tensor, "to_local"):
+    `to_local()`, `placements`, `device_mesh`), or None for another tensor."""
+    if not is_dtensor(tensor):
         return None
-    mesh = tensor.device_mesh
+    return tensor.to_local(), placement_attrs(tensor.placements, tensor.device_mesh, tensor.dim(), axis_names)
+
+
+def placement_attrs(placements, mesh, ndim, axis_names=None):
+    """{"spec", "partial"} of a tensor of `ndim` dimensions placed on a device
+    mesh: Shard(d) puts the mesh dimension's axis on d, Replicate leaves it
+    out, Partial makes it a partial-sum axis. Axis names: the device mesh's
+    `mesh_dim_names`, else `axis_names`, else dim0, dim1, ..."""
     names = list(getattr(mesh, "mesh_dim_names", None) or axis_names or
                  [f"dim{i}" for i in range(len(placements))])
     if len(names) != len(placements):
         raise ValueError(f"a DTensor on a {len(placements)}-dimensional device mesh, but the axis names are {names}")
-    entries, partial = [[] for _ in range(tensor.dim())], []
+    entries, partial = [[] for _ in range(ndim)], []
     for name, p in zip(names, placements):
         if p.is_shard():
-            entries[p.dim % tensor.dim()].append(name)
+            entries[p.dim % ndim].append(name)
         elif p.is_partial():
             partial.append(name)
         elif not p.is_replicate():
@@ -99,4 +107,4 @@ def dtensor_layout(tensor, axis_names=None):
     attrs = {"spec": spec if any(entries) else None}
     if partial:
         attrs["partial"] = "*".join(partial)
-    return tensor.to_local(), attrs
+    return attrs

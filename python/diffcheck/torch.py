@@ -41,6 +41,7 @@ from diffcheck.staging import HostStaging
 from diffcheck.sketch import DEFAULT_ROWS
 from diffcheck.sketch_capture import SketchTaps
 from diffcheck.drill_down import drill_down_taps
+from diffcheck.dtensor_plan import PlanLayouts
 
 ROOT_NAME = "model"
 # Where launchers put a process's rank and the number of processes, most specific first.
@@ -133,6 +134,7 @@ class Capture(TapWriting):
         self.root_attrs = {"producer": f"diffcheck.torch {__version__}", "dtype": self._model_dtype(),
                            "math": math_mode(self._model_device()), **extra_attrs, **root_attrs}
         self._writer, self._thread, self._handles, self._calls, self._step = None, None, [], {}, ""
+        self._plan = None  # a DTensor plan's layouts (dtensor_plan.py), while the capture is open
         self._staging = None  # see _staged
         self._host_staging = None  # a device model's (staging.py)
         self._order = 0  # the next tap's place in execution order
@@ -183,19 +185,24 @@ class Capture(TapWriting):
                 return pattern, attrs
         return None, {}
 
-    def _record(self, path, value, inputs=False):
+    def _record(self, path, value, inputs=False, module=None, args=()):
         """A module call's output (or, before it runs, its inputs: `<path>:in`)."""
         self._fired.add(path)
         with rounding.paused():
-            self._record_now(path, value, inputs)
+            self._record_now(path, value, inputs, module, args)
 
-    def _record_now(self, path, value, inputs):
+    def _record_now(self, path, value, inputs, module, args):
         plain = path + (":in" if inputs else "")
         base = self._numbered(path, advance=not inputs) + (":in" if inputs else "")
         numbered = base[len(self._step):]
         for name, tensor in _flatten(value, base):
             rest = name[len(base):]
-            self._write(name, tensor, (plain + rest, plain, numbered + rest, numbered), watch=not inputs)
+            inferred = None
+            if self._plan is not None and self._plan.active and not inputs:
+                def inferred(tensor=tensor, name=name):  # a DTensor plan's layout of a plain output
+                    return self._plan.layout(module, tensor, args, f"rank {self.rank}: tap '{name}'")
+            self._write(name, tensor, (plain + rest, plain, numbered + rest, numbered), watch=not inputs,
+                        inferred=inferred)
 
     def tap(self, name, tensor, spec=None, partial=None, **attrs):
         """A value that is not a module output (latents between steps): this
@@ -245,10 +252,12 @@ class Capture(TapWriting):
                 name = self._renamed(path)
                 self._selected_paths.add(name)
                 self._handles.append(module.register_forward_hook(
-                    lambda _m, _args, output, name=name: self._record(name, output)))
+                    lambda m, args, output, name=name: self._record(name, output, module=m, args=args)))
                 if self.inputs:
                     self._handles.append(module.register_forward_pre_hook(
                         lambda _m, args, name=name: self._record(name, args, inputs=True)))
+            if not (self.reference_mode or self.one_device):
+                self._plan = PlanLayouts(eager or self.model, list(self.axis_sizes)).__enter__()
             if self.derive_depths:
                 rounding.hold()
                 self._ledger_held = True
@@ -273,6 +282,9 @@ class Capture(TapWriting):
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self._plan is not None:
+            self._plan.__exit__(None, None, None)
+            self._plan = None
         if self.gradients is not None:
             self.gradients.unwrap_optimizer()
         if getattr(self, "_ledger_held", False):

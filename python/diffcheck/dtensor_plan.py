@@ -1,0 +1,193 @@
+"""The layouts of a DTensor-parallelized model's plain outputs, with no
+`layouts=` from the user.
+
+A model parallelized with torch's `parallelize_module` and the plan's
+default `use_local_output=True` returns plain local tensors: the placements
+are gone by the time a forward hook sees the output. Three sources give
+them back, most trusted first:
+
+1. what the plan declares: the output placements a parallel style's forward
+   hook redistributes to (ColwiseParallel's Shard(-1), RowwiseParallel's
+   Replicate or Shard(1), PrepareModuleOutput's desired layouts). Declared,
+   not observed: a plan whose redistribution is skipped (a missing
+   all-reduce) is then held to what it promised, and found;
+2. what the DTensor said when it became local: `DTensor.to_local` is watched
+   while the capture is open, and each local tensor it returns remembers its
+   placements and mesh;
+3. what the module's input was: a module whose output has the shape of an
+   input with a known layout (an activation, a dropout, a residual add) keeps
+   that layout.
+
+An output with none of these whose input is sharded or partial has a layout
+no one can know here: `UnknownLayout` names the tap and asks for a layout.
+An output with none of these and only replicated (or plain) inputs is
+replicated, as every tap no layout matches.
+"""
+import functools
+import sys
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from diffcheck.layouts import placement_attrs
+
+
+def _dtensor_types():
+    """(DTensor, Placement, ParallelStyle) of this torch, or None where it has
+    none or the program never imported it (then no model has a DTensor plan:
+    importing torch.distributed.tensor here would cost every capture its
+    tens of MiB)."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return None
+    try:
+        from torch.distributed.tensor import DTensor, Placement
+        from torch.distributed.tensor.parallel import ParallelStyle
+    except ImportError:  # a torch built without distributed
+        return None
+    return DTensor, Placement, ParallelStyle
+
+
+class UnknownLayout(ValueError):
+    pass
+
+
+class PlanLayouts:
+    """Open while a capture of a model with DTensor parameters or plan hooks is."""
+
+    def __init__(self, model, axis_names):
+        self.types = _dtensor_types()
+        self.axis_names = axis_names
+        self.active = self.types is not None and _is_parallelized(model, self.types)
+        self._seen = WeakIdKeyDictionary()  # local tensor -> attrs (from to_local, or tapped)
+        self._declared = {}  # id(module) -> (placements, mesh) of its plan's output
+        self._to_local = None
+        if self.active:
+            for module in model.modules():
+                declared = _declared_output(module, self.types)
+                if declared is not None:
+                    self._declared[id(module)] = (declared, _module_mesh(module, self.types[0]))
+
+    # -- to_local is watched while the capture is open ------------------------
+
+    def __enter__(self):
+        if not self.active:
+            return self
+        DTensor = self.types[0]
+        original = DTensor.to_local
+        seen, names = self._seen, self.axis_names
+
+        @functools.wraps(original)
+        def to_local(dtensor, *args, **kwargs):
+            local = original(dtensor, *args, **kwargs)
+            try:
+                seen[local] = (placement_attrs(dtensor.placements, dtensor.device_mesh, dtensor.dim(), names),
+                               dtensor.device_mesh)
+            except (ValueError, TypeError):
+                pass  # a placement with no diffcheck layout: left to the other sources
+            return local
+        self._to_local = original
+        DTensor.to_local = to_local
+        return self
+
+    def __exit__(self, *exc):
+        if self._to_local is not None:
+            self.types[0].to_local = self._to_local
+            self._to_local = None
+        return False
+
+    # -- a module output's layout ---------------------------------------------
+
+    def layout(self, module, output, inputs, where):
+        """attrs ({"spec", "partial"}) of `output`, a plain tensor that module
+        returned from `inputs`; None: replicated."""
+        if not self.active:
+            return None
+        seen = self._seen.get(output)
+        declared = self._declared.get(id(module))
+        if declared is not None:
+            placements, mesh = declared
+            mesh = mesh if mesh is not None else (seen[1] if seen else None)
+            if mesh is not None and len(placements) == mesh.ndim:
+                attrs = placement_attrs(placements, mesh, output.dim(), self.axis_names)
+                self._seen[output] = (attrs, mesh)
+                return attrs
+        if seen is not None:
+            return seen[0]
+        known = [(t, self._seen[t]) for t in _tensors(inputs) if t in self._seen]
+        for tensor, (attrs, mesh) in known:
+            if tensor.shape == output.shape:
+                self._seen[output] = (attrs, mesh)
+                return attrs
+        sharded = [attrs for _, (attrs, _) in known if attrs.get("spec") or attrs.get("partial")]
+        if sharded:
+            raise UnknownLayout(
+                f"{where}: its input is laid out {_describe(sharded[0])} (a DTensor plan's), but how its output "
+                f"(shape {tuple(output.shape)}) is laid out cannot be told from the plan: give it a layout, "
+                "e.g. layouts={'<tap>': '-,-,tp'}")
+        return None
+
+    def remember(self, tensor, attrs):
+        """A tapped tensor's layout, for the modules it feeds."""
+        if self.active and isinstance(tensor, torch.Tensor) and tensor not in self._seen:
+            self._seen[tensor] = (attrs, None)
+
+
+def _tensors(inputs):
+    for x in inputs if isinstance(inputs, (tuple, list)) else (inputs,):
+        if isinstance(x, torch.Tensor):
+            yield x
+
+
+def _describe(attrs):
+    parts = [f"spec '{attrs['spec']}'"] if attrs.get("spec") else []
+    parts += [f"partial over '{attrs['partial']}'"] if attrs.get("partial") else []
+    return ", ".join(parts)
+
+
+def _is_parallelized(model, types):
+    DTensor = types[0]
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        return True
+    return any(_declared_output(m, types) is not None for m in model.modules())
+
+
+def _module_mesh(module, DTensor):
+    for p in module.parameters(recurse=False):
+        if isinstance(p, DTensor):
+            return p.device_mesh
+    return None
+
+
+def _declared_output(module, types):
+    """The output placements a parallel style's forward hook on `module`
+    redistributes to, or None. Read from the hook: torch's Colwise and
+    Rowwise styles bind theirs as the first argument of a functools.partial,
+    PrepareModuleOutput keeps them on the style as desired_output_layouts."""
+    _, Placement, ParallelStyle = types
+    for hook in module._forward_hooks.values():
+        for value in _closure_values(hook):
+            if isinstance(value, functools.partial):
+                for arg in value.args:
+                    if _placements(arg, Placement):
+                        return tuple(arg)
+                value = getattr(value.func, "__self__", None)
+            if isinstance(value, ParallelStyle):
+                desired = getattr(value, "desired_output_layouts", None)
+                if desired is not None and len(desired) == 1 and _placements(desired, Placement):
+                    return tuple(desired)
+    return None
+
+
+def _closure_values(fn):
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            yield cell.cell_contents
+        except ValueError:  # an empty cell
+            pass
+    owner = getattr(fn, "__self__", None)
+    if owner is not None:
+        yield owner
+
+
+def _placements(value, Placement):
+    return isinstance(value, tuple) and value and all(isinstance(p, Placement) for p in value)

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The torch environment: a virtual environment where diffcheck.torch, its
+# tests, examples and benchmarks run, with the torch users run (2.x) and the
+# parallel libraries they check (transformers, diffusers). Idempotent: a
+# second run installs nothing. Called by `scripts/setup.sh --torch` (and
+# --test-tools); on its own: bash scripts/torch_env.sh
+#   DIFFCHECK_VENV   where (default <checkout>/.venv)
+#
+# The interpreter: torch 2.13.0's CPU build lies on this project's machines
+# for CPython 3.11 (pip takes it from the local wheel folder), so a Python
+# 3.11 is preferred: Debian 12's python3, else a python3.11 on PATH (Debian
+# 13's python3 is 3.13; pyenv's 3.11 serves there). With no 3.11 at all,
+# pip fetches torch 2.13.0 for the python3 there is, from the package index.
+# The venv sees the checkout's python/ through a .pth file, so the tests and
+# examples always import this tree's diffcheck (and its build's CPU kernel).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+venv=${DIFFCHECK_VENV:-$root/.venv}
+# What is tested (README "Supported torch"): keep the pins together.
+REQUIREMENTS=(torch==2.13.0 h5py numpy transformers==5.24.0 diffusers==0.42.1)
+
+python_311() {
+  local cand
+  for cand in /usr/bin/python3 python3.11 /usr/bin/python3.11 python3; do
+    command -v "$cand" >/dev/null 2>&1 || continue
+    if "$cand" -c 'import sys, venv; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+      echo "$cand"
+      return
+    fi
+  done
+  echo /usr/bin/python3
+}
+
+if [[ ! -x $venv/bin/python ]]; then
+  base=$(python_311)
+  echo "torch_env: creating $venv with $base ($("$base" --version 2>&1))"
+  "$base" -m venv "$venv"
+fi
+py=$venv/bin/python
+if ! "$py" - "${REQUIREMENTS[@]}" <<'EOF' 2>/dev/null; then
+import sys
+from importlib.metadata import version, PackageNotFoundError
+for req in sys.argv[1:]:
+    name, _, want = req.partition("==")
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        sys.exit(1)
+    if want and have.split("+")[0] != want:
+        sys.exit(1)
+EOF
+  echo "torch_env: installing ${REQUIREMENTS[*]} into $venv (a minute or two)"
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$py" -m pip install -q --progress-bar off "${REQUIREMENTS[@]}" 2>&1 |
+    grep -v "^WARNING: Location .* is ignored" || true
+fi
+site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$root/python" >"$site/diffcheck-checkout.pth"
+(cd / && "$py" -c "import torch, h5py, transformers, diffusers, diffcheck.torch") ||
+  { echo "torch_env: the torch environment $venv does not import (see above)" >&2; exit 1; }
+echo "torch_env: $py ready: torch $("$py" -c 'import torch; print(torch.__version__)'), diffcheck.torch from $root/python"

@@ -1,0 +1,57 @@
+"""diffcheck.torch on a model parallelized by torch's own DTensor plan
+(examples/dtensor_block.py: parallelize_module, ColwiseParallel and
+RowwiseParallel), captured with no `layouts=`, on gloo ranks: clean runs pass
+with the layouts the plan implies (column-parallel outputs "-,-,tp", the
+attention core's by its input, row-parallel ones replicated), with torch's
+default use_local_output=True and with DTensor outputs; RowwiseParallel with
+its all-reduce skipped is found at attn.out, whole and sketched.
+Nightly (DIFFCHECK_E2E_FULL=1): 2 and 4 ranks, float32 and bfloat16, each output mode."""
+import os
+import re
+import subprocess
+import sys
+
+from e2e import E2ETest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(HERE, "..", "examples", "dtensor_block.py")
+FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
+LAYOUTS = {"attn.q": "-,-,tp", "attn.core": "-,-,tp", "attn.out": "replicated", "mlp.fc1": "-,-,tp",
+           "mlp.act": "-,-,tp", "mlp.fc2": "replicated", "model": "replicated"}
+
+
+class DTensorPlanE2E(E2ETest):
+    def example(self, n, *args):
+        out = self.path(f"dtensor-{n}-{'-'.join(a.strip('-') for a in args)}")
+        p = subprocess.run([sys.executable, EXAMPLE, "-n", str(n), "--out", out, *args],
+                           capture_output=True, text=True, timeout=600)
+        self.assertIn(p.returncode, (0, 1), p.stderr[-3000:])
+        return p
+
+    def layouts(self, stdout):
+        """{tap: layout} from the report's rows."""
+        rows = re.findall(r"^\s+\d+\s+(\S+)\s+(\S+)\s", stdout, re.M)
+        return dict(rows)
+
+    def configurations(self):
+        ranks = (2, 4) if FULL else (2,)
+        dtypes = ("float32", "bfloat16") if FULL else ("float32",)
+        modes = ((), ("--dtensor-output",))
+        return [(n, (*mode, "--dtype", d)) for n in ranks for d in dtypes for mode in modes]
+
+    def test_clean_runs_pass_with_the_plans_layouts(self):
+        configurations = self.configurations() + ([] if FULL else [(2, ("--dtype", "bfloat16"))])
+        for n, args in configurations:
+            with self.subTest(ranks=n, args=args):
+                p = self.example(n, *args)
+                self.assertEqual(p.returncode, 0, p.stdout[-3000:])
+                self.assertIn("PASS: all 13 taps pass", p.stdout)
+                seen = self.layouts(p.stdout)
+                self.assertEqual({t: seen.get(t) for t in LAYOUTS}, LAYOUTS, p.stdout)
+
+    def test_skipped_allreduce_found_at_the_first_row_parallel_layer(self):
+        for n, args in self.configurations() + ([] if FULL else [(2, ("--sketch",))]):
+            with self.subTest(ranks=n, args=args):
+                p = self.example(n, *args, "--bug", "missing_allreduce")
+                self.assertEqual(p.returncode, 1, p.stdout[-3000:])
+                self.assertRegex(p.stdout, r"First divergence: tap 'attn\.out' \(#5\), layout replicated")

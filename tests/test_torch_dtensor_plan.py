@@ -1,0 +1,121 @@
+"""diffcheck/dtensor_plan.py on this torch, in one process (a one-rank gloo
+group): the output placements each of torch's parallel styles declares are
+read from its hook (a torch that stores them elsewhere fails here, not
+silently in a user's capture); a plain output takes the declared layout over
+what to_local saw; a module keeps the layout of an input of its shape; an
+output whose input is sharded and whose shape differs is refused, naming the
+tap; DTensor.to_local is put back when the capture closes."""
+import os
+import tempfile
+import unittest
+
+import h5py
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+
+import diffcheck.torch as dct
+from diffcheck.dtensor_plan import UnknownLayout, _declared_output, _dtensor_types
+
+
+def setUpModule():
+    global MESH
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
+    MESH = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+
+
+def tearDownModule():
+    dist.destroy_process_group()
+
+
+class Sum(nn.Module):
+    """Not elementwise: its output's layout cannot follow its input's."""
+
+    def forward(self, x):
+        return x.sum(-1)
+
+
+class Net(nn.Module):
+    def __init__(self, tail=None):
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.up, self.act, self.down = nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)
+        self.tail = tail or nn.Identity()
+
+    def forward(self, x):
+        return self.tail(self.down(self.act(self.up(self.norm(x)))))
+
+
+class PlanTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+
+    def capture(self, net, **kw):
+        out = os.path.join(self.dir, "p")
+        with torch.no_grad(), dct.capture(net, out=out, mesh="tp=1", **kw):
+            net(torch.randn(2, 3, 8))
+        with h5py.File(out + ".rank0.h5") as f:
+            return {name: (f["taps"][name].attrs.get("spec"), f["taps"][name].attrs.get("partial"))
+                    for name in f["taps"]}
+
+    def test_declared_outputs_of_torchs_styles(self):
+        types = _dtensor_types()
+        cases = {"up": (ColwiseParallel(), (Shard(-1),)), "down": (RowwiseParallel(), (Replicate(),)),
+                 "norm": (SequenceParallel(), None),
+                 "act": (PrepareModuleOutput(output_layouts=Shard(-1), desired_output_layouts=Replicate()),
+                         (Replicate(),))}
+        net = Net()
+        parallelize_module(net, MESH, {name: style for name, (style, _) in cases.items()})
+        for name, (_, want) in cases.items():
+            with self.subTest(style=name):
+                self.assertEqual(_declared_output(getattr(net, name), types), want)
+        self.assertEqual(_declared_output(Net().up, types), None)
+
+    def test_layouts_from_the_plan(self):
+        net = Net()
+        parallelize_module(net, MESH, {"up": ColwiseParallel(), "down": RowwiseParallel(output_layouts=Shard(1))})
+        taps = self.capture(net)
+        self.assertEqual(taps["up"], ("-,-,tp", None))
+        self.assertEqual(taps["act"], ("-,-,tp", None), "an elementwise module keeps its input's layout")
+        self.assertEqual(taps["down"], ("-,tp,-", None), "RowwiseParallel's declared Shard(1)")
+        self.assertEqual(taps["model"], ("-,tp,-", None))
+        self.assertIsNone(taps["norm"][0], "a module before the plan is replicated")
+        self.assertIs(DTensor.to_local.__name__, "to_local")
+        self.assertFalse(hasattr(DTensor.to_local, "__wrapped__"), "to_local put back")
+
+    def test_declared_over_observed(self):
+        """A RowwiseParallel whose reduction is skipped hands on a Partial DTensor's
+        local part: the tap is held to the declared Replicate, not to what it got."""
+        original = RowwiseParallel.__dict__["_prepare_output_fn"]  # the staticmethod itself
+        RowwiseParallel._prepare_output_fn = staticmethod(
+            lambda layouts, use_local_output, mod, outputs, mesh: outputs.to_local())
+        try:
+            net = Net()
+            parallelize_module(net, MESH, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+            self.assertEqual(self.capture(net)["down"], (None, None))
+        finally:
+            RowwiseParallel._prepare_output_fn = original
+
+    def test_unknown_layout_is_refused_naming_the_tap(self):
+        net = Net(tail=Sum())
+        parallelize_module(net, MESH, {"up": ColwiseParallel()})
+        net.down = nn.Identity()  # the sharded activation reaches Sum
+        with self.assertRaisesRegex(UnknownLayout, r"rank 0: tap 'tail': its input is laid out spec '-,-,tp'.*"
+                                                   r"give it a layout"):
+            self.capture(net)
+        self.assertEqual(self.capture(net, layouts={"tail": "-,-"})["tail"], ("-,-", None), "a layout settles it")
+
+    def test_a_model_without_a_plan_is_untouched(self):
+        original = DTensor.to_local
+        taps = self.capture(Net())
+        self.assertIs(DTensor.to_local, original)
+        self.assertTrue(all(spec is None for spec, _ in taps.values()))
+
+
+if __name__ == "__main__":
+    unittest.main()
