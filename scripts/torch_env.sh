@@ -18,7 +18,8 @@ cd "$(dirname "$0")/.."
 root=$PWD
 venv=${DIFFCHECK_VENV:-$root/.venv}
 # What is tested (README "Supported torch"): keep the pins together.
-REQUIREMENTS=(torch==2.13.0 h5py numpy transformers==5.24.0 diffusers==0.42.1)
+REQUIREMENTS=(torch==2.13.0 h5py numpy transformers==5.24.0 diffusers==0.42.1
+  junitparser)  # junitparser: the suite reads its JUnit reports as a dashboard would
 
 python_311() {
   local cand
@@ -56,6 +57,6 @@ EOF
 fi
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$root/python" >"$site/diffcheck-checkout.pth"
-(cd / && "$py" -c "import torch, h5py, transformers, diffusers, diffcheck.torch") ||
+(cd / && "$py" -c "import torch, h5py, transformers, diffusers, junitparser, diffcheck.torch") ||
   { echo "torch_env: the torch environment $venv does not import (see above)" >&2; exit 1; }
 echo "torch_env: $py ready: torch $("$py" -c 'import torch; print(torch.__version__)'), diffcheck.torch from $root/python"

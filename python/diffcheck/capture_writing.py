@@ -50,7 +50,7 @@ class TapWriting:
         else:
             self._check_layout(name, tensor, pattern, attrs)
             if self.derive_depths:
-                attrs = self._with_counts(tensor, attrs)
+                attrs = self._with_counts(name, tensor, attrs)
         if not self.reference_mode:  # execution order, whichever write comes first (sketches wait for the step's end)
             attrs = {**attrs, "order": self._order}
             self._order += 1
@@ -80,10 +80,11 @@ class TapWriting:
             return lambda: self._store(name, array, logical, attrs)
         self._thread.submit(prepare)
 
-    def _with_counts(self, tensor, attrs):
-        """`attrs` plus the tensor's rounding counts (rounding.py), unless the
-        user gave a depth: a partial sum's depth is the global one."""
-        depth, steps = rounding.counts(tensor)
+    def _with_counts(self, name, tensor, attrs):
+        """`attrs` plus the tensor's rounding counts (rounding.py; a compiled
+        model's from its fake forward, compiled_counts.py), unless the user
+        gave a depth: a partial sum's depth is the global one."""
+        depth, steps, own = self._counts.of(name[len(self._step):], tensor)
         if "reduction_depth" in attrs or not (depth or steps):
             return attrs
         partial = attrs.get("partial")
@@ -91,7 +92,7 @@ class TapWriting:
             ranks = 1
             for axis in partial.split("*"):
                 ranks *= self.axis_sizes.get(axis, 1)
-            depth += rounding.own_depth(tensor) * (ranks - 1)
+            depth += own * (ranks - 1)
         return {**attrs, "reduction_depth": max(int(depth), 1), "rounding_steps": max(int(steps), 1)}
 
     def _staged(self, array):

@@ -25,7 +25,9 @@ The counts ride on the tensors (an attribute), so they follow the data and
 not the order of execution: a branch that does not feed a tap does not add
 to it, and a denoising loop's latents carry the depth of every step before.
 Ops run outside the capture, and compiled graphs, are not seen: their
-results count as exact inputs.
+results count as exact inputs. A torch.compile'd model given to capture() is
+counted by running its eager module once on fake tensors (no data, no side
+effects: compiled_counts.py) before its first compiled forward.
 """
 import math
 
@@ -149,6 +151,8 @@ class RoundingLedger(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if torch.compiler.is_compiling():  # Dynamo traces this mode: the graph gets the op alone, no break
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if self.paused:
             return out

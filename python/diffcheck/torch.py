@@ -42,6 +42,8 @@ from diffcheck.sketch import DEFAULT_ROWS
 from diffcheck.sketch_capture import SketchTaps
 from diffcheck.drill_down import drill_down_taps
 from diffcheck.dtensor_plan import PlanLayouts
+from diffcheck import compiled
+from diffcheck.compiled_counts import CompiledCounts
 
 ROOT_NAME = "model"
 # Where launchers put a process's rank and the number of processes, most specific first.
@@ -135,6 +137,8 @@ class Capture(TapWriting):
                            "math": math_mode(self._model_device()), **extra_attrs, **root_attrs}
         self._writer, self._thread, self._handles, self._calls, self._step = None, None, [], {}, ""
         self._plan = None  # a DTensor plan's layouts (dtensor_plan.py), while the capture is open
+        self._slots = []  # of its hooks in compiled graphs (compiled.py)
+        self._counts = CompiledCounts(self)  # a compiled model's rounding counts (compiled_counts.py)
         self._staging = None  # see _staged
         self._host_staging = None  # a device model's (staging.py)
         self._order = 0  # the next tap's place in execution order
@@ -185,18 +189,22 @@ class Capture(TapWriting):
                 return pattern, attrs
         return None, {}
 
-    def _record(self, path, value, inputs=False, module=None, args=()):
-        """A module call's output (or, before it runs, its inputs: `<path>:in`)."""
+    def _record(self, path, pairs, inputs=False, module=None, args=()):
+        """A module call's output (or, before it runs, its inputs: `<path>:in`),
+        as (name suffix, tensor) pairs (`_flatten(value, "")`)."""
+        if self._counts.counting:  # the fake forward of a compiled model: its counts, nothing written
+            self._counts.note(self._numbered(path, advance=not inputs)[len(self._step):], pairs, inputs)
+            return
         self._fired.add(path)
         with rounding.paused():
-            self._record_now(path, value, inputs, module, args)
+            self._record_now(path, pairs, inputs, module, args)
 
-    def _record_now(self, path, value, inputs, module, args):
+    def _record_now(self, path, pairs, inputs, module, args):
         plain = path + (":in" if inputs else "")
         base = self._numbered(path, advance=not inputs) + (":in" if inputs else "")
         numbered = base[len(self._step):]
-        for name, tensor in _flatten(value, base):
-            rest = name[len(base):]
+        for rest, tensor in pairs:
+            name = base + rest
             inferred = None
             if self._plan is not None and self._plan.active and not inputs:
                 def inferred(tensor=tensor, name=name):  # a DTensor plan's layout of a plain output
@@ -242,20 +250,18 @@ class Capture(TapWriting):
             # the compiled graph is checked when the capture closes.
             eager = compiled_original(self.model)
             self._selected_paths, self._fired, self._compiled_calls = set(), set(), []
-            if eager is not None:  # the compiled wrapper's own call: a forward ran
-                self._handles.append(self.model.register_forward_hook(
-                    lambda *_: self._compiled_calls.append(1)))
-            for path, module in (eager or self.model).named_modules():
-                path = path or ROOT_NAME
-                if not self._selected(path):
-                    continue
-                name = self._renamed(path)
-                self._selected_paths.add(name)
-                self._handles.append(module.register_forward_hook(
-                    lambda m, args, output, name=name: self._record(name, output, module=m, args=args)))
-                if self.inputs:
-                    self._handles.append(module.register_forward_pre_hook(
-                        lambda _m, args, name=name: self._record(name, args, inputs=True)))
+            if eager is not None:
+                if self.gradients is not None:
+                    raise ValueError(f"rank {self.rank}: capture(backward=True) of a torch.compile'd model: the "
+                                     "gradient taps need the eager model's tensors; capture model._orig_mod")
+                # Compiled before (and maybe run): its graphs have none of
+                # these hooks, and Dynamo does not always guard on hooks
+                # added later. Compiled afresh, the graphs hold them, and
+                # later captures find their hooks in the same slots.
+                compiled.first_capture(self.model)
+                self._handles += self._counts.attach(self.model, eager, self.derive_depths,
+                                                     ran=lambda: self._compiled_calls.append(1))
+            self._add_hooks(eager or self.model, keep=eager is not None)
             if not (self.reference_mode or self.one_device):
                 self._plan = PlanLayouts(eager or self.model, list(self.axis_sizes)).__enter__()
             if self.derive_depths:
@@ -269,6 +275,30 @@ class Capture(TapWriting):
         _active.append(self)
         return self
 
+    def _add_hooks(self, model, keep):
+        """A forward hook on every selected module (and a pre-hook with
+        inputs=True) that a compiled graph keeps (compiled.py); keep: a
+        compiled model's, left in place (empty) when the capture closes."""
+        for path, module in model.named_modules():
+            path = path or ROOT_NAME
+            if not self._selected(path):
+                continue
+            if compiled.never_runs(module):  # a ModuleList: no forward to hook
+                continue
+            name = self._renamed(path)
+            self._selected_paths.add(name)
+
+            def record(m, pairs, args, name=name):
+                self._record(name, pairs, module=m, args=args)
+
+            def record_inputs(m, pairs, args, name=name):
+                self._record(name, pairs, inputs=True)
+            for pre, fn in ((False, record), (True, record_inputs))[:2 if self.inputs else 1]:
+                slot, handle = compiled.hook(module, fn, _flatten, pre=pre, keep=keep)
+                self._slots.append(slot)
+                if handle is not None:
+                    self._handles.append(handle)
+
     def __exit__(self, exc_type, exc, tb):
         self._close(failed=exc_type is not None)
         return False
@@ -279,9 +309,12 @@ class Capture(TapWriting):
             unseen = sorted(set(self._selected_paths) - self._fired)
         if unseen:  # never a silent partial file
             failed = True
+            compiled.forget(self.model)
         for h in self._handles:
             h.remove()
         self._handles = []
+        compiled.release(self._slots)
+        self._slots = []
         if self._plan is not None:
             self._plan.__exit__(None, None, None)
             self._plan = None
@@ -316,8 +349,9 @@ class Capture(TapWriting):
                 f"rank {self.rank}: capture of a torch.compile'd model saw {len(self._fired)} of "
                 f"{len(self._selected_paths)} module outputs: the compiled graph ran {len(unseen)} modules without "
                 f"their hooks ({', '.join(unseen[:5])}{', ...' if len(unseen) > 5 else ''}), so {self.path} was not "
-                "written. Capture the eager model (model._orig_mod), or select what the compiled model shows "
-                "(include=/exclude=)")
+                "written. A module that did not run: exclude= it. A graph compiled outside any capture (new "
+                "shapes since the last one) has no hooks: the next capture of this model compiles it afresh. Or "
+                "capture the eager model (model._orig_mod)")
 
     @property
     def path(self):
@@ -394,6 +428,16 @@ def params():
         for c in _active[-1:]:
             if c.gradients is not None:
                 c.gradients.params()
+
+
+def unhook(model):
+    """Removes the hooks that captures of a torch.compile'd model leave on its
+    modules (they do nothing between captures, but each costs a call per
+    forward; diffcheck/compiled.py). The model recompiles on its next call."""
+    compiled.unhook(model)
+    eager = compiled_original(model)
+    if eager is not None:
+        compiled.unhook(eager)
 
 
 def step(t):
