@@ -51,7 +51,11 @@ class CoreAttention(nn.Module):
 class Attention(nn.Module):
     def __init__(self):
         super().__init__()
-        self.q, self.k, self.v, self.out = (nn.Linear(D, D) for _ in range(4))
+        # k without a bias: softmax ignores a shift shared by every key, so
+        # its gradient is zero in exact arithmetic and rounding noise alone in
+        # float32, with no scale to hold it to (fsdp_tp_train.py trains it).
+        self.q, self.v, self.out = (nn.Linear(D, D) for _ in range(3))
+        self.k = nn.Linear(D, D, bias=False)
         self.core = CoreAttention()
 
     def forward(self, x):

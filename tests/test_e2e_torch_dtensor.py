@@ -4,7 +4,9 @@ RowwiseParallel), captured with no `layouts=`, on gloo ranks: clean runs pass
 with the layouts the plan implies (column-parallel outputs "-,-,tp", the
 attention core's by its input, row-parallel ones replicated), with torch's
 default use_local_output=True and with DTensor outputs; RowwiseParallel with
-its all-reduce skipped is found at attn.out, whole and sketched.
+its all-reduce skipped is found at attn.out, whole and sketched. FSDP2 and
+tp together (examples/fsdp_tp_train.py): a training step passes, and
+FSDP2's gradient average lost is found at the first parameter gradient.
 Nightly (DIFFCHECK_E2E_FULL=1): 2 and 4 ranks, float32 and bfloat16, each output mode."""
 import os
 import re
@@ -15,15 +17,16 @@ from e2e import E2ETest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "examples", "dtensor_block.py")
+TRAIN = os.path.join(HERE, "..", "examples", "fsdp_tp_train.py")
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
 LAYOUTS = {"attn.q": "-,-,tp", "attn.core": "-,-,tp", "attn.out": "replicated", "mlp.fc1": "-,-,tp",
            "mlp.act": "-,-,tp", "mlp.fc2": "replicated", "model": "replicated"}
 
 
 class DTensorPlanE2E(E2ETest):
-    def example(self, n, *args):
-        out = self.path(f"dtensor-{n}-{'-'.join(a.strip('-') for a in args)}")
-        p = subprocess.run([sys.executable, EXAMPLE, "-n", str(n), "--out", out, *args],
+    def example(self, n, *args, script=EXAMPLE):
+        out = self.path(f"{os.path.basename(script)}-{n}-{'-'.join(a.strip('-') for a in args)}")
+        p = subprocess.run([sys.executable, script, "-n", str(n), "--out", out, *args],
                            capture_output=True, text=True, timeout=600)
         self.assertIn(p.returncode, (0, 1), p.stderr[-3000:])
         return p
@@ -40,7 +43,7 @@ class DTensorPlanE2E(E2ETest):
         return [(n, (*mode, "--dtype", d)) for n in ranks for d in dtypes for mode in modes]
 
     def test_clean_runs_pass_with_the_plans_layouts(self):
-        configurations = self.configurations() + ([] if FULL else [(2, ("--dtype", "bfloat16"))])
+        configurations = self.configurations() + ([] if FULL else [(2, ("--dtype", "bfloat16")), (2, ("--sketch",))])
         for n, args in configurations:
             with self.subTest(ranks=n, args=args):
                 p = self.example(n, *args)
@@ -55,3 +58,21 @@ class DTensorPlanE2E(E2ETest):
                 p = self.example(n, *args, "--bug", "missing_allreduce")
                 self.assertEqual(p.returncode, 1, p.stdout[-3000:])
                 self.assertRegex(p.stdout, r"First divergence: tap 'attn\.out' \(#5\), layout replicated")
+
+    def test_fsdp2_and_tp_training_step(self):
+        """examples/fsdp_tp_train.py, dp=2 x tp=2: clean passes, whole and sketched, with the
+        placements of FSDP2 over tp; FSDP2's average lost is found at the first parameter
+        gradient, every forward tap and output gradient passing."""
+        for args in [(), ("--sketch",)] + ([("--dtype", "bfloat16"), ("--sketch", "--dtype", "bfloat16")] if FULL else []):
+            with self.subTest(args=args):
+                p = self.example(4, *args, script=TRAIN)
+                self.assertEqual(p.returncode, 0, p.stdout[-3000:])
+                self.assertIn("PASS: all 56 taps pass", p.stdout)
+                seen = self.layouts(p.stdout)
+                self.assertEqual((seen["param_grad/attn.q.weight"], seen["param/mlp.fc2.weight"]), ("tp*dp,-", "dp,tp"))
+            with self.subTest(args=args, bug="sum_not_mean"):
+                p = self.example(4, *args, "--bug", "sum_not_mean", script=TRAIN)
+                self.assertEqual(p.returncode, 1, p.stdout[-3000:])
+                self.assertRegex(p.stdout, r"First divergence: tap 'param_grad/ln1\.weight' \(#26\)")
+                failed = re.findall(r"^\s+\d+\s+(\S+)\s.*FAIL", p.stdout, re.M)
+                self.assertTrue(failed and all(n.startswith("param") for n in failed), failed)

@@ -3,7 +3,8 @@ their order (the autograd engine's) for a nested model with a module used
 twice; parameter gradients before the optimizer step and parameters after
 it, the step's wrapper gone afterwards; layouts of gradients (a partial sum's
 gradient replicated) and of parameters (by glob, a partial given); hooks
-removed and the optimizer restored after an exception in backward; values
+removed and the optimizer restored after an exception in backward; a
+hand-written update's gradients tapped at the close, or a warning; values
 equal to autograd's. Runs against the source tree (PYTHONPATH=python/)."""
 import os
 import tempfile
@@ -96,6 +97,27 @@ class BackwardTest(unittest.TestCase):
         self.assertIn("param_grad/shared.weight", names)
         self.assertIn("param/inner.0.bias", names)
         self.assertLess(names.index("param_grad/shared.weight"), names.index("param/inner.0.bias"))
+
+    def test_hand_written_update_taps_the_gradients_at_the_close_or_says_so(self):
+        net = Net()
+        with dct.capture(net, out=self.out("kept"), backward=True):
+            net(self.x).sum().backward()
+            grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+            with torch.no_grad():
+                for p in net.parameters():
+                    p -= 0.1 * p.grad  # the update by hand; the gradients stay
+        t = taps(self.out("kept") + ".rank0.h5")
+        for n in grads:
+            np.testing.assert_array_equal(t[f"param_grad/{n}"][0], grads[n].numpy())
+        with self.assertWarnsRegex(UserWarning, r"rank 0: .*no parameter gradient was tapped: a backward ran, but no "
+                                                r"parameter holds a gradient now.*dct.grads\(\)"):
+            with dct.capture(net, out=self.out("cleared"), backward=True):
+                net(self.x).sum().backward()
+                with torch.no_grad():
+                    for p in net.parameters():
+                        p -= 0.1 * p.grad
+                        p.grad = None
+        self.assertFalse(any(n.startswith("param_grad/") for n in taps(self.out("cleared") + ".rank0.h5")))
 
     def test_no_backward_taps_unless_asked_and_no_optimizer_alone(self):
         net = Net()

@@ -20,6 +20,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOut
 
 import diffcheck.torch as dct
 from diffcheck.dtensor_plan import UnknownLayout, _declared_output, _dtensor_types
+from diffcheck.layouts import placement_attrs
 
 
 def setUpModule():
@@ -109,6 +110,16 @@ class PlanTest(unittest.TestCase):
                                                    r"give it a layout"):
             self.capture(net)
         self.assertEqual(self.capture(net, layouts={"tail": "-,-"})["tail"], ("-,-", None), "a layout settles it")
+
+    def test_fsdp2_over_tp_placements(self):
+        """fully_shard over a tensor-parallel parameter: (_StridedShard(0, sf=tp), Shard(0)) on (dp, tp)
+        is tp-major on dimension 0 (each tp shard split over dp)."""
+        from types import SimpleNamespace
+        from torch.distributed.tensor.placement_types import _StridedShard
+        mesh = SimpleNamespace(mesh_dim_names=("dp", "tp"))
+        self.assertEqual(placement_attrs((_StridedShard(0, split_factor=2), Shard(0)), mesh, 2), {"spec": "tp*dp,-"})
+        self.assertEqual(placement_attrs((Shard(0), Shard(0)), mesh, 2), {"spec": "dp*tp,-"})
+        self.assertEqual(placement_attrs((Shard(0), Shard(1)), mesh, 2), {"spec": "dp,tp"})
 
     def test_a_model_without_a_plan_is_untouched(self):
         original = DTensor.to_local

@@ -19,6 +19,7 @@ tapped after that reduction when the optimizer steps, so a layout need not
 say `partial` for it.
 """
 import fnmatch
+import warnings
 
 import torch
 
@@ -34,7 +35,9 @@ class Gradients:
     def __init__(self, capture, optimizer=None):
         self.capture, self.optimizer = capture, optimizer
         self._step_was = None
-        self._deepest = (0, 0, 0)  # forward counts: depth, steps, rows (for gradients' derived tolerance)
+        self._deepest = (0, 0, 0)
+        self._param_grads_tapped = False  # by the optimizer's step or dct.grads()
+        self._grads_seen = False  # a module output's gradient came: a backward ran  # forward counts: depth, steps, rows (for gradients' derived tolerance)
 
     # -- module outputs -----------------------------------------------------
 
@@ -52,6 +55,7 @@ class Gradients:
         self._deepest = (max(d, depth), max(s, steps), max(r, rows))
 
         def hook(grad):
+            self._grads_seen = True
             if c._thread is not None:  # a backward after the capture closed writes nothing
                 c._write_now(grad_name, grad, self._with_counts(layout))
         tensor.register_hook(hook)
@@ -75,8 +79,25 @@ class Gradients:
         """Every parameter's value, as `param/<name>`."""
         self._parameters(PARAM, lambda p: p.detach())
 
+    def at_close(self):
+        """A training step with a hand-written update (no optimizer=, no
+        dct.grads()): the parameter gradients still there are tapped now; if
+        none are, a warning says that none were tapped (never a silent gap)."""
+        if self._param_grads_tapped:
+            return
+        c = self.capture
+        if any(p.grad is not None for p in c.model.parameters()):
+            self.grads()
+            return
+        what = ("a backward ran, but no parameter holds a gradient now (the update cleared them)"
+                if self._grads_seen else "no backward ran in it")
+        warnings.warn(f"rank {c.rank}: capture(backward=True) of {c.path}: no parameter gradient was tapped: "
+                      f"{what}. Give optimizer= or call dct.grads() where the gradients are reduced", stacklevel=3)
+
     def _parameters(self, kind, value):
         c = self.capture
+        if kind == PARAM_GRAD:
+            self._param_grads_tapped = True
         for path, p in c.model.named_parameters():
             tensor = value(p)
             if tensor is None:

@@ -44,7 +44,8 @@ class TapWriting:
         local = dtensor_layout(tensor, list(self.axis_sizes))
         if local is not None:  # a DTensor: its shard, laid out as its placements say (unless a layout does)
             tensor, placed = local
-            attrs = attrs or placed
+            if "spec" not in attrs and "partial" not in attrs:  # counts alone (a gradient's) keep the placements
+                attrs = {**attrs, **placed}
         if self.reference_mode or self.one_device:  # global tensors: no layout to say
             attrs = {}
         else:

@@ -95,14 +95,19 @@ def placement_attrs(placements, mesh, ndim, axis_names=None):
                  [f"dim{i}" for i in range(len(placements))])
     if len(names) != len(placements):
         raise ValueError(f"a DTensor on a {len(placements)}-dimensional device mesh, but the axis names are {names}")
-    entries, partial = [[] for _ in range(ndim)], []
+    entries, strided, partial = [[] for _ in range(ndim)], [[] for _ in range(ndim)], []
     for name, p in zip(names, placements):
-        if p.is_shard():
+        if getattr(p, "split_factor", None) is not None and hasattr(p, "dim"):  # is_shard() says False
+            # _StridedShard (FSDP2 over tensor parallelism): this axis splits
+            # each of the chunks the later axes make, so it is the minor one.
+            strided[p.dim % ndim].append(name)
+        elif p.is_shard():
             entries[p.dim % ndim].append(name)
         elif p.is_partial():
             partial.append(name)
         elif not p.is_replicate():
             raise ValueError(f"a DTensor placement {p!r} on mesh axis '{name}' has no diffcheck layout")
+    entries = [e + s for e, s in zip(entries, strided)]
     spec = ",".join("*".join(e) or "-" for e in entries)
     attrs = {"spec": spec if any(entries) else None}
     if partial:

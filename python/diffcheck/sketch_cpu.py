@@ -85,9 +85,12 @@ def torch_ops_only():
 
 
 def takes(x):
-    """The kernel sketches x (a [lead, tokens, width] view): on the CPU,
-    float32 or float64, its columns adjacent in memory."""
-    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+    """The kernel sketches x (a [lead, tokens, width] view): a plain tensor
+    (a subclass's data_ptr need not be its values: an AsyncCollectiveTensor,
+    what a tensor-parallel plan's async all-reduce hands on, is a wrapper
+    whose collective has not finished), on the CPU, float32 or float64, its
+    columns adjacent in memory."""
+    return (type(x) is torch.Tensor and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
             and (x.shape[-1] <= 1 or x.stride(-1) == 1) and function() is not None)
 
 
@@ -127,8 +130,9 @@ def sketch(x, sign_rows, k):
 
 def takes_bits(x):
     """piece_bits serves x: a contiguous float32 or float64 CPU tensor whose
-    rows (last dimension) are whole 8-byte words, as bits_hash reads them."""
-    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.is_contiguous()
+    rows (last dimension) are whole 8-byte words, as bits_hash reads them;
+    a plain tensor, as takes() says."""
+    return (type(x) is torch.Tensor and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.is_contiguous()
             and x.numel() > 0 and (x.shape[-1] * x.element_size()) % 8 == 0 and function() is not None)
 
 

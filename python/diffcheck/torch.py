@@ -320,6 +320,9 @@ class Capture(TapWriting):
             self._plan = None
         if self.gradients is not None:
             self.gradients.unwrap_optimizer()
+            if not failed and self._thread is not None:
+                with rounding.paused():
+                    self.gradients.at_close()
         if getattr(self, "_ledger_held", False):
             self._ledger_held = False
             rounding.release()

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""A training step of a block sharded two ways at once, checked by diffcheck:
+tensor parallel over tp (torch's parallelize_module, examples/dtensor_block.py's
+plan) and FSDP2 over dp (fully_shard), on a dp=2 x tp=2 mesh of 4 gloo ranks.
+
+    python3 examples/fsdp_tp_train.py [-n 4] [--bug sum_not_mean]
+
+Every dp rank is given the same batch here, so each rank's activations and
+the averaged gradients equal the unsharded model's on that batch: the
+reference is the unsharded block in float64, one SGD step, in one process.
+The capture has `backward=True` and `optimizer=` and no `layouts=`: the
+forward taps take the plan's tp layouts (replicated over dp), the gradients
+of module outputs theirs, and every parameter and parameter gradient the
+placements FSDP2 and the plan gave it (FSDP2 over tp is
+(_StridedShard(0), Shard(0)): dimension 0 split tp-major, then dp).
+
+--bug sum_not_mean breaks FSDP2's reduction (monkeypatched): the dp ranks'
+gradients are summed, not averaged (twice the gradient on 2 dp ranks).
+diffcheck names the first parameter gradient tapped, every forward tap and
+output gradient passing.
+
+The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
+"""
+import argparse
+import os
+import sys
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import parallelize_module
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _launch import launch  # noqa: E402
+from dtensor_block import Block, block_and_input, plan  # noqa: E402
+
+import diffcheck.torch as dct  # noqa: E402  # diffcheck
+
+LR = 0.1
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def train_step(model, x, optimizer):
+    optimizer.zero_grad()
+    model(x).square().mean().backward()
+    optimizer.step()
+
+
+def break_fsdp_average():
+    """The injected fault, in FSDP2's own reduction (monkeypatched): the dp
+    ranks' gradients reduce-scattered as a sum, the division by dp lost."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+    _fsdp_collectives._get_gradient_divide_factors = (
+        lambda *a, **k: (None, None, dist.ReduceOp.SUM, dist.ReduceOp.SUM))
+
+
+def work(rank, world, args):
+    dtype = DTYPES[args.dtype]
+    tp = 2
+    mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    block, x = block_and_input(dtype)
+    reference = Block().double()
+    reference.load_state_dict(block.state_dict())
+    parallelize_module(block, mesh["tp"], plan(False))
+    fully_shard(block, mesh=mesh["dp"])
+    if args.bug == "sum_not_mean":
+        break_fsdp_average()
+    opt = torch.optim.SGD(block.parameters(), lr=LR)
+    with dct.capture(block, out=f"{args.out}/run", mesh=f"dp={world // tp},tp={tp}", backward=True,  # diffcheck
+                     optimizer=opt, sketch=args.sketch):  # diffcheck
+        train_step(block, x, opt)
+    if rank == 0:
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=LR)
+        with dct.capture(reference, out=f"{args.out}/ref", reference=True, backward=True,  # diffcheck
+                         optimizer=ref_opt, sketch=args.sketch):  # diffcheck
+            train_step(reference, x.double(), ref_opt)
+
+
+def after(args):
+    report = dct.compare(f"{args.out}/run", reference=f"{args.out}/ref.h5", check=False)  # diffcheck
+    print(report["console"], end="")  # diffcheck
+    return 0 if report["pass"] else 1
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=4, help="processes (a multiple of 2: dp = n / 2, tp = 2; default 4)")
+    ap.add_argument("--bug", choices=["sum_not_mean"], help="FSDP2 sums the dp ranks' gradients")
+    ap.add_argument("--out", default="dumps/fsdp_tp_train", help="directory of the activation files")
+    ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
+    a = ap.parse_args()
+    if a.n % 2 or a.n < 2:
+        ap.error("-n must be a multiple of 2 (tp = 2)")
+    launch(work, after, a, a.n)
