@@ -8,9 +8,9 @@ rank's time. Before each timed forward the page cache is synced to disk, so
 that a capture's writeback does not slow the next forward; the time of that
 sync after a capture is reported too (what making the taps durable adds).
 
-    /usr/bin/python3 scripts/bench_torch_capture.py [--size example|medium|large] [-n 2] [--rounds 9] [--backward]
+    .venv/bin/python scripts/bench_torch_capture.py [--size example|medium|large] [-n 2] [--rounds 9] [--backward]
                                                     [--sketch [K]] [--steps N] [--profile FILE]
-                                                    [--without sketch writes]
+                                                    [--without sketch writes] [--compile]
 
 --sketch: the capture in sketch mode (every tap a sketch of K = 8 rows,
 diffcheck/sketch.py), against the same uninstrumented forward. The summary
@@ -21,13 +21,17 @@ ops sketched the taps.
 tap of every step of a denoising loop, one file), against N uninstrumented
 forwards: the file's creation and closing are then shared by N steps.
 
+--compile: the block torch.compile'd (inductor) on both sides: the
+compiled forward against the compiled forward captured (diffcheck/compiled.py).
+
 --backward: a training step's worth instead, forward and backward of the sum
 of the output, uninstrumented against captured with backward=True (every
 module output, its gradient and every parameter's gradient written).
 
 Sizes (tokens = B x S, hidden D, heads, FFN): example 2x16, 64, 8, 256 (the
 example as it ships: a forward of a millisecond, so fixed costs dominate);
-medium 2x512, 1024, 16, 4096; large 4x1024, 2048, 16, 8192. Needs python3-torch.
+medium 2x512, 1024, 16, 4096; large 4x1024, 2048, 16, 8192. Runs in the torch
+environment (.venv/bin/python, scripts/torch_env.sh).
 """
 import argparse
 import os
@@ -78,6 +82,13 @@ def rank_main(rank, n, a, init, out_dir, results):
     w, x = tp_block.full_weights()
     block = tp_block.Block(w, n, rank).float()
     x = x.float()
+    plain_block = block
+    if a.compile:
+        # Two compiled copies: the captured one keeps its (inert) hooks
+        # between captures, the plain one never had any (the pure compiled forward).
+        import copy
+        plain_block = torch.compile(copy.deepcopy(block), backend="inductor")
+        block = torch.compile(block, backend="inductor")
 
     def timed(fn):
         dist.barrier()
@@ -94,7 +105,7 @@ def rank_main(rank, n, a, init, out_dir, results):
             return
         with torch.no_grad():
             for _ in range(a.steps):
-                block(x)
+                plain_block(x)
 
     def captured():
         if a.backward:
@@ -171,8 +182,12 @@ def main():
     ap.add_argument("--without", nargs="+", default=[], choices=["sketch", "writes"],
                     help="with --sketch: leave out the sketches' arithmetic (zeros instead) and/or the sketch taps' "
                          "writes, to see what the rest of the capture costs (a diagnostic, not a capture)")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile(backend='inductor') the block: compiled forward against compiled capture")
     ap.add_argument("--dir", default=None, help="where the rank files go (default: a temporary directory)")
     a = ap.parse_args()
+    if a.compile and a.backward:
+        ap.error("--compile takes no --backward: a compiled model is captured forward only (docs/torch.md)")
     if a.steps < 1 or (a.backward and a.steps != 1):
         ap.error("--steps takes N >= 1, and only without --backward")
     if a.without and not a.sketch:
@@ -191,7 +206,8 @@ def main():
     print(f"size {a.size} {SIZES[a.size]}, tp={a.n}, {a.rounds} rounds{', forward and backward' if a.backward else ''}"
           f"{f', {a.steps} forwards per capture' if a.steps > 1 else ''}"
           f"{f', WITHOUT the sketch mode parts {a.without}' if a.without else ''}"
-          f"{f', sketch mode k={a.sketch} ({kernel_in_use()})' if a.sketch else ''}; "
+          f"{f', sketch mode k={a.sketch} ({kernel_in_use()})' if a.sketch else ''}"
+          f"{', torch.compile inductor' if a.compile else ''}, torch {torch.__version__}; "
           f"rank 0 writes {size / 2 ** 20 / a.steps:.1f} MiB per {'step' if a.backward else 'forward'}")
     per = f" ({a.steps} forwards)" if a.steps > 1 else ""
     print(f"uninstrumented forward{per}: median {statistics.median(r[0] for r in rows) * 1e3:.1f} ms")

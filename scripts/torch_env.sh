@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 venv=${DIFFCHECK_VENV:-$root/.venv}
 # What is tested (README "Supported torch"): keep the pins together.
-REQUIREMENTS=(torch==2.13.0 h5py numpy transformers==5.24.0 diffusers==0.42.1
+REQUIREMENTS=(torch==2.13.0 h5py numpy transformers==5.24.0 diffusers==0.42.1 accelerate
   junitparser)  # junitparser: the suite reads its JUnit reports as a dashboard would
 
 python_311() {

@@ -7,6 +7,7 @@ default use_local_output=True and with DTensor outputs; RowwiseParallel with
 its all-reduce skipped is found at attn.out, whole and sketched. FSDP2 and
 tp together (examples/fsdp_tp_train.py): a training step passes, and
 FSDP2's gradient average lost is found at the first parameter gradient.
+transformers' own plan on a small Llama (examples/llama_tp.py) passes clean.
 Nightly (DIFFCHECK_E2E_FULL=1): 2 and 4 ranks, float32 and bfloat16, each output mode."""
 import os
 import re
@@ -18,6 +19,7 @@ from e2e import E2ETest
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "examples", "dtensor_block.py")
 TRAIN = os.path.join(HERE, "..", "examples", "fsdp_tp_train.py")
+LLAMA = os.path.join(HERE, "..", "examples", "llama_tp.py")
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
 LAYOUTS = {"attn.q": "-,-,tp", "attn.core": "-,-,tp", "attn.out": "replicated", "mlp.fc1": "-,-,tp",
            "mlp.act": "-,-,tp", "mlp.fc2": "replicated", "model": "replicated"}
@@ -63,7 +65,7 @@ class DTensorPlanE2E(E2ETest):
         """examples/fsdp_tp_train.py, dp=2 x tp=2: clean passes, whole and sketched, with the
         placements of FSDP2 over tp; FSDP2's average lost is found at the first parameter
         gradient, every forward tap and output gradient passing."""
-        for args in [(), ("--sketch",)] + ([("--dtype", "bfloat16"), ("--sketch", "--dtype", "bfloat16")] if FULL else []):
+        for args in [()] + ([("--sketch",), ("--dtype", "bfloat16"), ("--sketch", "--dtype", "bfloat16")] if FULL else []):
             with self.subTest(args=args):
                 p = self.example(4, *args, script=TRAIN)
                 self.assertEqual(p.returncode, 0, p.stdout[-3000:])
@@ -76,3 +78,17 @@ class DTensorPlanE2E(E2ETest):
                 self.assertRegex(p.stdout, r"First divergence: tap 'param_grad/ln1\.weight' \(#26\)")
                 failed = re.findall(r"^\s+\d+\s+(\S+)\s.*FAIL", p.stdout, re.M)
                 self.assertTrue(failed and all(n.startswith("param") for n in failed), failed)
+
+    def test_transformers_llama_on_its_own_plan(self):
+        """examples/llama_tp.py: transformers' tp_plan="auto" on 2 ranks, no layouts=: the
+        column-parallel projections' taps are sharded, the rest replicated, and a forward
+        (and, nightly, a training step and bfloat16) passes against the float64 reference."""
+        runs = [()] + ([("--train",), ("--dtype", "bfloat16"), ("--sketch",)] if FULL else [])
+        for args in runs:
+            with self.subTest(args=args):
+                p = self.example(2, *args, script=LLAMA)
+                self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-2000:])
+                self.assertRegex(p.stdout, r"PASS: all \d+ taps pass")
+                seen = self.layouts(p.stdout)
+                self.assertEqual((seen["model.layers.0.self_attn.q_proj"], seen["model.layers.0.mlp.up_proj"],
+                                  seen["model.layers.0.mlp.down_proj"]), ("-,-,tp", "-,-,tp", "replicated"))

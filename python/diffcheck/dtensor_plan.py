@@ -11,10 +11,16 @@ them back, most trusted first:
    Replicate or Shard(1), PrepareModuleOutput's desired layouts). Declared,
    not observed: a plan whose redistribution is skipped (a missing
    all-reduce) is then held to what it promised, and found;
-2. what the DTensor said when it became local: `DTensor.to_local` is watched
+2. what a Linear's or an Embedding's DTensor weight implies (libraries
+   that parallelize without torch's styles, transformers' tensor-parallel
+   plans among them): an output whose last dimension is the weight's local
+   share of its output features is sharded there, over the axes that split
+   them; one with all of them is replicated (a row-parallel layer's
+   reduction, a gathered column-parallel one);
+3. what the DTensor said when it became local: `DTensor.to_local` is watched
    while the capture is open, and each local tensor it returns remembers its
    placements and mesh;
-3. what the module's input was: a module whose output has the shape of an
+4. what the module's input was: a module whose output has the shape of an
    input with a known layout (an activation, a dropout, a residual add) keeps
    that layout.
 
@@ -111,6 +117,10 @@ class PlanLayouts:
                 attrs = placement_attrs(placements, mesh, output.dim(), self.axis_names)
                 self._seen[output] = (attrs, mesh)
                 return attrs
+        implied = _implied_by_weight(module, output, self.types[0], self.axis_names)
+        if implied is not None:
+            self._seen[output] = (implied, None)
+            return implied
         if seen is not None:
             return seen[0]
         known = [(t, self._seen[t]) for t in _tensors(inputs) if t in self._seen]
@@ -130,6 +140,31 @@ class PlanLayouts:
         """A tapped tensor's layout, for the modules it feeds."""
         if self.active and isinstance(tensor, torch.Tensor) and tensor not in self._seen:
             self._seen[tensor] = (attrs, None)
+
+
+def _implied_by_weight(module, output, DTensor, axis_names):
+    """The layout of a Linear's or an Embedding's plain output from its
+    DTensor weight (source 2 above), or None."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, DTensor) or output.dim() == 0:
+        return None
+    if isinstance(module, torch.nn.Linear):
+        feature_dim = 0
+    elif isinstance(module, torch.nn.Embedding):
+        feature_dim = 1
+    else:
+        return None
+    whole, local = weight.shape[feature_dim], weight.to_local().shape[feature_dim]
+    width = output.shape[-1]
+    if width == whole:
+        return {"spec": None}
+    if width != local:
+        return None
+    names = list(getattr(weight.device_mesh, "mesh_dim_names", None) or axis_names or [])
+    axes = [n for n, p in zip(names, weight.placements) if p.is_shard() and p.dim % weight.dim() == feature_dim]
+    if not axes:
+        return None
+    return {"spec": ",".join(["-"] * (output.dim() - 1) + ["*".join(axes)])}
 
 
 def _tensors(inputs):

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""A small Llama from transformers (random weights) on its own tensor-parallel
+plan (`tp_plan="auto"`, DTensor), checked by diffcheck with no `layouts=`.
+
+    python3 examples/llama_tp.py [-n 2] [--train] [--sketch] [--dtype bfloat16]
+
+The model is written to a temporary checkpoint and loaded on every rank with
+transformers' plan (q/k/v, gate and up column-parallel, o and down
+row-parallel, the embedding and lm_head split over tp); each tap's layout
+comes from the parameters' placements (docs/torch.md, "DTensor plans"). The
+reference is the same checkpoint unsharded in float64, in one process.
+--train: a training step (backward=True, SGD) instead of a forward.
+
+No fault is injected here yet: the one tried (transformers' RowwiseParallel
+keeping its bias in the local forward) did not change this model's result
+on the CPU, so it proves nothing; examples/dtensor_block.py and
+fsdp_tp_train.py carry the faults in torch's own parallel code.
+
+The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
+"""
+import argparse
+import os
+import sys
+import tempfile
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _launch import launch  # noqa: E402
+
+import diffcheck.torch as dct  # noqa: E402  # diffcheck
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def save_model(path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         mlp_bias=True)  # no attention bias: k's would have a zero gradient (docs/torch.md, Limits)
+    LlamaForCausalLM(config).save_pretrained(path)
+
+
+def work(rank, world, args):
+    from transformers import LlamaForCausalLM
+    from transformers.utils import logging
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    # transformers applies tp_plan only where these say there are several
+    # processes; without them it loads the whole model on every rank, silently.
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    model = LlamaForCausalLM.from_pretrained(args.checkpoint, tp_plan="auto", device_mesh=mesh,
+                                             dtype=DTYPES[args.dtype])
+    if world > 1 and not hasattr(model.model.layers[0].mlp.down_proj.weight, "placements"):
+        raise SystemExit("llama_tp: transformers did not apply its tensor-parallel plan")
+    ids = torch.arange(32).reshape(2, 16) % 128
+    opt = torch.optim.SGD(model.parameters(), lr=0.1) if args.train else None
+    with dct.capture(model, out=f"{args.out}/tp", mesh=f"tp={world}", backward=args.train,  # diffcheck
+                     optimizer=opt, sketch=args.sketch):  # diffcheck
+        run(model, ids, opt)
+    if rank == 0:
+        reference = LlamaForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float64)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1) if args.train else None
+        with dct.capture(reference, out=f"{args.out}/ref", reference=True, backward=args.train,  # diffcheck
+                         optimizer=ref_opt, sketch=args.sketch):  # diffcheck
+            run(reference, ids, ref_opt)
+
+
+def run(model, ids, opt):
+    if opt is None:
+        with torch.no_grad():
+            model(ids)
+        return
+    model(ids, labels=ids).loss.backward()
+    opt.step()
+
+
+def after(args):
+    report = dct.compare(f"{args.out}/tp", reference=f"{args.out}/ref.h5", check=False)  # diffcheck
+    print(report["console"], end="")  # diffcheck
+    return 0 if report["pass"] else 1
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=2, help="processes to start when not under mpirun (default 2)")
+    ap.add_argument("--train", action="store_true", help="a training step (backward=True) instead of a forward")
+    ap.add_argument("--out", default="dumps/llama_tp", help="directory of the activation files")
+    ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as checkpoint:
+        a.checkpoint = checkpoint
+        save_model(checkpoint)
+        launch(work, after, a, a.n)
