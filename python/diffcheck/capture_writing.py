@@ -6,7 +6,6 @@ tensor's through host staging, staging.py), or as a sketch
 import numpy as np
 import torch
 
-from diffcheck import rounding
 from diffcheck.dump import to_numpy
 from diffcheck.layouts import check_layout, dtensor_layout, is_dtensor
 

@@ -57,24 +57,16 @@ def _op():
 
 
 def _make_hook(slot, flatten, pre):
-    if pre:
-        def pre_hook(module, args):
-            if torch.compiler.is_compiling():
-                _traced(slot, flatten(args, ""))
-            else:
-                record = _slots.get(slot)
-                if record is not None:
-                    record(module, list(flatten(args, "")), args)
-        return pre_hook
-
-    def forward_hook(module, args, output):
+    def tap(module, args, value):
         if torch.compiler.is_compiling():
-            _traced(slot, flatten(output, ""))
+            _traced(slot, flatten(value, ""))
         else:
             record = _slots.get(slot)
             if record is not None:
-                record(module, list(flatten(output, "")), args)
-    return forward_hook
+                record(module, list(flatten(value, "")), args)
+    if pre:  # a forward pre-hook: the inputs
+        return lambda module, args: tap(module, args, args)
+    return lambda module, args, output: tap(module, args, output)
 
 
 def hook(module, record, flatten, pre=False, keep=False):

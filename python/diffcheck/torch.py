@@ -22,7 +22,6 @@ Layouts map glob patterns on tap names (without `step<t>/` and `@k`) to a
 `spec`, a `(spec, partial)` pair or a dict of tap attributes; a tap no pattern
 matches is replicated. See docs/torch.md.
 """
-import fnmatch
 import os
 
 import torch
@@ -37,6 +36,7 @@ from diffcheck import rounding
 from diffcheck.backward import Gradients
 from diffcheck.writer import BackgroundWriter
 from diffcheck.capture_writing import TORCH_DTYPES, TapWriting
+from diffcheck.capture_hooks import ModuleHooks
 from diffcheck.staging import HostStaging
 from diffcheck.sketch import DEFAULT_ROWS
 from diffcheck.sketch_capture import SketchTaps
@@ -45,7 +45,6 @@ from diffcheck.dtensor_plan import PlanLayouts
 from diffcheck import compiled
 from diffcheck.compiled_counts import CompiledCounts
 
-ROOT_NAME = "model"
 # Where launchers put a process's rank and the number of processes, most specific first.
 _LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
                  ("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
@@ -81,21 +80,7 @@ def rank_and_world():
     return 0, 1
 
 
-def _flatten(obj, name):
-    """(name, tensor) pairs of a module's output: containers get /index or /key."""
-    if isinstance(obj, torch.Tensor):
-        if obj.is_complex():
-            return
-        yield name, obj
-    elif isinstance(obj, dict):  # also transformers' ModelOutput
-        for k, v in obj.items():
-            yield from _flatten(v, f"{name}/{str(k).replace('/', '.')}")
-    elif isinstance(obj, (tuple, list)):
-        for i, v in enumerate(obj):
-            yield from _flatten(v, f"{name}/{i}")
-
-
-class Capture(TapWriting):
+class Capture(ModuleHooks, TapWriting):
     """The context manager `capture()` returns. Its hooks are on the model
     from `__enter__` to `__exit__`, and gone after it also when the block
     raised; the file gets its name only when the block ended cleanly."""
@@ -165,53 +150,6 @@ class Capture(TapWriting):
                 return TORCH_DTYPES.get(p.dtype)
         return None
 
-    def _renamed(self, path):
-        for old, new in sorted(self.rename.items(), key=lambda kv: -len(kv[0])):  # the longest prefix wins
-            if path == old or path.startswith(old + "."):
-                rest = path[len(old):].lstrip(".")
-                return ".".join(part for part in (new, rest) if part) or ROOT_NAME
-        return path
-
-    def _numbered(self, name, advance=True):
-        """`name` on its first call in this step, `name@k` on the (k+1)-th."""
-        k = self._calls.get(name, 0)
-        if advance:
-            self._calls[name] = k + 1
-        return self._step + (name if k == 0 else f"{name}@{k}")
-
-    def _selected(self, path):
-        return (any(fnmatch.fnmatchcase(path, p) for p in self.include)
-                and not any(fnmatch.fnmatchcase(path, p) for p in self.exclude))
-
-    def _layout_for(self, *names):
-        for pattern, attrs in self.layouts:
-            if any(fnmatch.fnmatchcase(n, pattern) for n in names):
-                return pattern, attrs
-        return None, {}
-
-    def _record(self, path, pairs, inputs=False, module=None, args=()):
-        """A module call's output (or, before it runs, its inputs: `<path>:in`),
-        as (name suffix, tensor) pairs (`_flatten(value, "")`)."""
-        if self._counts.counting:  # the fake forward of a compiled model: its counts, nothing written
-            self._counts.note(self._numbered(path, advance=not inputs)[len(self._step):], pairs, inputs)
-            return
-        self._fired.add(path)
-        with rounding.paused():
-            self._record_now(path, pairs, inputs, module, args)
-
-    def _record_now(self, path, pairs, inputs, module, args):
-        plain = path + (":in" if inputs else "")
-        base = self._numbered(path, advance=not inputs) + (":in" if inputs else "")
-        numbered = base[len(self._step):]
-        for rest, tensor in pairs:
-            name = base + rest
-            inferred = None
-            if self._plan is not None and self._plan.active and not inputs:
-                def inferred(tensor=tensor, name=name):  # a DTensor plan's layout of a plain output
-                    return self._plan.layout(module, tensor, args, f"rank {self.rank}: tap '{name}'")
-            self._write(name, tensor, (plain + rest, plain, numbered + rest, numbered), watch=not inputs,
-                        inferred=inferred)
-
     def tap(self, name, tensor, spec=None, partial=None, **attrs):
         """A value that is not a module output (latents between steps): this
         rank's piece, with its layout (or the layouts' pattern for `name`)."""
@@ -274,30 +212,6 @@ class Capture(TapWriting):
             raise
         _active.append(self)
         return self
-
-    def _add_hooks(self, model, keep):
-        """A forward hook on every selected module (and a pre-hook with
-        inputs=True) that a compiled graph keeps (compiled.py); keep: a
-        compiled model's, left in place (empty) when the capture closes."""
-        for path, module in model.named_modules():
-            path = path or ROOT_NAME
-            if not self._selected(path):
-                continue
-            if compiled.never_runs(module):  # a ModuleList: no forward to hook
-                continue
-            name = self._renamed(path)
-            self._selected_paths.add(name)
-
-            def record(m, pairs, args, name=name):
-                self._record(name, pairs, module=m, args=args)
-
-            def record_inputs(m, pairs, args, name=name):
-                self._record(name, pairs, inputs=True)
-            for pre, fn in ((False, record), (True, record_inputs))[:2 if self.inputs else 1]:
-                slot, handle = compiled.hook(module, fn, _flatten, pre=pre, keep=keep)
-                self._slots.append(slot)
-                if handle is not None:
-                    self._handles.append(handle)
 
     def __exit__(self, exc_type, exc, tb):
         self._close(failed=exc_type is not None)

@@ -1,0 +1,100 @@
+"""The hooking half of a capture (diffcheck/torch.py's Capture): which
+modules get hooks, what their taps are called (module paths, `@k` for a
+module called again, `step<t>/`, `rename=`), and what a hook does with the
+output it is handed (compiled.py hands it over, eagerly or from a compiled
+graph). A mixin: the state it uses is the Capture's."""
+import fnmatch
+import functools
+
+import torch
+
+from diffcheck import compiled, rounding
+
+ROOT_NAME = "model"
+
+
+def _flatten(obj, name):
+    """(name, tensor) pairs of a module's output: containers get /index or /key."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_complex():
+            return
+        yield name, obj
+    elif isinstance(obj, dict):  # also transformers' ModelOutput
+        for k, v in obj.items():
+            yield from _flatten(v, f"{name}/{str(k).replace('/', '.')}")
+    elif isinstance(obj, (tuple, list)):
+        for i, v in enumerate(obj):
+            yield from _flatten(v, f"{name}/{i}")
+
+
+class ModuleHooks:
+    def _renamed(self, path):
+        for old, new in sorted(self.rename.items(), key=lambda kv: -len(kv[0])):  # the longest prefix wins
+            if path == old or path.startswith(old + "."):
+                rest = path[len(old):].lstrip(".")
+                return ".".join(part for part in (new, rest) if part) or ROOT_NAME
+        return path
+
+    def _numbered(self, name, advance=True):
+        """`name` on its first call in this step, `name@k` on the (k+1)-th."""
+        k = self._calls.get(name, 0)
+        if advance:
+            self._calls[name] = k + 1
+        return self._step + (name if k == 0 else f"{name}@{k}")
+
+    def _selected(self, path):
+        return (any(fnmatch.fnmatchcase(path, p) for p in self.include)
+                and not any(fnmatch.fnmatchcase(path, p) for p in self.exclude))
+
+    def _layout_for(self, *names):
+        for pattern, attrs in self.layouts:
+            if any(fnmatch.fnmatchcase(n, pattern) for n in names):
+                return pattern, attrs
+        return None, {}
+
+    def _record(self, path, pairs, inputs=False, module=None, args=()):
+        """A module call's output (or, before it runs, its inputs: `<path>:in`),
+        as (name suffix, tensor) pairs (`_flatten(value, "")`)."""
+        if self._counts.counting:  # the fake forward of a compiled model: its counts, nothing written
+            self._counts.note(self._numbered(path, advance=not inputs)[len(self._step):], pairs, inputs)
+            return
+        self._fired.add(path)
+        with rounding.paused():
+            self._record_now(path, pairs, inputs, module, args)
+
+    def _record_now(self, path, pairs, inputs, module, args):
+        plain = path + (":in" if inputs else "")
+        base = self._numbered(path, advance=not inputs) + (":in" if inputs else "")
+        numbered = base[len(self._step):]
+        plan = self._plan if self._plan is not None and self._plan.active and not inputs else None
+        for rest, tensor in pairs:
+            name = base + rest
+            # A DTensor plan's layout of a plain output, asked only where no layout pattern matches.
+            inferred = None if plan is None else functools.partial(
+                plan.layout, module, tensor, args, f"rank {self.rank}: tap '{name}'")
+            self._write(name, tensor, (plain + rest, plain, numbered + rest, numbered), watch=not inputs,
+                        inferred=inferred)
+
+    def _add_hooks(self, model, keep):
+        """A forward hook on every selected module (and a pre-hook with
+        inputs=True) that a compiled graph keeps (compiled.py); keep: a
+        compiled model's, left in place (empty) when the capture closes."""
+        for path, module in model.named_modules():
+            path = path or ROOT_NAME
+            if not self._selected(path):
+                continue
+            if compiled.never_runs(module):  # a ModuleList: no forward to hook
+                continue
+            name = self._renamed(path)
+            self._selected_paths.add(name)
+
+            def record(m, pairs, args, name=name):
+                self._record(name, pairs, module=m, args=args)
+
+            def record_inputs(m, pairs, args, name=name):
+                self._record(name, pairs, inputs=True)
+            for pre, fn in ((False, record), (True, record_inputs))[:2 if self.inputs else 1]:
+                slot, handle = compiled.hook(module, fn, _flatten, pre=pre, keep=keep)
+                self._slots.append(slot)
+                if handle is not None:
+                    self._handles.append(handle)
