@@ -154,6 +154,18 @@ class CompiledCaptureTest(unittest.TestCase):
                 np.testing.assert_array_equal(got["model"][0], c(self.x).numpy())
         self.assertEqual(dynamo_utils.counters["stats"]["unique_graphs"], graphs, "no recompile")
 
+    def test_another_instance_compiled_without_hooks_does_not_serve_the_captured_one(self):
+        """Dynamo shares graphs between instances of one class: an uninstrumented copy run
+        before and between the captures must not lend its hook-less graph to the captured model."""
+        import copy
+        plain = torch.compile(copy.deepcopy(self.model), backend="inductor")
+        c = torch.compile(self.model, backend="inductor")
+        for i in range(3):
+            with torch.no_grad():
+                plain(self.x)
+            got = self.capture(c, f"copy{i}", lambda: c(self.x))
+            self.assertEqual(len(got), 22)
+
     def test_a_module_that_never_ran_is_named_and_nothing_written(self):
         model = Stack(unused=True)
         c = torch.compile(model, backend="inductor")

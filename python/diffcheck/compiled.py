@@ -13,10 +13,9 @@ Run eagerly, the hook calls the slot directly.
 
 On a compiled model (a torch.compile wrapper given to capture()) the hooks
 stay after the capture closes, doing nothing until the next capture fills
-their slots: Dynamo guards on how many hooks a module has, so hooks removed
-and added again would recompile the model after and within every capture
-(and a graph compiled between captures, without them, would be taken
-again). With them kept, a capture per step compiles once. Their cost
+their slots: Dynamo then guards on the hooks a module has (first_capture),
+so hooks removed and added again would recompile the model after and within
+every capture. With them kept, a capture per step compiles once. Their cost
 between captures: one call of the op per hooked module and forward, which
 finds its slot empty. `diffcheck.torch.unhook(model)` removes them.
 
@@ -116,8 +115,14 @@ def unhook(model):
 def first_capture(wrapper):
     """The first capture of this compiled wrapper throws Dynamo's graphs away
     (torch.compiler.reset: every compiled model of the process recompiles on
-    its next call); later ones reuse the graphs it made."""
+    its next call); later ones reuse the graphs it made. From then on Dynamo
+    guards on hooks (torch._dynamo.config.skip_nnmodule_hook_guards =
+    False, for the rest of the process): by default it does not, and a
+    graph compiled for a module without hooks (another instance of the same
+    class: Dynamo shares graphs between them) would serve the hooked one."""
     if wrapper not in _reset_for:
+        import torch._dynamo
+        torch._dynamo.config.skip_nnmodule_hook_guards = False
         torch.compiler.reset()
         _reset_for.add(wrapper)
 
