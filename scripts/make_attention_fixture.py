@@ -3,7 +3,7 @@
 float64 for [heads, N, D] inputs whose length is not a multiple of the flash
 block sizes tested. Written in diffcheck's activation format.
 
-    /usr/bin/python3 scripts/make_attention_fixture.py tests/fixtures/attention_small.h5
+    .venv/bin/python scripts/make_attention_fixture.py tests/fixtures/attention_small.h5
 """
 import sys
 

@@ -5,9 +5,9 @@ C++ test can read it with the same reader as everything else.
 
 Written independently of diffcheck's kernels, after diffusers'
 FluxSingleTransformerBlock / FluxAttnProcessor / apply_rotary_emb
-(use_real=True, repeat_interleave_real=True). Needs Debian's python3-torch:
+(use_real=True, repeat_interleave_real=True). Runs in the torch environment (scripts/torch_env.sh):
 
-    /usr/bin/python3 scripts/make_flux_fixture.py tests/fixtures/flux_block_small.h5
+    .venv/bin/python scripts/make_flux_fixture.py tests/fixtures/flux_block_small.h5
 """
 import sys
 

@@ -8,9 +8,9 @@ Written independently of diffcheck's kernels, after diffusers'
 FlowMatchEulerDiscreteScheduler (dynamic shifting, calculate_shift),
 Timesteps/TimestepEmbedding, FluxSingleTransformerBlock, AdaLayerNormContinuous
 and the CFG combine of its pipelines. Weights are float32 values (the C++
-side takes them through its float generator hook). Needs Debian's python3-torch:
+side takes them through its float generator hook). Runs in the torch environment (scripts/torch_env.sh):
 
-    /usr/bin/python3 scripts/make_pipeline_fixture.py tests/fixtures/flux_pipeline_small.h5
+    .venv/bin/python scripts/make_pipeline_fixture.py tests/fixtures/flux_pipeline_small.h5
 """
 import math
 import sys

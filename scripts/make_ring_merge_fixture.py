@@ -7,7 +7,7 @@ flash-attn's ring code write it; max-subtracted exponentials), and exact
 attention over all keys. LSEs are head-major [heads, Sq]. Written in
 diffcheck's activation format.
 
-    /usr/bin/python3 scripts/make_ring_merge_fixture.py tests/fixtures/ring_merge_small.h5
+    .venv/bin/python scripts/make_ring_merge_fixture.py tests/fixtures/ring_merge_small.h5
 """
 import sys
 

@@ -4,7 +4,7 @@
 inputs, in float32 and bfloat16. Prints each combination's count of runs
 judged wrong and the worst err/tol of a clean run (how close it came).
 
-    DIFFCHECK_EXE=build/diffcheck /usr/bin/python3 scripts/sketch_false_positives.py [--seeds 100] [-n 2]
+    DIFFCHECK_EXE=build/diffcheck .venv/bin/python scripts/sketch_false_positives.py [--seeds 100] [-n 2]
 """
 import argparse
 import json

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Detection power of diffcheck.torch's tolerances on examples/tp_block.py:
 the smallest bug scale A (`--bug --bug-scale A`: the row-parallel sum holds
 the bias 1 + A (tp - 1) times instead of once) that each way of judging
@@ -14,9 +14,9 @@ still catches, found by bisection on log A, per dtype:
 Caught means exit 1 with the first divergence at attn.out (where the bug
 is). Each A is one run of the example; the three judgements read its files.
 
-    /usr/bin/python3 scripts/torch_detection_power.py [--tokens 128] [--dim 512] [-n 2] [--dtypes float32 bfloat16]
+    .venv/bin/python scripts/torch_detection_power.py [--tokens 128] [--dim 512] [-n 2] [--dtypes float32 bfloat16]
 
-Needs diffcheck on PATH (or DIFFCHECK_EXE) and python3-torch.
+Needs diffcheck on PATH (or DIFFCHECK_EXE) and torch (the torch environment, scripts/torch_env.sh).
 """
 import argparse
 import json

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Clean and --bug runs of the examples (tp_block.py, cfg_denoise.py) over
 sizes, dtypes and rank counts, each judged twice: the default workflow (the
 one-device run the example captures beside the reference is the yardstick)
@@ -9,14 +9,14 @@ attn.out; cfg_denoise: step1/time_embed or one of its layers); at one rank
 the --bug run is right (tp_block adds the bias once, cfg_denoise has no
 broadcast) and must pass.
 
-    /usr/bin/python3 scripts/torch_tolerance_matrix.py                      # issue 43's matrix
-    /usr/bin/python3 scripts/torch_tolerance_matrix.py --examples tp_block --tokens 32 128 --dims 64 512 --ranks 1 2
+    .venv/bin/python scripts/torch_tolerance_matrix.py                      # issue 43's matrix
+    .venv/bin/python scripts/torch_tolerance_matrix.py --examples tp_block --tokens 32 128 --dims 64 512 --ranks 1 2
 
 Exit 1 when the default workflow has a false positive or misplaces a bug
 (with --derived-too, also the derived rule alone); the nightly ctest
 `torch_tolerance_matrix` runs it whole with --derived-too.
 
-Needs diffcheck on PATH (or DIFFCHECK_EXE) and python3-torch. float16 cells
+Needs diffcheck on PATH (or DIFFCHECK_EXE) and torch (the torch environment, scripts/torch_env.sh). float16 cells
 are skipped where torch cannot compute float16 on the CPU (torch 1.13).
 """
 import argparse
