@@ -49,8 +49,16 @@ fi
 
 ((packages_only)) && exit 0
 
-# Before configuring: the build tree's Python tests run in it.
-((torch_env)) && bash scripts/torch_env.sh
+# The torch environment installs (pip, mostly one core and the network)
+# while the build runs; the environment itself exists before configuring,
+# which points the build tree's Python tests at it.
+torch_log=$(mktemp)
+if ((torch_env)); then
+  bash scripts/torch_env.sh --venv-only
+  bash scripts/torch_env.sh >"$torch_log" 2>&1 &
+  torch_pid=$!
+  trap 'kill "$torch_pid" 2>/dev/null' EXIT  # a failed build leaves no pip behind
+fi
 BUILD_DIR=${BUILD_DIR:-build}
 bash scripts/configure.sh "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}"
 # The demo waits for one program and the Python package's CPU sketch kernel
@@ -60,9 +68,15 @@ targets=(--target diffcheck --target diffcheck_sketch_cpu)
 ((test_tools)) && targets=()
 cmake --build "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"
 cmake --install "$BUILD_DIR" --prefix /usr/local >/dev/null
+if ((torch_env)); then
+  wait "$torch_pid" || { cat "$torch_log" >&2; echo "setup: the torch environment failed (above)" >&2; exit 1; }
+  trap - EXIT
+  cat "$torch_log"
+fi
+rm -f "$torch_log"
 # The Python package (import diffcheck) for Debian's python3, checked from
 # outside the source tree, as a user's program would import it. The demo
-# needs no torch: diffcheck.torch is for the torch environment below.
+# needs no torch: diffcheck.torch is for the torch environment above.
 (cd / && /usr/bin/python3 -c "import diffcheck, diffcheck.dump") ||
   { echo "setup: the diffcheck Python package does not import (see above)" >&2; exit 1; }
 echo "setup: $(command -v diffcheck) ready; /usr/bin/python3 -c 'import diffcheck' works"

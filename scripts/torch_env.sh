@@ -5,6 +5,8 @@
 # second run installs nothing. Called by `scripts/setup.sh --torch` (and
 # --test-tools); on its own: bash scripts/torch_env.sh
 #   DIFFCHECK_VENV   where (default <checkout>/.venv)
+#   --venv-only      make the (empty) environment and stop: setup.sh then
+#                    configures the build against it while the packages install
 #
 # The interpreter: torch 2.13.0's CPU build lies on this project's machines
 # for CPython 3.11 (pip takes it from the local wheel folder), so a Python
@@ -38,6 +40,7 @@ if [[ ! -x $venv/bin/python ]]; then
   echo "torch_env: creating $venv with $base ($("$base" --version 2>&1))"
   "$base" -m venv "$venv"
 fi
+[[ ${1:-} == --venv-only ]] && exit 0
 py=$venv/bin/python
 if ! "$py" - "${REQUIREMENTS[@]}" <<'EOF' 2>/dev/null; then
 import sys
