@@ -3,7 +3,7 @@
 
 A model parallelized with torch's `parallelize_module` and the plan's
 default `use_local_output=True` returns plain local tensors: the placements
-are gone by the time a forward hook sees the output. Three sources give
+are gone by the time a forward hook sees the output. Four sources give
 them back, most trusted first:
 
 1. what the plan declares: the output placements a parallel style's forward
