@@ -8,7 +8,7 @@ FILE.tmp, watch directory, /dev/shm entry, OpenMPI session directory or
 process is left; a run file of an earlier complete run is untouched. The same
 after a crash (--chaos crash@3) and a hang ended by the watchdog; a run
 without mpirun exits 130/143; an interrupted sweep-mesh leaves no trial's
-files. A quick set of scripts/interrupt_stress.py (random moments) too.
+files. A quick set of scripts/studies/interrupt_stress.py (random moments) too.
 
 As root, the module runs in a mount namespace of its own with a private
 /dev/shm, so that what other tests running beside it put there is not taken
@@ -192,7 +192,7 @@ class Interrupt(E2ETest):
 
     def test_random_moments(self):
         ranks, trials = ("1,4,16", "200") if FULL else ("4", "3")
-        res = self.run_cmd([sys.executable, os.path.join(SCRIPTS, "interrupt_stress.py"), "--exe", EXE,
+        res = self.run_cmd([sys.executable, os.path.join(SCRIPTS, "studies", "interrupt_stress.py"), "--exe", EXE,
                             "--mpirun", MPIEXEC, "-n", ranks, "--trials", trials, "--no-namespace"])
         self.assertExit(res, 0)
         self.assertIn("0 with problems", res.out)

@@ -108,7 +108,7 @@ class TorchE2E(E2ETest):
             self.expect("tp_block", 4, False, None, mpi=True)
 
     def test_examples_at_the_largest_size(self):
-        """A corner of scripts/torch_tolerance_matrix.py's matrix, judged both ways: by the
+        """A corner of scripts/studies/torch_tolerance_matrix.py's matrix, judged both ways: by the
         one-device yardstick the example captures and by the derived rule alone (the rounding
         counts dct.capture writes; before them it failed the correct block at attn.core, err/tol
         1.4): tp_block at 1024 tokens, D 1024, 2 ranks (9 s a run), cfg_denoise at 128 tokens,

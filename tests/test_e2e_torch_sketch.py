@@ -4,7 +4,7 @@ with --sketch give the verdict and first divergence whole capture gives
 tp_block_sketch.py's drill-down (sketches first, then only=report whole)
 reports the same element-level line for attn.out as whole capture does;
 sketch mode of 1.5 GiB of activations holds no whole tap (memory_probe.py).
-Nightly (DIFFCHECK_E2E_FULL=1): scripts/sketch_agreement.py's whole table."""
+Nightly (DIFFCHECK_E2E_FULL=1): scripts/studies/sketch_agreement.py's whole table."""
 import os
 import re
 import subprocess
@@ -73,7 +73,7 @@ class TorchSketchE2E(E2ETest):
     def test_agreement_table(self):
         if not FULL:
             self.skipTest("nightly (DIFFCHECK_E2E_FULL=1): every example, bug and rank count")
-        p = subprocess.run([sys.executable, os.path.join(SOURCE, "scripts", "sketch_agreement.py")],
+        p = subprocess.run([sys.executable, os.path.join(SOURCE, "scripts", "studies", "sketch_agreement.py")],
                            capture_output=True, text=True, timeout=3600)
         self.assertEqual(p.returncode, 0, p.stderr)
         m = re.search(r"verdicts: (\d+) of (\d+) runs", p.stdout)

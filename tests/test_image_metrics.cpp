@@ -1,6 +1,6 @@
 // PSNR and SSIM (check/image_metrics) against scikit-image's
 // peak_signal_noise_ratio and structural_similarity on the same images
-// (tests/fixtures/image_metrics_small.h5, scripts/make_image_metrics_fixture.py).
+// (tests/fixtures/image_metrics_small.h5, scripts/fixtures/make_image_metrics_fixture.py).
 #include <gtest/gtest.h>
 
 #include <cmath>

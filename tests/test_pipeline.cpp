@@ -1,6 +1,6 @@
 // The pipeline math of flux_pipeline (reference/flux_pipeline.h) against a
 // tiny FLUX-style pipeline computed by PyTorch in float64
-// (scripts/make_pipeline_fixture.py): the shifted flow-match schedule, the
+// (scripts/fixtures/make_pipeline_fixture.py): the shifted flow-match schedule, the
 // timestep and pooled-text conditioning, two single-stream blocks, the final
 // norm and projection, the CFG combine and the Euler step, over three steps.
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 - whole taps through host staging (staging.py, what a CUDA model uses): the
   same values as the direct path, taken when the hook ran (a later in-place
   change does not reach the file), never more buffers than its slots;
-- scripts/gpu_sketch_bench.py at its tiny size on the CPU.
+- scripts/bench/gpu_sketch_bench.py at its tiny size on the CPU.
 (torch.compile'd models, for real: test_torch_compile.py.)
 Runs against the source tree (PYTHONPATH=python/)."""
 import json
@@ -79,10 +79,10 @@ class DeviceTwinTest(unittest.TestCase):
         self.assertFalse(pool.pinned)
 
     def test_gpu_script_runs_its_cpu_twin(self):
-        """scripts/gpu_sketch_bench.py (what a lent GPU runs) at its tiny size on the CPU: its
+        """scripts/bench/gpu_sketch_bench.py (what a lent GPU runs) at its tiny size on the CPU: its
         figures written, and its sketch files compare clean against its sketched reference."""
         out = os.path.join(self.dir, "gsb")
-        script = os.path.join(os.path.dirname(__file__), "..", "scripts", "gpu_sketch_bench.py")
+        script = os.path.join(os.path.dirname(__file__), "..", "scripts", "bench", "gpu_sketch_bench.py")
         p = subprocess.run([sys.executable, script, "--device", "cpu", "--tiny", "--rounds", "1", "--no-compile",
                             "--out", out], capture_output=True, text=True, timeout=300)
         self.assertEqual(p.returncode, 0, p.stderr)

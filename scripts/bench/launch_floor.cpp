@@ -1,6 +1,6 @@
 // The launch floor: a bare MPI program doing what any N-rank job must (start,
 // 50 small all-to-alls, finish). The yardstick `diffcheck --scenario` is timed
-// against (scripts/bench_launch_floor.py). Bare MPI on purpose: it measures
+// against (scripts/bench/bench_launch_floor.py). Bare MPI on purpose: it measures
 // mpirun and MPI_Init, not diffcheck.
 #include <mpi.h>
 

@@ -5,8 +5,8 @@ Alternates `mpirun -n N build/launch_floor` (a bare MPI program: 50 small
 all-to-alls) and `mpirun -n N diffcheck --scenario S [ARGS]`, K times each,
 and prints both medians and the median of the paired ratios.
 
-    /usr/bin/python3 scripts/bench_launch_floor.py                      # flux_tp, 16 ranks
-    /usr/bin/python3 scripts/bench_launch_floor.py -- --mesh dp=16,tp=1
+    /usr/bin/python3 scripts/bench/bench_launch_floor.py                      # flux_tp, 16 ranks
+    /usr/bin/python3 scripts/bench/bench_launch_floor.py -- --mesh dp=16,tp=1
 """
 import argparse
 import os

@@ -4,7 +4,7 @@ the largest clean-run error as a fraction of its tolerance (must be < 1), and
 for each fault the first divergent tap with its error / tolerance (> 1) or the
 replica check that caught it.
 
-    /usr/bin/python3 scripts/tolerance_margins.py [-n RANKS] [--tolerance derived|calibrated]
+    /usr/bin/python3 scripts/studies/tolerance_margins.py [-n RANKS] [--tolerance derived|calibrated]
         [--set flag=value]... [SCENARIO ...]
 
 err/tol is the tap's margin: the larger of its element-wise and (for
@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 
-here = os.path.dirname(os.path.abspath(__file__))
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_orte_execute_quiet="1",
            OPENBLAS_NUM_THREADS="1")

@@ -4,7 +4,7 @@
 inputs, in float32 and bfloat16. Prints each combination's count of runs
 judged wrong and the worst err/tol of a clean run (how close it came).
 
-    DIFFCHECK_EXE=build/diffcheck .venv/bin/python scripts/sketch_false_positives.py [--seeds 100] [-n 2]
+    DIFFCHECK_EXE=build/diffcheck .venv/bin/python scripts/studies/sketch_false_positives.py [--seeds 100] [-n 2]
 """
 import argparse
 import json
@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PREFIX = {"tp_block": "tp", "cfg_denoise": "cfg"}
 
 

@@ -7,8 +7,8 @@ an ideal run must do, OpenBLAS at one thread per rank) and
 K times each; prints both medians, the median of the paired ratios, and the
 profile of the median diffcheck run.
 
-    /usr/bin/python3 scripts/bench_gemm_floor.py -k 3 -- --reference-cache off   # first runs
-    /usr/bin/python3 scripts/bench_gemm_floor.py -k 3 --warm                      # cached references
+    /usr/bin/python3 scripts/bench/bench_gemm_floor.py -k 3 -- --reference-cache off   # first runs
+    /usr/bin/python3 scripts/bench/bench_gemm_floor.py -k 3 --warm                      # cached references
 """
 import argparse
 import os
@@ -22,8 +22,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("-k", type=int, default=3)
-ap.add_argument("--diffcheck", default=os.path.join(HERE, "..", "build", "diffcheck"))
-ap.add_argument("--floor-source", default=os.path.join(HERE, "..", "..", "shared", "bench", "flux1dev_gemm_floor.c"))
+ap.add_argument("--diffcheck", default=os.path.join(HERE, "..", "..", "build", "diffcheck"))
+ap.add_argument("--floor-source", default=os.path.join(HERE, "..", "..", "..", "shared", "bench", "flux1dev_gemm_floor.c"))
 ap.add_argument("--warm", action="store_true",
                 help="run diffcheck once first with a fresh reference cache, so the timed runs read their references")
 ap.add_argument("--no-profile", action="store_true", help="for builds before --profile existed")

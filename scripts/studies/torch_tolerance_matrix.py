@@ -9,8 +9,8 @@ attn.out; cfg_denoise: step1/time_embed or one of its layers); at one rank
 the --bug run is right (tp_block adds the bias once, cfg_denoise has no
 broadcast) and must pass.
 
-    .venv/bin/python scripts/torch_tolerance_matrix.py                      # issue 43's matrix
-    .venv/bin/python scripts/torch_tolerance_matrix.py --examples tp_block --tokens 32 128 --dims 64 512 --ranks 1 2
+    .venv/bin/python scripts/studies/torch_tolerance_matrix.py                      # issue 43's matrix
+    .venv/bin/python scripts/studies/torch_tolerance_matrix.py --examples tp_block --tokens 32 128 --dims 64 512 --ranks 1 2
 
 Exit 1 when the default workflow has a false positive or misplaces a bug
 (with --derived-too, also the derived rule alone); the nightly ctest
@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # example: (its rank files' prefix in --out, whether a tap name is the documented first divergence)
 EXAMPLES = {"tp_block": ("tp", lambda tap: tap == "attn.out"),
             "cfg_denoise": ("cfg", lambda tap: tap is not None and tap.startswith("step1/time_embed"))}

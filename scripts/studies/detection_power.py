@@ -12,7 +12,7 @@ For every scenario and dtype it calibrates (`diffcheck calibrate`) once on
     by bisection on log A, under each rule.
 Prints markdown tables (docs/tolerances.md holds them) and writes --json.
 
-    /usr/bin/python3 scripts/detection_power.py --exe build/diffcheck [-n 16] [--seeds 100]
+    /usr/bin/python3 scripts/studies/detection_power.py --exe build/diffcheck [-n 16] [--seeds 100]
         [--scenario S]... [--dtype D]... [--same-seed] [--no-detection] [--no-false-positives] [--json FILE]
 """
 import argparse
@@ -24,7 +24,6 @@ import sys
 import tempfile
 import time
 
-here = os.path.dirname(os.path.abspath(__file__))
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_orte_execute_quiet="1",
            OPENBLAS_NUM_THREADS="1")

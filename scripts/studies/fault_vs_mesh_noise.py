@@ -16,7 +16,7 @@ yardstick computed in the same dtype in another order (a one-device run, the
 float64 reference) can tell it from a correct run. docs/tolerances.md uses it
 for flux_pipeline's text_kv_rotated in bfloat16.
 
-    /usr/bin/python3 scripts/fault_vs_mesh_noise.py --exe build/diffcheck --scenario flux_pipeline \\
+    /usr/bin/python3 scripts/studies/fault_vs_mesh_noise.py --exe build/diffcheck --scenario flux_pipeline \\
         --fault text_kv_rotated --scale 0.0131 --dtype bfloat16 [--seed 1234] [-n1 16 -n2 8 --mesh2 M]
 """
 import argparse

@@ -8,7 +8,7 @@ rank's time. Before each timed forward the page cache is synced to disk, so
 that a capture's writeback does not slow the next forward; the time of that
 sync after a capture is reported too (what making the taps durable adds).
 
-    .venv/bin/python scripts/bench_torch_capture.py [--size example|medium|large] [-n 2] [--rounds 9] [--backward]
+    .venv/bin/python scripts/bench/bench_torch_capture.py [--size example|medium|large] [-n 2] [--rounds 9] [--backward]
                                                     [--sketch [K]] [--steps N] [--profile FILE]
                                                     [--without sketch writes] [--compile]
 
@@ -51,8 +51,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "examples"))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 SIZES = {"example": (2, 16, 64, 8, 256), "medium": (2, 512, 1024, 16, 4096), "large": (4, 1024, 2048, 16, 8192)}
 

@@ -4,7 +4,7 @@ n flags, over every position of the pair, against 2^n for exhaustive search.
 Each trial is a real child process (a shell that fails when both flags are in
 XLA_FLAGS).
 
-    /usr/bin/python3 scripts/bisect_trials.py [--exe diffcheck] 8 16
+    /usr/bin/python3 scripts/studies/bisect_trials.py [--exe diffcheck] 8 16
 """
 import argparse
 import itertools

@@ -14,7 +14,7 @@ still catches, found by bisection on log A, per dtype:
 Caught means exit 1 with the first divergence at attn.out (where the bug
 is). Each A is one run of the example; the three judgements read its files.
 
-    .venv/bin/python scripts/torch_detection_power.py [--tokens 128] [--dim 512] [-n 2] [--dtypes float32 bfloat16]
+    .venv/bin/python scripts/studies/torch_detection_power.py [--tokens 128] [--dim 512] [-n 2] [--dtypes float32 bfloat16]
 
 Needs diffcheck on PATH (or DIFFCHECK_EXE) and torch (the torch environment, scripts/torch_env.sh).
 """
@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "tp_block.py")
 WAYS = {"default": (), "noise floor": ("--noise-floor", "{floor}"), "derived": ("--noise-floor", "off")}
 

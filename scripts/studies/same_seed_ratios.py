@@ -11,7 +11,7 @@ tap's err/tol under the limits the run applied (over 1: a false positive).
 Prints the worst of each per scenario and dtype as a markdown table, and
 writes every figure to --json.
 
-    /usr/bin/python3 scripts/same_seed_ratios.py --exe build/diffcheck [-n 16] [--seeds 100]
+    /usr/bin/python3 scripts/studies/same_seed_ratios.py --exe build/diffcheck [-n 16] [--seeds 100]
         [--first-seed 2] [--scenario S]... [--dtype D]... [--json FILE]
 """
 import argparse

@@ -15,8 +15,8 @@ sketch files of one forward and of the same model run in float64 on the
 device (the reference) go under --out, to be compared at home with
 `diffcheck compare`. Results: <out>/gpu_sketch_bench.json.
 
-    python3 scripts/gpu_sketch_bench.py --out $OUT            # on the GPU machine
-    python3 scripts/gpu_sketch_bench.py --device cpu --tiny   # the CPU twin (tests the script)
+    python3 scripts/bench/gpu_sketch_bench.py --out $OUT            # on the GPU machine
+    python3 scripts/bench/gpu_sketch_bench.py --device cpu --tiny   # the CPU twin (tests the script)
 """
 import argparse
 import json
@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import diffcheck.torch as dct  # noqa: E402
 
 

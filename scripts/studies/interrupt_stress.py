@@ -21,7 +21,7 @@ otherwise (or with --no-namespace) /dev/shm is the machine's: run it alone.
 OpenMPI's session directories go under the trial's directory
 (orte_tmpdir_base), where what is left is seen.
 
-    python3 scripts/interrupt_stress.py --exe build/diffcheck -n 1,4,16 --trials 200
+    python3 scripts/studies/interrupt_stress.py --exe build/diffcheck -n 1,4,16 --trials 200
 prints one line per trial and a summary; exit 0 when every trial was clean.
 """
 import argparse
@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/: child_process
 from child_process import live_processes  # noqa: E402
 
 

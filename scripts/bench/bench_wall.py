@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Wall time of a command over K runs (median, min, max); exit status checked.
 
-    /usr/bin/python3 scripts/bench_wall.py -k 5 -- mpirun -n 16 diffcheck --scenario flux_tp
+    /usr/bin/python3 scripts/bench/bench_wall.py -k 5 -- mpirun -n 16 diffcheck --scenario flux_tp
 """
 import argparse
 import os

@@ -11,7 +11,7 @@ example, bug and rank count, the same run captured whole and as sketches
   - the estimate's accuracy on synthetic errors by shape (random, one token,
     a shared bias, a per-token scale, rank one), 200 each.
 
-    DIFFCHECK_EXE=build/diffcheck .venv/bin/python scripts/sketch_agreement.py [--ranks 1 2 4] [--quick]
+    DIFFCHECK_EXE=build/diffcheck .venv/bin/python scripts/studies/sketch_agreement.py [--ranks 1 2 4] [--quick]
 """
 import argparse
 import json
@@ -24,7 +24,7 @@ import tempfile
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from diffcheck import sketch  # noqa: E402
 

@@ -6,7 +6,7 @@ Writes (with h5py) a run file of 10 taps of 4x4 float32 per rank on mesh
 dp=P (a replicated tap, a dp-sharded tap with a reference, ...) and times
 `diffcheck compare` on it, median of K, for each rank count.
 
-    /usr/bin/python3 scripts/bench_compare_ranks.py --ranks 1024,8192,65536
+    /usr/bin/python3 scripts/bench/bench_compare_ranks.py --ranks 1024,8192,65536
 """
 import argparse
 import os

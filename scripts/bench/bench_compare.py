@@ -9,9 +9,9 @@ time (median of K) and peak RSS (from wait4), with `cat` of both files (the
 page-cache read floor) in the same alternation. Also the same on an identical
 pair, and, with --sizes, diffcheck's peak RSS across tensor sizes.
 
-    /usr/bin/python3 scripts/bench_compare.py                 # 64 Mi elements, K = 5
-    /usr/bin/python3 scripts/bench_compare.py --every-element # also every element close, every element wrong
-    /usr/bin/python3 scripts/bench_compare.py --sizes 16,256  # memory flat in size (Mi elements)
+    /usr/bin/python3 scripts/bench/bench_compare.py                 # 64 Mi elements, K = 5
+    /usr/bin/python3 scripts/bench/bench_compare.py --every-element # also every element close, every element wrong
+    /usr/bin/python3 scripts/bench/bench_compare.py --sizes 16,256  # memory flat in size (Mi elements)
 """
 import argparse
 import os
