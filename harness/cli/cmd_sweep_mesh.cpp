@@ -1,0 +1,83 @@
+// `diffcheck sweep-mesh`: a scenario on every mesh shape N ranks can form,
+// each mesh's verdict held to what the injected fault says it does there.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "harness/cli/commands.h"
+#include "harness/cli/options.h"
+#include "harness/core/error.h"
+#include "harness/core/flags.h"
+#include "harness/core/log.h"
+#include "harness/run/scenario.h"
+
+namespace dc::cli {
+
+void SweepMeshCommand::add(CLI::App& app) {
+  sub = app.add_subcommand("sweep-mesh", "Run a scenario on every mesh shape N ranks can form over its axes (each a child mpirun with a time limit); exit 1 if any mesh fails");
+  sub->add_option("--scenario", options.scenario, "Scenario to sweep")->required();
+  sub->add_option("-n", options.ranks, "Number of ranks")->required()->check(CLI::PositiveNumber);
+  sub->add_option("--inject", options.fault, "Fault to inject in every run");
+  sub->add_option("--flag", options.flags, "Scenario flag name=value (repeatable)");
+  sub->add_option("--dtype", options.dtype, "Compute dtype")->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
+  sub->add_option("--size", options.size, "Problem size preset")->capture_default_str();
+  add_pipeline_options(*sub, options.pipeline);
+  sub->add_option("--tolerances", options.tolerances_file, "Tolerance file (diffcheck calibrate) for every run");
+  sub->add_option("--tolerance", options.tolerance, "derived or calibrated (measured within each run)")
+      ->check(CLI::IsMember({"derived", "calibrated"}));
+  sub->add_option("--timeout", options.timeout_seconds, "Time limit per mesh, seconds")->capture_default_str();
+  sub->add_option("--json", options.json_path, "Also write the table as JSON");
+  sub->add_option("--junit", options.junit_path, "Also write a JUnit XML report (one test case per mesh)");
+  sub->add_option("--html", options.html_path, "Also write a self-contained HTML page: a mesh x tap heatmap of err/tol");
+  sub->add_option("--mpirun", options.mpirun, "MPI launcher")->capture_default_str();
+  sub->add_option("--launcher", options.launcher,
+                    "Launcher template, {n} = ranks, e.g. 'mpirun --host h1:8,h2:8 -n {n}' or 'srun -n {n}' "
+                    "(default: '<--mpirun> -n {n}')");
+  sub->add_option("--work-dir", options.work_dir,
+                    "Directory for each mesh's run file and report (default: the system's temporary directory); "
+                    "when the launcher starts rank 0 on another host, one that host and this one share");
+  sub->add_option("--mesh", options.only_meshes, "Run only this mesh (repeatable), written as the sweep lists it, e.g. dp=2,tp=8");
+  sub->add_option("--reports", options.reports_dir,
+                    "Keep each mesh's run report in DIR: <mesh>.json and <mesh>.html (e.g. dp2_tp8.html)");
+  sub->add_option("--show-tap", options.show_taps, "Add a column with this tap's worst err/tol on each mesh (repeatable)");
+  sub->add_flag("--dry-run", options.dry_run, "List the meshes that would run and those the size rules out; run nothing");
+}
+
+namespace {
+
+// What a mesh's run must give with `fault` injected: FAIL at its first tap
+// where the fault takes effect and its flags are all given, else PASS.
+void expect_fault(SweepMeshOptions& sw, const dc::Scenario& s) {
+  const auto faults = s.faults();
+  auto f = std::find_if(faults.begin(), faults.end(), [&](const dc::FaultSpec& x) { return x.name == sw.fault; });
+  if (f == faults.end()) dc::input_error("unknown fault '{}' for scenario '{}' (see 'diffcheck list')", sw.fault, sw.scenario);
+  // The fault is inert without its flags: expect failures only when they are all given.
+  auto with_needs = sw.flags;
+  with_needs.insert(with_needs.end(), f->needs_flags.begin(), f->needs_flags.end());
+  const bool armed = dc::FlagValues::resolve(s.flags(), sw.flags, s.name()).str() ==
+                     dc::FlagValues::resolve(s.flags(), with_needs, s.name()).str();
+  sw.expected = [f = *f, armed, size = sw.size](const dc::Mesh& m) -> std::pair<std::string, std::string> {
+    if (!armed || !f.takes_effect(m)) return {"PASS", ""};
+    if (f.crashes_on && f.crashes_on(m, size)) return {"CRASHED", ""};
+    return {f.may_hang ? "FAIL|HANG|DESYNC" : "FAIL", f.first_tap};
+  };
+}
+
+}  // namespace
+
+int SweepMeshCommand::execute() {
+  dc::setup_logging(-1);
+  try {
+    const dc::Scenario* s = dc::find_scenario(options.scenario);
+    if (!s) dc::input_error("unknown scenario '{}' (see 'diffcheck list')", options.scenario);
+    options.axes = s->mesh_axes();
+    options.check_mesh = [s, size = options.size](const dc::Mesh& m) { s->check_mesh(m, size); };
+    if (!options.fault.empty()) expect_fault(options, *s);
+    return dc::sweep_mesh(options);
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return dc::kExitError;
+  }
+}
+
+}  // namespace dc::cli
