@@ -1,23 +1,19 @@
+// `diffcheck sweep-mesh`: a scenario on every mesh shape N ranks can form,
+// each a child run with a time limit, judged against what the injected fault
+// is documented to do there (reports: search/sweep_mesh_rows.cpp).
 #include "harness/search/sweep_mesh.h"
 
-#include "harness/check/html.h"
-#include "harness/check/junit.h"
-
 #include <fmt/format.h>
-
-#include <algorithm>
 #include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <nlohmann/json.hpp>
 
 #include "harness/core/error.h"
-#include "harness/core/files.h"
 #include "harness/search/launcher.h"
+#include "harness/search/sweep_mesh_rows.h"
 #include "harness/search/trial.h"
 
 namespace dc {
@@ -38,151 +34,87 @@ void factor(int rest, std::size_t axes, std::vector<int>& cur, std::vector<std::
     }
 }
 
-struct MeshRow {
-  std::string mesh, verdict, first_tap, detail;
-  double seconds = 0;
-  bool failed = false;
-  std::string expected;      // with a fault: "PASS" or "FAIL at 'tap'"
-  bool as_expected = true;
-  std::string report_stem;   // with --reports: <dir>/<stem>.json and .html
-  std::vector<std::pair<std::string, html::CellState>> taps;  // for the HTML heatmap
-};
-
-// A JSON number the report may have written as "nan" / "inf".
-double json_number(const nlohmann::json& v) {
-  if (v.is_number()) return v.get<double>();
-  if (v.is_string()) return std::strtod(v.get<std::string>().c_str(), nullptr);
-  return -1;
+// --mesh as the user wrote it: axes left out have size 1 ("tp=16" is dp=1,tp=16).
+std::vector<std::string> only_meshes(const SweepMeshOptions& opts) {
+  const auto& axes = opts.axes;
+  std::vector<std::string> only;
+  for (const auto& text : opts.only_meshes) {
+    const Mesh given = Mesh::parse(text);
+    std::vector<Axis> ax;
+    for (const auto& a : axes) ax.push_back({a, given.axis_index(a) < 0 ? 1 : given.axis_size(a)});
+    for (const auto& a : given.axes())
+      if (std::find(axes.begin(), axes.end(), a.name) == axes.end())
+        input_error("sweep-mesh: --mesh {}: scenario '{}' has no axis '{}'; its axes are {}", text, opts.scenario,
+                    a.name, fmt::join(axes, ", "));
+    only.push_back(Mesh(ax).str());
+  }
+  return only;
 }
 
-html::CellState cell_of(const nlohmann::json& tap) {
-  html::CellState c;
-  c.nonfinite = tap["nonfinite"]["nan"].get<long long>() + tap["nonfinite"]["inf"].get<long long>();
-  if (!tap["replica"]["pass"].get<bool>()) c.replica = json_number(tap["replica"]["max_abs"]);
-  if (tap["reference"]["present"].get<bool>()) c.ratio = json_number(tap["reference"]["worst_ratio"]);
-  return c;
+// The meshes to run: every factorization the scenario accepts, or those asked for.
+std::vector<Mesh> plan_meshes(const SweepMeshOptions& opts, SkippedMeshes& skipped) {
+  const auto& axes = opts.axes;
+  const std::vector<std::string> only = only_meshes(opts);
+  std::vector<Mesh> plan;
+  std::vector<std::string> all;
+  for (const auto& sizes : mesh_factorizations(opts.ranks, axes.size())) {
+    std::vector<Axis> ax;
+    for (std::size_t i = 0; i < axes.size(); ++i) ax.push_back({axes[i], sizes[i]});
+    Mesh mesh(ax);
+    all.push_back(mesh.str());
+    if (!only.empty() && std::find(only.begin(), only.end(), mesh.str()) == only.end())
+      continue;
+    try {
+      opts.check_mesh(mesh);
+    } catch (const InputError& e) {
+      skipped.emplace_back(mesh.str(), e.what());
+      continue;
+    }
+    plan.push_back(mesh);
+  }
+  for (const auto& m : only)
+    if (std::find(all.begin(), all.end(), m) == all.end())
+      input_error("sweep-mesh: --mesh {} is not one of the {} meshes of {} ranks over {} (e.g. {})", m, all.size(),
+                  opts.ranks, fmt::join(axes, ","), all.empty() ? "" : all.front());
+  return plan;
 }
 
-MeshRow judge(const std::string& mesh, const TrialOutcome& t, const std::string& json_file) {
-  MeshRow row{mesh, "", "-", "", t.seconds, true};
-  const auto c = t.classify();
-  if (c == TrialOutcome::Class::timed_out || c == TrialOutcome::Class::crashed ||
-      c == TrialOutcome::Class::interrupted) {
-    row.verdict = c == TrialOutcome::Class::timed_out ? "TIMED OUT" : c == TrialOutcome::Class::crashed ? "CRASHED" : "INTERRUPTED";
-    row.detail = t.describe();
-    return row;
-  }
-  // A finding about the code under test that ends the run before any report
-  // (exit 1): an exception or fault (CRASH), ranks stuck (HANG, from the
-  // watchdog) or in mismatched collectives (DESYNC).
-  if (t.exit_code == 1 && !std::filesystem::exists(json_file)) {
-    for (const auto& [needle, verdict] : {std::pair{"CRASH on ", "CRASHED"}, std::pair{"HANG: ", "HANG"},
-                                          std::pair{"DESYNC: ", "DESYNC"}}) {
-      const auto at = t.output.find(needle);
-      if (at == std::string::npos) continue;
-      row.verdict = verdict;
-      row.detail = t.output.substr(at, t.output.find('\n', at) - at);
-      return row;
-    }
-  }
-  if (t.exit_code == 2 || !std::filesystem::exists(json_file)) {
-    row.verdict = "ERROR";
-    auto last = t.output.find_last_of('\n', t.output.size() > 1 ? t.output.size() - 2 : 0);
-    row.detail = t.output.substr(last == std::string::npos ? 0 : last + 1);
-    while (!row.detail.empty() && row.detail.back() == '\n') row.detail.pop_back();
-    if (t.exit_code != 2) row.detail = missing_report_hint(json_file);
-    return row;
-  }
-  nlohmann::json j;
-  std::ifstream(json_file) >> j;
-  for (const auto& tap : j["taps"]) row.taps.emplace_back(tap["name"].get<std::string>(), cell_of(tap));
-  if (j["pass"].get<bool>()) {
-    row.verdict = "PASS";
-    row.failed = false;
-    return row;
-  }
-  row.verdict = "FAIL";
-  const auto& fd = j["first_divergence"];
-  row.first_tap = fd["tap"].get<std::string>();
-  row.detail = fmt::format("{}", fmt::join(fd["checks"].get<std::vector<std::string>>(), ","));
-  for (const auto& tap : j["taps"])
-    if (tap["name"] == fd["tap"] && tap["replica"].contains("worst")) {
-      const auto& w = tap["replica"]["worst"];
-      row.detail += fmt::format(": replicas differ across {} (max diff {})",
-                                fmt::join(w["axes"].get<std::vector<std::string>>(), ", "),
-                                tap["replica"]["max_abs"].dump());
-    }
+// One mesh's run: a child `diffcheck --scenario` under the launcher.
+MeshRow run_mesh(const SweepMeshOptions& opts, const Mesh& mesh, const std::string& out, const std::string& json,
+                 const std::string& kept) {
+  TrialSpec t{launcher_argv(opts.launcher, opts.mpirun, opts.ranks), {}, opts.timeout_seconds};
+  t.argv.insert(t.argv.end(), {self_executable(), "--scenario", opts.scenario, "--mesh", mesh.str(),
+                               "--dtype", opts.dtype, "--size", opts.size, "--out", out, "--json", json});
+  if (!kept.empty()) t.argv.insert(t.argv.end(), {"--html", kept + ".html"});
+  if (!opts.fault.empty()) t.argv.insert(t.argv.end(), {"--inject", opts.fault});
+  if (!opts.tolerances_file.empty()) t.argv.insert(t.argv.end(), {"--tolerances", opts.tolerances_file});
+  if (!opts.tolerance.empty()) t.argv.insert(t.argv.end(), {"--tolerance", opts.tolerance});
+  for (const auto& a : opts.pipeline.args()) t.argv.push_back(a);
+  for (const auto& f : opts.flags) t.argv.insert(t.argv.end(), {"--flag", f});
+  if (isatty(2)) std::cerr << fmt::format("sweep-mesh: {} ...\r", mesh.str()) << std::flush;
+  std::filesystem::remove(json);  // a report left by an earlier sweep is not this run's
+  MeshRow row = judge_mesh(mesh.str(), run_trial(t), json);
+  std::filesystem::remove(out);
+  if (kept.empty()) std::filesystem::remove(json);
+  else row.report_stem = kept;
   return row;
 }
 
-// The seeds/001 picture: meshes down, taps across, each cell the tap's worst
-// err/tol on that mesh (replica mismatches and NaN/Inf in their colours); a
-// mesh with no result is a grey row saying why.
-void write_html(const std::string& path, const SweepMeshOptions& opts, const std::vector<MeshRow>& rows,
-                const std::vector<std::pair<std::string, std::string>>& skipped) {
-  std::vector<std::string> taps;
-  for (const auto& r : rows)
-    for (const auto& [name, c] : r.taps)
-      if (std::find(taps.begin(), taps.end(), name) == taps.end()) taps.push_back(name);
-  const int cw = 26, ch = 20, left = 170, top = 150;
-  const int width = left + static_cast<int>(std::max<std::size_t>(taps.size(), 1)) * cw + 320;
-  const int height = top + static_cast<int>(rows.size()) * ch + 10;
-  int failed = 0;
-  for (const auto& r : rows) failed += r.failed;
-  const std::string title = fmt::format("diffcheck sweep-mesh: {} on {} ranks{}", opts.scenario, opts.ranks,
-                                        opts.fault.empty() ? "" : ", inject " + opts.fault);
-  std::string s = html::page_begin(title);
-  s += fmt::format("<h1>{} {}</h1>\n<div class=\"meta\">{} meshes run, {} fail, {} skipped by the problem "
-                   "size{}</div>\n",
-                   html::esc(title), html::verdict_badge(failed == 0 && !rows.empty(), failed ? "FAIL" : "PASS"),
-                   rows.size(), failed, skipped.size(),
-                   opts.flags.empty() ? "" : fmt::format(" &middot; flags {}", html::esc(fmt::format("{}", fmt::join(opts.flags, " ")))));
-  s += "<h2>Worst error over tolerance, per mesh and tap</h2>\n" + html::legend();
-  s += fmt::format("<svg id=\"heatmap\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\">\n", width,
-                   height);
-  for (std::size_t k = 0; k < taps.size(); ++k)
-    s += fmt::format("<text class=\"tap-label\" transform=\"translate({},{}) rotate(-60)\">{}</text>\n",
-                     left + static_cast<int>(k) * cw + cw / 2, top - 6, html::esc(taps[k]));
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const MeshRow& r = rows[i];
-    const int y = top + static_cast<int>(i) * ch;
-    s += fmt::format("<text class=\"mesh-label{}\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
-                     r.failed ? " first" : "", left - 6, y + ch - 6, html::esc(r.mesh));
-    for (std::size_t k = 0; k < taps.size(); ++k) {
-      html::CellState c;
-      c.error = r.taps.empty();
-      bool has = c.error;
-      for (const auto& [name, st] : r.taps)
-        if (name == taps[k]) c = st, has = true;
-      if (!has) continue;  // this mesh records no such tap
-      std::string kind;
-      const std::string fill = html::fill(c, kind);
-      const bool first = r.first_tap == taps[k];
-      std::string tip = fmt::format("mesh {}, tap {}", r.mesh, taps[k]);
-      if (c.error) tip += "\n" + r.verdict + (r.detail.empty() ? "" : ": " + r.detail);
-      else tip += c.ratio >= 0 || std::isnan(c.ratio) ? "\nerr/tol " + html::num(c.ratio) : "\nno reference";
-      if (c.replica != 0) tip += "\nreplica difference " + html::num(c.replica);
-      if (c.nonfinite) tip += fmt::format("\n{} NaN/Inf", c.nonfinite);
-      if (first) tip += "\nfirst divergence of this mesh";
-      s += fmt::format("<rect class=\"cell {}{}\" data-mesh=\"{}\" data-tap=\"{}\" x=\"{}\" y=\"{}\" width=\"{}\" "
-                       "height=\"{}\" fill=\"{}\"{}><title>{}</title></rect>\n",
-                       kind, first ? " first" : "", html::esc(r.mesh), html::esc(taps[k]),
-                       left + static_cast<int>(k) * cw, y, cw - 2, ch - 2, fill,
-                       first ? " stroke=\"#000\" stroke-width=\"2\"" : "", html::esc(tip));
-    }
-    s += fmt::format("<text x=\"{}\" y=\"{}\">{} {:.1f} s{}</text>\n",
-                     left + static_cast<int>(taps.size()) * cw + 8, y + ch - 6, html::esc(r.verdict), r.seconds,
-                     r.first_tap.empty() || r.first_tap == "-" ? "" : " &#8594; " + html::esc(r.first_tap));
+// What the mesh's row was expected to be (opts.expected) and whether it is.
+void hold_to_expectation(const SweepMeshOptions& opts, const Mesh& mesh, MeshRow& row) {
+  // `verdict` may list alternatives ("FAIL|HANG|DESYNC"); a FAIL must be at `tap`.
+  const auto [verdict, tap] = opts.expected(mesh);
+  std::vector<std::string> allowed;
+  for (std::size_t a = 0, b; a <= verdict.size(); a = b + 1) {
+    b = verdict.find('|', a);
+    if (b == std::string::npos) b = verdict.size();
+    allowed.push_back(verdict.substr(a, b - a));
   }
-  s += "</svg>\n";
-  if (!skipped.empty()) {
-    s += "<h2>Skipped by the problem size</h2>\n<table id=\"skipped\">";
-    for (const auto& [m, why] : skipped)
-      s += fmt::format("<tr><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>", html::esc(m), html::esc(why));
-    s += "</table>\n";
-  }
-  s += html::page_end();
-  write_whole_file(path, s, "HTML report");
+  std::string shown;
+  for (const auto& v : allowed) shown += (shown.empty() ? "" : " or ") + (v == "FAIL" ? fmt::format("FAIL at '{}'", tap) : v);
+  row.expected = shown;
+  const bool listed = std::find(allowed.begin(), allowed.end(), row.verdict) != allowed.end();
+  row.as_expected = opts.dry_run || (listed && (row.verdict != "FAIL" || row.first_tap == tap));
 }
 
 }  // namespace
@@ -207,43 +139,8 @@ int sweep_mesh(const SweepMeshOptions& opts) {
   if (opts.ranks < 1) input_error("sweep-mesh: -n must be at least 1");
   if (opts.axes.empty() || !opts.check_mesh)
     input_error("sweep-mesh: scenario '{}' gives no mesh axes", opts.scenario);
-  const auto& axes = opts.axes;
-  // --mesh as the user wrote it: axes left out have size 1 ("tp=16" is dp=1,tp=16).
-  std::vector<std::string> only;
-  for (const auto& text : opts.only_meshes) {
-    const Mesh given = Mesh::parse(text);
-    std::vector<Axis> ax;
-    for (const auto& a : axes) ax.push_back({a, given.axis_index(a) < 0 ? 1 : given.axis_size(a)});
-    for (const auto& a : given.axes())
-      if (std::find(axes.begin(), axes.end(), a.name) == axes.end())
-        input_error("sweep-mesh: --mesh {}: scenario '{}' has no axis '{}'; its axes are {}", text, opts.scenario,
-                    a.name, fmt::join(axes, ", "));
-    only.push_back(Mesh(ax).str());
-  }
-
-  // The meshes to run: every factorization the scenario accepts, or those asked for.
-  std::vector<Mesh> plan;
-  std::vector<std::pair<std::string, std::string>> skipped;
-  std::vector<std::string> all;
-  for (const auto& sizes : mesh_factorizations(opts.ranks, axes.size())) {
-    std::vector<Axis> ax;
-    for (std::size_t i = 0; i < axes.size(); ++i) ax.push_back({axes[i], sizes[i]});
-    Mesh mesh(ax);
-    all.push_back(mesh.str());
-    if (!only.empty() && std::find(only.begin(), only.end(), mesh.str()) == only.end())
-      continue;
-    try {
-      opts.check_mesh(mesh);
-    } catch (const InputError& e) {
-      skipped.emplace_back(mesh.str(), e.what());
-      continue;
-    }
-    plan.push_back(mesh);
-  }
-  for (const auto& m : only)
-    if (std::find(all.begin(), all.end(), m) == all.end())
-      input_error("sweep-mesh: --mesh {} is not one of the {} meshes of {} ranks over {} (e.g. {})", m, all.size(),
-                  opts.ranks, fmt::join(axes, ","), all.empty() ? "" : all.front());
+  SkippedMeshes skipped;
+  const std::vector<Mesh> plan = plan_meshes(opts, skipped);
   if (!opts.reports_dir.empty()) std::filesystem::create_directories(opts.reports_dir);
 
   // Ctrl-C or SIGTERM: the running trial is ended gracefully (its ranks
@@ -259,41 +156,8 @@ int sweep_mesh(const SweepMeshOptions& opts) {
     const std::string kept = opts.reports_dir.empty() ? "" : (std::filesystem::path(opts.reports_dir) / stem).string();
     const std::string json = kept.empty() ? (dir / fmt::format("mesh{}.json", index)).string() : kept + ".json";
     ++index;
-    MeshRow row;
-    if (opts.dry_run) {
-      row = MeshRow{mesh.str(), "not run", "-", "", 0, false};
-    } else {
-      TrialSpec t{launcher_argv(opts.launcher, opts.mpirun, opts.ranks), {}, opts.timeout_seconds};
-      t.argv.insert(t.argv.end(), {self_executable(), "--scenario", opts.scenario, "--mesh", mesh.str(),
-                                   "--dtype", opts.dtype, "--size", opts.size, "--out", out, "--json", json});
-      if (!kept.empty()) t.argv.insert(t.argv.end(), {"--html", kept + ".html"});
-      if (!opts.fault.empty()) t.argv.insert(t.argv.end(), {"--inject", opts.fault});
-      if (!opts.tolerances_file.empty()) t.argv.insert(t.argv.end(), {"--tolerances", opts.tolerances_file});
-      if (!opts.tolerance.empty()) t.argv.insert(t.argv.end(), {"--tolerance", opts.tolerance});
-      for (const auto& a : opts.pipeline.args()) t.argv.push_back(a);
-      for (const auto& f : opts.flags) t.argv.insert(t.argv.end(), {"--flag", f});
-      if (isatty(2)) std::cerr << fmt::format("sweep-mesh: {} ...\r", mesh.str()) << std::flush;
-      std::filesystem::remove(json);  // a report left by an earlier sweep is not this run's
-      row = judge(mesh.str(), run_trial(t), json);
-      std::filesystem::remove(out);
-      if (kept.empty()) std::filesystem::remove(json);
-      else row.report_stem = kept;
-    }
-    if (opts.expected) {
-      // `verdict` may list alternatives ("FAIL|HANG|DESYNC"); a FAIL must be at `tap`.
-      const auto [verdict, tap] = opts.expected(mesh);
-      std::vector<std::string> allowed;
-      for (std::size_t a = 0, b; a <= verdict.size(); a = b + 1) {
-        b = verdict.find('|', a);
-        if (b == std::string::npos) b = verdict.size();
-        allowed.push_back(verdict.substr(a, b - a));
-      }
-      std::string shown;
-      for (const auto& v : allowed) shown += (shown.empty() ? "" : " or ") + (v == "FAIL" ? fmt::format("FAIL at '{}'", tap) : v);
-      row.expected = shown;
-      const bool listed = std::find(allowed.begin(), allowed.end(), row.verdict) != allowed.end();
-      row.as_expected = opts.dry_run || (listed && (row.verdict != "FAIL" || row.first_tap == tap));
-    }
+    MeshRow row = opts.dry_run ? MeshRow{mesh.str(), "not run", "-", "", 0, false} : run_mesh(opts, mesh, out, json, kept);
+    if (opts.expected) hold_to_expectation(opts, mesh, row);
     rows.push_back(std::move(row));
   }
   if (!dir.empty()) std::filesystem::remove_all(dir);
@@ -302,92 +166,10 @@ int sweep_mesh(const SweepMeshOptions& opts) {
                              rows.size() - (rows.empty() ? 0 : 1), plan.size());
     return 2;
   }
-
-  std::cout << fmt::format("sweep-mesh: {} on {} ranks{}{}\n", opts.scenario, opts.ranks,
-                           opts.fault.empty() ? "" : ", inject " + opts.fault,
-                           opts.flags.empty() ? "" : fmt::format(", flags {}", fmt::join(opts.flags, " ")));
-  const bool expect = static_cast<bool>(opts.expected);
-  std::cout << "| mesh | wall s | verdict | first divergent tap | detail |" << (expect ? " expected |" : "");
-  for (const auto& t : opts.show_taps) std::cout << fmt::format(" {} err/tol |", t);
-  std::cout << "\n|---|---|---|---|---|" << (expect ? "---|" : "");
-  for (std::size_t k = 0; k < opts.show_taps.size(); ++k) std::cout << "---|";
-  std::cout << "\n";
-  int failed = 0, unexpected = 0;
-  for (const auto& r : rows) {
-    std::cout << fmt::format("| {} | {:.1f} | {} | {} | {} |", r.mesh, r.seconds, r.verdict, r.first_tap, r.detail);
-    if (expect) std::cout << fmt::format(" {}{} |", r.expected, r.as_expected ? "" : " (NOT MET)");
-    for (const auto& t : opts.show_taps) {
-      auto it = std::find_if(r.taps.begin(), r.taps.end(), [&](const auto& x) { return x.first == t; });
-      std::cout << (it == r.taps.end() ? std::string(" - |") : fmt::format(" {} |", html::num(it->second.ratio)));
-    }
-    std::cout << "\n";
-    failed += r.failed;
-    unexpected += !r.as_expected;
-  }
-  for (const auto& [m, why] : skipped) {
-    std::cout << fmt::format("| {} | - | skipped | - | {} |{}", m, why, expect ? " - |" : "");
-    for (std::size_t k = 0; k < opts.show_taps.size(); ++k) std::cout << " - |";
-    std::cout << "\n";
-  }
-  std::cout << fmt::format("{} meshes {}, {} fail, {} skipped by the problem size\n", rows.size(),
-                           opts.dry_run ? "planned" : "run", failed, skipped.size());
-  if (expect && !opts.dry_run)
-    std::cout << (unexpected ? fmt::format("fault {}: {} of {} meshes NOT as documented (see 'expected')\n",
-                                           opts.fault, unexpected, rows.size())
-                             : fmt::format("fault {}: every mesh as documented\n", opts.fault));
-  if (!opts.json_path.empty()) {
-    nlohmann::json j{{"scenario", opts.scenario}, {"ranks", opts.ranks}, {"fault", opts.fault},
-                     {"flags", opts.flags}, {"rows", nlohmann::json::array()}, {"skipped", nlohmann::json::array()}};
-    for (const auto& r : rows)
-    {
-      nlohmann::json row{{"mesh", r.mesh}, {"seconds", r.seconds}, {"verdict", r.verdict},
-                         {"first_divergence", r.first_tap}, {"detail", r.detail}};
-      if (expect) row["expected"] = r.expected, row["as_expected"] = r.as_expected;
-      for (const auto& t : opts.show_taps)
-        for (const auto& [name, c] : r.taps)
-          if (name == t) row["err_over_tol"][t] = c.ratio;
-      if (!r.report_stem.empty()) row["report"] = {{"json", r.report_stem + ".json"}, {"html", r.report_stem + ".html"}};
-      j["rows"].push_back(row);
-    }
-    for (const auto& [m, why] : skipped) j["skipped"].push_back({{"mesh", m}, {"reason", why}});
-    write_whole_file(opts.json_path, j.dump(2) + "\n", "JSON report");
-  }
-  if (!opts.html_path.empty()) write_html(opts.html_path, opts, rows, skipped);
-  if (!opts.junit_path.empty()) {
-    JUnitSuite suite;
-    suite.name = fmt::format("sweep-mesh {} on {} ranks{}", opts.scenario, opts.ranks,
-                             opts.fault.empty() ? "" : ", inject " + opts.fault);
-    suite.properties = {{"scenario", opts.scenario}, {"ranks", std::to_string(opts.ranks)}, {"dtype", opts.dtype},
-                        {"flags", fmt::format("{}", fmt::join(opts.flags, " "))}, {"inject", opts.fault}};
-    for (const auto& r : rows) {
-      JUnitCase c;
-      c.classname = "diffcheck.sweep-mesh." + opts.scenario;
-      c.name = r.mesh;
-      c.seconds = r.seconds;
-      if (r.verdict == "FAIL") {
-        c.outcome = JUnitCase::Outcome::failure;
-        c.type = "FAIL";
-        c.message = fmt::format("first divergent tap '{}': {}", r.first_tap, r.detail);
-        c.text = c.message;
-      } else if (r.failed) {
-        c.outcome = JUnitCase::Outcome::error;
-        c.type = r.verdict;
-        c.message = r.verdict + (r.detail.empty() ? "" : ": " + r.detail);
-        c.text = c.message;
-      }
-      suite.seconds += c.seconds;
-      suite.cases.push_back(std::move(c));
-    }
-    for (const auto& [m, why] : skipped) {
-      JUnitCase c;
-      c.classname = "diffcheck.sweep-mesh." + opts.scenario;
-      c.name = m;
-      c.outcome = JUnitCase::Outcome::skipped;
-      c.message = why;
-      suite.cases.push_back(std::move(c));
-    }
-    write_junit(opts.junit_path, {suite});
-  }
+  const int failed = print_mesh_table(opts, rows, skipped);
+  write_mesh_json(opts, rows, skipped);
+  if (!opts.html_path.empty()) write_mesh_html(opts.html_path, opts, rows, skipped);
+  write_mesh_junit(opts, rows, skipped);
   if (opts.dry_run) return 0;
   return failed || rows.empty() ? 1 : 0;
 }

@@ -1,0 +1,36 @@
+// sweep-mesh's rows: one mesh's verdict read from its run's exit and JSON
+// report, and the table, JSON, JUnit and HTML the sweep reports them in.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/check/html.h"
+#include "harness/search/sweep_mesh.h"
+#include "harness/search/trial.h"
+
+namespace dc {
+
+struct MeshRow {
+  std::string mesh, verdict, first_tap, detail;
+  double seconds = 0;
+  bool failed = false;
+  std::string expected;      // with a fault: "PASS" or "FAIL at 'tap'"
+  bool as_expected = true;
+  std::string report_stem;   // with --reports: <dir>/<stem>.json and .html
+  std::vector<std::pair<std::string, html::CellState>> taps;  // for the HTML heatmap
+};
+
+using SkippedMeshes = std::vector<std::pair<std::string, std::string>>;  // mesh, why
+
+// The row of one mesh's trial: its verdict, first divergent tap and cells.
+MeshRow judge_mesh(const std::string& mesh, const TrialOutcome& t, const std::string& json_file);
+// The markdown table on stdout; returns the count of failed meshes.
+int print_mesh_table(const SweepMeshOptions& opts, const std::vector<MeshRow>& rows, const SkippedMeshes& skipped);
+void write_mesh_json(const SweepMeshOptions& opts, const std::vector<MeshRow>& rows, const SkippedMeshes& skipped);
+void write_mesh_junit(const SweepMeshOptions& opts, const std::vector<MeshRow>& rows, const SkippedMeshes& skipped);
+// The seeds/001 picture (a mesh x tap heatmap of err/tol) as a self-contained page.
+void write_mesh_html(const std::string& path, const SweepMeshOptions& opts, const std::vector<MeshRow>& rows,
+                     const SkippedMeshes& skipped);
+
+}  // namespace dc
