@@ -1,3 +1,6 @@
+// `diffcheck bisect`: delta debugging (ddmin) of a failing flag set down to
+// a 1-minimal failing subset, each trial a child process with a time limit,
+// trials cached; the table, JSON, HTML and JUnit of what was tried.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
@@ -34,28 +37,22 @@ std::string did(Verdict v) {
   }
 }
 
-}  // namespace
+// One bisection: its trials (cached or run now) and what it reports.
+class Bisection {
+ public:
+  explicit Bisection(const BisectOptions& opts)
+      : opts(opts), cache(opts.cache_path), workdir(scratch_directory(opts.target.work_dir, "diffcheck_bisect")) {}
 
-int bisect(const BisectOptions& opts) {
-  opts.target.validate();
-  if (opts.flags.empty()) input_error("bisect: --flags lists no flags");
-  if (opts.repeat < 1) input_error("bisect: --repeat must be >= 1");
-  TrialCache cache(opts.cache_path);
-  install_interrupt_handlers();
-  const auto workdir = scratch_directory(opts.target.work_dir, "diffcheck_bisect");
-  long fresh = 0, cached = 0;
-  std::vector<std::string> notes;  // per trial: cached or not, detail, time
-  std::vector<double> seconds;     // per trial (0 when cached)
-  std::map<FlagSet, std::string> tally;  // per subset: "crashed in 2 of 2 runs: <detail>"
-  bool signalled = false;
-  std::vector<std::pair<FlagSet, Verdict>> asked;  // every trial so far, also when interrupted
-
-  auto counted = [&](Verdict v) {
+  // A subset's verdict as ddmin counts it (--fail-on makes crashes or
+  // time-outs the failure hunted).
+  Verdict counted(Verdict v) const {
     if (v == Verdict::crashed && opts.fail_on_crash) return Verdict::fail;
     if (v == Verdict::timed_out && opts.fail_on_timeout) return Verdict::fail;
     return v;
-  };
-  auto one = [&](const FlagSet& subset) {
+  }
+
+  // The trial of `subset` beyond the baseline: from the cache, or run now.
+  Verdict trial(const FlagSet& subset) {
     FlagSet flags = opts.baseline;
     flags.insert(flags.end(), subset.begin(), subset.end());
     const std::string key = TrialCache::key_of(opts.target, flags, opts.repeat);
@@ -69,7 +66,11 @@ int bisect(const BisectOptions& opts) {
     }
     if (opts.max_trials >= 0 && fresh >= opts.max_trials) throw Interrupted{};
     ++fresh;
-    // Every run of the trial; all alike gives that verdict, a mix is flaky.
+    return fresh_trial(subset, flags, key);
+  }
+
+  // Every run of the trial; all alike gives that verdict, a mix is flaky.
+  Verdict fresh_trial(const FlagSet& subset, const FlagSet& flags, const std::string& key) {
     std::vector<FlagTrialResult> runs;
     for (int k = 0; k < opts.repeat; ++k) {
       runs.push_back(run_flag_trial(opts.target, flags, workdir));
@@ -92,69 +93,85 @@ int bisect(const BisectOptions& opts) {
     if (isatty(2)) std::cerr << fmt::format("bisect: trial {} {} -> {}\n", fresh, set_str(subset), verdict_name(r.verdict));
     asked.emplace_back(subset, counted(r.verdict));
     return counted(r.verdict);
-  };
-
-  DdminResult res;
-  bool interrupted = false;
-  try {
-    res = ddmin(opts.flags, one);
-  } catch (const Interrupted&) {
-    interrupted = true;
   }
-  std::filesystem::remove_all(workdir);
 
-  std::cout << fmt::format("bisect: {} over {} flags{}\n",
-                           opts.target.external() ? fmt::format("`{}`", fmt::join(opts.target.command, " "))
-                                                  : fmt::format("scenario {}{}", opts.target.scenario,
-                                                                opts.target.fault.empty() ? "" : " --inject " + opts.target.fault),
-                           opts.flags.size(),
-                           opts.baseline.empty() ? "" : ", baseline " + set_str(opts.baseline));
-  std::cout << "| # | flags (beyond the baseline) | outcome | detail |\n|---|---|---|---|\n";
-  for (std::size_t i = 0; i < asked.size(); ++i)
-    std::cout << fmt::format("| {} | {} | {} | {} |\n", i + 1, set_str(asked[i].first),
-                             verdict_name(asked[i].second), i < notes.size() ? notes[i] : "");
-  if (opts.fail_on_crash || opts.fail_on_timeout)
-    std::cout << fmt::format("(counted as FAIL: {}{})\n", opts.fail_on_crash ? "crashes " : "",
-                             opts.fail_on_timeout ? "time-outs" : "");
-  std::cout << fmt::format("{} trials ({} run now, {} from the cache{})\n", asked.size(), fresh,
-                           cached, opts.cache_path.empty() ? "" : ": " + opts.cache_path);
-  int status = 2;
-  nlohmann::json j{{"flags", opts.flags}, {"baseline", opts.baseline}, {"trials", nlohmann::json::array()},
-                   {"fresh", fresh}, {"cached", cached}};
-  for (const auto& [s, v] : asked) j["trials"].push_back({{"flags", s}, {"outcome", verdict_name(v)}});
-  if (interrupted) {
-    std::cout << fmt::format("INTERRUPTED after {} new trials ({}); rerun to resume from the cache\n", fresh,
-                             signalled ? "signal" : "--max-trials");
-    j["result"] = "interrupted";
-  } else if (res.status == DdminResult::Status::found) {
-    std::cout << fmt::format("1-minimal failing set: {}  (each flag alone is needed: removing any one passes)\n",
-                             set_str(res.minimal));
-    j["result"] = "found";
-    j["minimal"] = res.minimal;
-    status = 1;
-  } else if (res.status == DdminResult::Status::full_set_passes) {
-    std::cout << "the full set of flags passes: nothing to bisect\n";
-    j["result"] = "full_set_passes";
-    status = 0;
-  } else if (res.status == DdminResult::Status::full_set_not_failing) {
-    std::cout << fmt::format("the full set {}; bisection needs a full set that FAILS{}\n", tally[opts.flags],
-                             res.full_set == Verdict::crashed || res.full_set == Verdict::timed_out
-                                 ? " (to hunt this outcome instead, add --fail-on crash,timeout)"
-                                 : "");
-    j["result"] = "full_set_not_failing";
-    j["full_set"] = verdict_name(res.full_set);
-  } else if (res.status == DdminResult::Status::baseline_not_passing) {
-    std::cout << fmt::format("the baseline {}; bisection needs a passing baseline\n", tally[FlagSet{}]);
-    j["result"] = "baseline_not_passing";
-    j["baseline"] = verdict_name(res.baseline);
-  } else {
-    std::cout << fmt::format("FLAKY: {} gave different outcomes over {} runs; not bisecting noise\n",
-                             set_str(res.flaky_set), opts.repeat);
-    j["result"] = "flaky";
-    j["flaky"] = res.flaky_set;
+  int run() {
+    bool stopped = false;
+    try {
+      res = ddmin(opts.flags, [this](const FlagSet& s) { return trial(s); });
+    } catch (const Interrupted&) {
+      stopped = true;
+    }
+    std::filesystem::remove_all(workdir);
+    print_trials();
+    nlohmann::json j{{"flags", opts.flags}, {"baseline", opts.baseline}, {"trials", nlohmann::json::array()},
+                     {"fresh", fresh}, {"cached", cached}};
+    for (const auto& [s, v] : asked) j["trials"].push_back({{"flags", s}, {"outcome", verdict_name(v)}});
+    const int status = conclude(stopped, j);
+    if (!opts.json_path.empty()) write_whole_file(opts.json_path, j.dump(2) + "\n", "JSON report");
+    if (!opts.html_path.empty()) write_html(j);
+    if (!opts.junit_path.empty()) write_junit_report(j);
+    return status;
   }
-  if (!opts.json_path.empty()) write_whole_file(opts.json_path, j.dump(2) + "\n", "JSON report");
-  if (!opts.html_path.empty()) {
+
+ private:
+  // The table of trials on stdout.
+  void print_trials() const {
+    std::cout << fmt::format("bisect: {} over {} flags{}\n",
+                             opts.target.external() ? fmt::format("`{}`", fmt::join(opts.target.command, " "))
+                                                    : fmt::format("scenario {}{}", opts.target.scenario,
+                                                                  opts.target.fault.empty() ? "" : " --inject " + opts.target.fault),
+                             opts.flags.size(),
+                             opts.baseline.empty() ? "" : ", baseline " + set_str(opts.baseline));
+    std::cout << "| # | flags (beyond the baseline) | outcome | detail |\n|---|---|---|---|\n";
+    for (std::size_t i = 0; i < asked.size(); ++i)
+      std::cout << fmt::format("| {} | {} | {} | {} |\n", i + 1, set_str(asked[i].first),
+                               verdict_name(asked[i].second), i < notes.size() ? notes[i] : "");
+    if (opts.fail_on_crash || opts.fail_on_timeout)
+      std::cout << fmt::format("(counted as FAIL: {}{})\n", opts.fail_on_crash ? "crashes " : "",
+                               opts.fail_on_timeout ? "time-outs" : "");
+    std::cout << fmt::format("{} trials ({} run now, {} from the cache{})\n", asked.size(), fresh,
+                             cached, opts.cache_path.empty() ? "" : ": " + opts.cache_path);
+  }
+
+  // The result line on stdout and in the JSON; the exit status.
+  int conclude(bool stopped, nlohmann::json& j) {
+    int status = 2;
+    if (stopped) {
+      std::cout << fmt::format("INTERRUPTED after {} new trials ({}); rerun to resume from the cache\n", fresh,
+                               signalled ? "signal" : "--max-trials");
+      j["result"] = "interrupted";
+    } else if (res.status == DdminResult::Status::found) {
+      std::cout << fmt::format("1-minimal failing set: {}  (each flag alone is needed: removing any one passes)\n",
+                               set_str(res.minimal));
+      j["result"] = "found";
+      j["minimal"] = res.minimal;
+      status = 1;
+    } else if (res.status == DdminResult::Status::full_set_passes) {
+      std::cout << "the full set of flags passes: nothing to bisect\n";
+      j["result"] = "full_set_passes";
+      status = 0;
+    } else if (res.status == DdminResult::Status::full_set_not_failing) {
+      std::cout << fmt::format("the full set {}; bisection needs a full set that FAILS{}\n", tally[opts.flags],
+                               res.full_set == Verdict::crashed || res.full_set == Verdict::timed_out
+                                   ? " (to hunt this outcome instead, add --fail-on crash,timeout)"
+                                   : "");
+      j["result"] = "full_set_not_failing";
+      j["full_set"] = verdict_name(res.full_set);
+    } else if (res.status == DdminResult::Status::baseline_not_passing) {
+      std::cout << fmt::format("the baseline {}; bisection needs a passing baseline\n", tally[FlagSet{}]);
+      j["result"] = "baseline_not_passing";
+      j["baseline"] = verdict_name(res.baseline);
+    } else {
+      std::cout << fmt::format("FLAKY: {} gave different outcomes over {} runs; not bisecting noise\n",
+                               set_str(res.flaky_set), opts.repeat);
+      j["result"] = "flaky";
+      j["flaky"] = res.flaky_set;
+    }
+    return status;
+  }
+
+  void write_html(const nlohmann::json& j) const {
     const bool found = j["result"] == "found";
     std::string s = html::page_begin("diffcheck bisect");
     s += fmt::format("<h1>diffcheck bisect {}</h1>\n<div class=\"meta\">{} over {} flags{}</div>\n",
@@ -178,7 +195,8 @@ int bisect(const BisectOptions& opts) {
     s += "</tbody></table>\n" + html::page_end();
     write_whole_file(opts.html_path, s, "HTML report");
   }
-  if (!opts.junit_path.empty()) {
+
+  void write_junit_report(const nlohmann::json& j) const {
     JUnitSuite suite;
     suite.name = fmt::format("bisect {} over {} flags: {}", opts.target.external() ? "command" : opts.target.scenario,
                              opts.flags.size(), j["result"].get<std::string>());
@@ -195,7 +213,27 @@ int bisect(const BisectOptions& opts) {
     }
     write_junit(opts.junit_path, {suite});
   }
-  return status;
+
+  const BisectOptions& opts;
+  TrialCache cache;
+  const std::string workdir;
+  long fresh = 0, cached = 0;
+  std::vector<std::string> notes;        // per trial: cached or not, detail, time
+  std::vector<double> seconds;           // per trial (0 when cached)
+  std::map<FlagSet, std::string> tally;  // per subset: "crashed in 2 of 2 runs: <detail>"
+  bool signalled = false;
+  std::vector<std::pair<FlagSet, Verdict>> asked;  // every trial so far, also when interrupted
+  DdminResult res;
+};
+
+}  // namespace
+
+int bisect(const BisectOptions& opts) {
+  opts.target.validate();
+  if (opts.flags.empty()) input_error("bisect: --flags lists no flags");
+  if (opts.repeat < 1) input_error("bisect: --repeat must be >= 1");
+  install_interrupt_handlers();
+  return Bisection(opts).run();
 }
 
 }  // namespace dc

@@ -114,6 +114,108 @@ void write_html(const std::string& path, const std::vector<Row>& rows, std::size
   write_whole_file(path, s, "HTML report");
 }
 
+// The sweep's progress line on a terminal: trials done, time elapsed and left.
+struct SweepProgress {
+  int total = 0;
+  std::atomic<int> done{0};
+  std::mutex mu;
+  const std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  const bool tty = isatty(2);
+
+  void tick() {
+    const int d = ++done;
+    if (!tty) return;
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard<std::mutex> lock(mu);
+    std::cerr << fmt::format("\rsweep: trial {} of {}, {:.0f} s elapsed, ~{:.0f} s left   ", d, total, el,
+                             el / d * (total - d))
+              << std::flush;
+  }
+};
+
+// One profile's runs, warm-up then timed, in `dir`; its verdict is the first
+// wrong one, or flaky when runs disagree.
+void run_profile(const SweepOptions& opts, Row& row, const std::string& dir, SweepProgress& progress) {
+  bool seen_fail = false, seen_pass = false;
+  for (int k = 0; k < opts.warmup + opts.runs && !interrupted(); ++k) {
+    FlagTrialResult r = run_flag_trial(opts.target, row.profile.flags, dir);
+    if (r.verdict == Verdict::interrupted) break;
+    if (k >= opts.warmup) {
+      row.times.push_back(r.seconds);
+      if (r.run_seconds) row.run_times.push_back(*r.run_seconds);
+      if (r.check_seconds) row.check_times.push_back(*r.check_seconds);
+    }
+    if (r.verdict == Verdict::pass) seen_pass = true;
+    else seen_fail = true;
+    if (r.verdict != Verdict::pass && (row.verdict == Verdict::pass || row.detail.empty())) {
+      row.verdict = r.verdict;
+      row.detail = r.detail;
+    }
+    progress.tick();
+  }
+  if (seen_fail && seen_pass) row.verdict = Verdict::flaky;
+}
+
+// Every profile, -j at a time.
+void run_profiles(const SweepOptions& opts, std::vector<Row>& rows, SweepProgress& progress) {
+  const std::filesystem::path base = scratch_directory(opts.target.work_dir, "diffcheck_sweep");
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> pool;
+  for (int j = 0; j < std::min<int>(opts.jobs, static_cast<int>(rows.size())); ++j)
+    pool.emplace_back([&] {
+      for (std::size_t i; (i = next++) < rows.size();) {
+        rows[i].profile = opts.profiles[i];
+        run_profile(opts, rows[i], (base / std::to_string(i)).string(), progress);
+      }
+    });
+  for (auto& t : pool) t.join();
+  std::filesystem::remove_all(base);
+  if (progress.tty) std::cerr << "\n";
+}
+
+// The leaderboard's rows on stdout and in `j`; returns the count of wrong profiles.
+template <class Ranked>
+int print_leaderboard(const std::vector<Row>& rows, std::size_t best, bool by_run, double base_time, Ranked ranked,
+                      nlohmann::json& j) {
+  int wrong = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const double med = r.median();
+    const double delta = base_time > 0 ? 100.0 * (ranked(r) - base_time) / base_time : 0;
+    std::string verdict = r.verdict == Verdict::pass ? "correct" : fmt::format("WRONG: {} {}", verdict_name(r.verdict), r.detail);
+    if (r.verdict != Verdict::pass) ++wrong;
+    const std::string split = by_run ? fmt::format("{:.3f} | {:.3f} | ", median_of(r.run_times), median_of(r.check_times)) : "";
+    std::cout << fmt::format("| {}{} | {} | {}{:.2f} | {:.2f} | {:.2f} | {:+.1f}% | {} |\n", r.profile.name,
+                             i == best ? " ★" : "", r.profile.flags.empty() ? "-" : join_flags(r.profile.flags), split, med,
+                             *std::min_element(r.times.begin(), r.times.end()),
+                             *std::max_element(r.times.begin(), r.times.end()), delta, verdict);
+    j["profiles"].push_back({{"name", r.profile.name}, {"flags", r.profile.flags}, {"median", med},
+                             {"times", r.times}, {"delta_percent", delta}, {"verdict", verdict_name(r.verdict)},
+                             {"detail", r.detail}, {"best", i == best}});
+    if (r.has_run_times()) {
+      j["profiles"].back()["run_median"] = median_of(r.run_times);
+      j["profiles"].back()["check_median"] = median_of(r.check_times);
+      j["profiles"].back()["run_times"] = r.run_times;
+    }
+  }
+  return wrong;
+}
+
+void write_junit_report(const SweepOptions& opts, const std::vector<Row>& rows, std::size_t best) {
+  JUnitSuite suite;
+  suite.name = fmt::format("sweep of {} profiles", rows.size());
+  if (best != rows.size()) suite.properties.emplace_back("fastest_correct", rows[best].profile.name);
+  for (const auto& r : rows) {
+    JUnitCase c = junit_case(r.verdict, r.detail);
+    c.classname = "diffcheck.sweep";
+    c.name = fmt::format("{} ({})", r.profile.name, r.profile.flags.empty() ? "-" : join_flags(r.profile.flags));
+    for (double t : r.times) c.seconds += t;
+    suite.seconds += c.seconds;
+    suite.cases.push_back(std::move(c));
+  }
+  write_junit(opts.junit_path, {suite});
+}
+
 }  // namespace
 
 int sweep(const SweepOptions& opts) {
@@ -122,55 +224,12 @@ int sweep(const SweepOptions& opts) {
   if (opts.runs < 1 || opts.warmup < 0 || opts.jobs < 1) input_error("sweep: --runs >= 1, --warmup >= 0, -j >= 1");
   install_interrupt_handlers();
   std::vector<Row> rows(opts.profiles.size());
-  const int per_profile = opts.warmup + opts.runs;
-  const int total = per_profile * static_cast<int>(rows.size());
-  std::atomic<int> done{0};
-  std::mutex mu;
-  const auto t0 = std::chrono::steady_clock::now();
-  const bool tty = isatty(2);
-  const std::filesystem::path base = scratch_directory(opts.target.work_dir, "diffcheck_sweep");
-
-  auto work = [&](std::size_t i) {
-    Row& row = rows[i];
-    row.profile = opts.profiles[i];
-    const auto dir = (base / std::to_string(i)).string();
-    bool seen_fail = false, seen_pass = false;
-    for (int k = 0; k < per_profile && !interrupted(); ++k) {
-      FlagTrialResult r = run_flag_trial(opts.target, row.profile.flags, dir);
-      if (r.verdict == Verdict::interrupted) break;
-      if (k >= opts.warmup) {
-        row.times.push_back(r.seconds);
-        if (r.run_seconds) row.run_times.push_back(*r.run_seconds);
-        if (r.check_seconds) row.check_times.push_back(*r.check_seconds);
-      }
-      if (r.verdict == Verdict::pass) seen_pass = true;
-      else seen_fail = true;
-      if (r.verdict != Verdict::pass && (row.verdict == Verdict::pass || row.detail.empty())) {
-        row.verdict = r.verdict;
-        row.detail = r.detail;
-      }
-      int d = ++done;
-      if (tty) {
-        double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::lock_guard<std::mutex> lock(mu);
-        std::cerr << fmt::format("\rsweep: trial {} of {}, {:.0f} s elapsed, ~{:.0f} s left   ", d, total, el,
-                                 el / d * (total - d))
-                  << std::flush;
-      }
-    }
-    if (seen_fail && seen_pass) row.verdict = Verdict::flaky;
-  };
-  std::atomic<std::size_t> next{0};
-  std::vector<std::thread> pool;
-  for (int j = 0; j < std::min<int>(opts.jobs, static_cast<int>(rows.size())); ++j)
-    pool.emplace_back([&] {
-      for (std::size_t i; (i = next++) < rows.size();) work(i);
-    });
-  for (auto& t : pool) t.join();
-  std::filesystem::remove_all(base);
-  if (tty) std::cerr << "\n";
+  SweepProgress progress;
+  progress.total = (opts.warmup + opts.runs) * static_cast<int>(rows.size());
+  run_profiles(opts, rows, progress);
   if (interrupted()) {
-    std::cout << fmt::format("sweep: INTERRUPTED after {} of {} trials; the running trial was ended\n", done.load(), total);
+    std::cout << fmt::format("sweep: INTERRUPTED after {} of {} trials; the running trial was ended\n",
+                             progress.done.load(), progress.total);
     return 2;
   }
 
@@ -192,46 +251,13 @@ int sweep(const SweepOptions& opts) {
                          "|---|---|---|---|---|---|---|---|---|\n"
                        : "| profile | flags | median s | min s | max s | Δ vs baseline | verdict |\n"
                          "|---|---|---|---|---|---|---|\n");
-  int wrong = 0;
   nlohmann::json j{{"profiles", nlohmann::json::array()}};
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    const double med = r.median();
-    const double delta = base_time > 0 ? 100.0 * (ranked(r) - base_time) / base_time : 0;
-    std::string verdict = r.verdict == Verdict::pass ? "correct" : fmt::format("WRONG: {} {}", verdict_name(r.verdict), r.detail);
-    if (r.verdict != Verdict::pass) ++wrong;
-    const std::string split = by_run ? fmt::format("{:.3f} | {:.3f} | ", median_of(r.run_times), median_of(r.check_times)) : "";
-    std::cout << fmt::format("| {}{} | {} | {}{:.2f} | {:.2f} | {:.2f} | {:+.1f}% | {} |\n", r.profile.name,
-                             i == best ? " ★" : "", r.profile.flags.empty() ? "-" : join_flags(r.profile.flags), split, med,
-                             *std::min_element(r.times.begin(), r.times.end()),
-                             *std::max_element(r.times.begin(), r.times.end()), delta, verdict);
-    j["profiles"].push_back({{"name", r.profile.name}, {"flags", r.profile.flags}, {"median", med},
-                             {"times", r.times}, {"delta_percent", delta}, {"verdict", verdict_name(r.verdict)},
-                             {"detail", r.detail}, {"best", i == best}});
-    if (r.has_run_times()) {
-      j["profiles"].back()["run_median"] = median_of(r.run_times);
-      j["profiles"].back()["check_median"] = median_of(r.check_times);
-      j["profiles"].back()["run_times"] = r.run_times;
-    }
-  }
+  const int wrong = print_leaderboard(rows, best, by_run, base_time, ranked, j);
   if (best == rows.size()) std::cout << "no profile is correct: nothing is starred\n";
   else std::cout << fmt::format("★ fastest correct: {}\n", rows[best].profile.name);
   if (!opts.json_path.empty()) write_whole_file(opts.json_path, j.dump(2) + "\n", "JSON report");
   if (!opts.html_path.empty()) write_html(opts.html_path, rows, best, by_run, base_time);
-  if (!opts.junit_path.empty()) {
-    JUnitSuite suite;
-    suite.name = fmt::format("sweep of {} profiles", rows.size());
-    if (best != rows.size()) suite.properties.emplace_back("fastest_correct", rows[best].profile.name);
-    for (const auto& r : rows) {
-      JUnitCase c = junit_case(r.verdict, r.detail);
-      c.classname = "diffcheck.sweep";
-      c.name = fmt::format("{} ({})", r.profile.name, r.profile.flags.empty() ? "-" : join_flags(r.profile.flags));
-      for (double t : r.times) c.seconds += t;
-      suite.seconds += c.seconds;
-      suite.cases.push_back(std::move(c));
-    }
-    write_junit(opts.junit_path, {suite});
-  }
+  if (!opts.junit_path.empty()) write_junit_report(opts, rows, best);
   return wrong ? 1 : 0;
 }
 
