@@ -140,36 +140,23 @@ class FluxTp final : public Scenario {
                  {.layout = Layout::parse("dp", "tp"), .reduction_depth = d + m});
   }
 
-  // The single-rank reference in float64, every sample with the full
-  // weights. Sample b is computed by the tp group that runs it, each tp rank
-  // taking N/tp of its query tokens (every op but attention is token-local;
-  // attention all-gathers k and v over the group): so every rank shares the
-  // reference work, also at dp = 1, and holds only its rows' activations.
-  void record_reference(RunContext& ctx, const FluxSizes& z, const Comm& tp_comm, std::size_t b,
-                        std::size_t i, std::size_t dp, const ref::RopeTable& rope) const {
-    if (ctx.taps.references_cached()) return;  // read from the reference cache
-    const ReferenceClock clock(ctx.taps);
-    const std::size_t n = z.tokens(), d = z.dim, tp = static_cast<std::size_t>(tp_comm.size());
-    const auto packed = ref::packed_columns(z, tp);
-    {
-      // What the sharded run should hold: the dtype-rounded weight, packed;
-      // its rows spread over the ranks.
-      const std::size_t world = static_cast<std::size_t>(ctx.world.size()), me = static_cast<std::size_t>(ctx.world.rank());
-      const std::size_t r0 = me * d / world, r1 = (me + 1) * d / world;
-      const Tensor w_run = ref::proj_out_weight(ctx.seed, z, {{r0, r1}, {0, d + z.mlp}});
-      ctx.taps.reference_rows("proj_out/weight", {d, d + z.mlp}, r0,
-                              ref::to_ref(ref::take_last(ref::as_run_values<float>(w_run, ctx.dtype), packed)));
-    }
-    // Tokens split evenly over the group, or (when tp does not divide them) the
-    // whole sample on tp rank 0.
-    const std::size_t parts = n % tp == 0 ? tp : 1;
-    if (i >= parts) return;
-    const std::size_t t0 = i * n / parts, rows = n / parts;
-    // The group's ranks all need the same full weights: each generates 1/parts
-    // of every weight's rows and they all-gather the rest (generation is a
-    // seventh of the reference's time at flux1-dev size).
-    const ref::GenerateBlock shared = [&](const std::string& name, const Shape& global, float scale,
-                                          const ref::Ranges& block) {
+  // What the sharded run should hold of proj_out's weight: the
+  // dtype-rounded weight, packed; its rows spread over the ranks.
+  static void record_run_weight(RunContext& ctx, const FluxSizes& z, const ref::ColumnRanges& packed) {
+    const std::size_t d = z.dim;
+    const std::size_t world = static_cast<std::size_t>(ctx.world.size()), me = static_cast<std::size_t>(ctx.world.rank());
+    const std::size_t r0 = me * d / world, r1 = (me + 1) * d / world;
+    const Tensor w_run = ref::proj_out_weight(ctx.seed, z, {{r0, r1}, {0, d + z.mlp}});
+    ctx.taps.reference_rows("proj_out/weight", {d, d + z.mlp}, r0,
+                            ref::to_ref(ref::take_last(ref::as_run_values<float>(w_run, ctx.dtype), packed)));
+  }
+
+  // The group's ranks all need the same full weights: each generates 1/parts
+  // of every weight's rows and they all-gather the rest (generation is a
+  // seventh of the reference's time at flux1-dev size).
+  static ref::GenerateBlock shared_generator(RunContext& ctx, const Comm& tp_comm, std::size_t parts, std::size_t i) {
+    return [&ctx, &tp_comm, parts, i](const std::string& name, const Shape& global, float scale,
+                                      const ref::Ranges& block) {
       ref::Ranges all = block;
       if (all.empty())
         for (auto x : global) all.emplace_back(0, x);
@@ -182,6 +169,60 @@ class FluxTp final : public Scenario {
       for (auto [a, e] : all) shape.push_back(e - a);
       return Tensor(shape, tp_comm.all_gather(std::span<const float>(part.data)));
     };
+  }
+
+  // The reference's activations as taps. Tap shapes are [dp, tokens, ...]:
+  // this part is sample b, tokens [t0, t0 + rows). Activations move into the
+  // recorder (at flux1-dev size they are GBs).
+  static void record_reference_taps(RunContext& ctx, ref::FluxActivations<double>&& a, RefTensor&& h,
+                                    const RefTensor& temb, const ref::ColumnRanges& packed, std::size_t n,
+                                    std::size_t dp, std::size_t b, std::size_t t0, bool first_part) {
+    auto put = [&](const char* name, RefTensor&& t) {
+      Shape global = t.shape;
+      global[0] = n;
+      global.insert(global.begin(), dp);
+      t.shape.insert(t.shape.begin(), 1);
+      std::vector<std::size_t> start(global.size(), 0);
+      start[0] = b;
+      start[1] = t0;
+      ctx.taps.reference_block(name, global, std::move(start), std::move(t));
+    };
+    if (first_part) {
+      ctx.taps.reference_row("input/temb", dp, b, temb);
+      ctx.taps.reference_row("adaln", dp, b, a.ada);
+    }
+    put("out", ref::gated_residual(a.partial, a.ada, h));
+    put("input/hidden", std::move(h));
+    put("nx", std::move(a.nx));
+    put("attn/q", std::move(a.q));
+    put("attn/k", std::move(a.k));
+    put("attn/v", std::move(a.v));
+    put("attn/out", std::move(a.attn));
+    put("mlp", std::move(a.mlp));
+    put("proj_out/input_packed", ref::take_last(a.cat, packed));
+    a.cat = {};
+    put("y", RefTensor(a.partial));
+    put("proj_out/partial", std::move(a.partial));
+  }
+
+  // The single-rank reference in float64, every sample with the full
+  // weights. Sample b is computed by the tp group that runs it, each tp rank
+  // taking N/tp of its query tokens (every op but attention is token-local;
+  // attention all-gathers k and v over the group): so every rank shares the
+  // reference work, also at dp = 1, and holds only its rows' activations.
+  void record_reference(RunContext& ctx, const FluxSizes& z, const Comm& tp_comm, std::size_t b,
+                        std::size_t i, std::size_t dp, const ref::RopeTable& rope) const {
+    if (ctx.taps.references_cached()) return;  // read from the reference cache
+    const ReferenceClock clock(ctx.taps);
+    const std::size_t n = z.tokens(), d = z.dim, tp = static_cast<std::size_t>(tp_comm.size());
+    const auto packed = ref::packed_columns(z, tp);
+    record_run_weight(ctx, z, packed);
+    // Tokens split evenly over the group, or (when tp does not divide them) the
+    // whole sample on tp rank 0.
+    const std::size_t parts = n % tp == 0 ? tp : 1;
+    if (i >= parts) return;
+    const std::size_t t0 = i * n / parts, rows = n / parts;
+    const ref::GenerateBlock shared = shared_generator(ctx, tp_comm, parts, i);
     const std::function<void(RefTensor&)> exact = [](RefTensor&) {};
     const ref::GatherTokens<double> gather = [&](const RefTensor& mine) {
       Shape all = mine.shape;
@@ -214,34 +255,7 @@ class FluxTp final : public Scenario {
                                           ref::make_flux_weights<float>(ctx.seed, z, 1, 0, false, DType::float32, all_but_out_w),
                                           out_w_rows, z, rope, true, exact, t0,
                                           parts > 1 ? gather : ref::GatherTokens<double>{});
-    // Tap shapes are [dp, tokens, ...]: this part is sample b, tokens [t0, t0 + rows).
-    // Activations move into the recorder (at flux1-dev size they are GBs).
-    auto put = [&](const char* name, RefTensor&& t) {
-      Shape global = t.shape;
-      global[0] = n;
-      global.insert(global.begin(), dp);
-      t.shape.insert(t.shape.begin(), 1);
-      std::vector<std::size_t> start(global.size(), 0);
-      start[0] = b;
-      start[1] = t0;
-      ctx.taps.reference_block(name, global, std::move(start), std::move(t));
-    };
-    if (i == 0) {
-      ctx.taps.reference_row("input/temb", dp, b, temb);
-      ctx.taps.reference_row("adaln", dp, b, a.ada);
-    }
-    put("out", ref::gated_residual(a.partial, a.ada, h));
-    put("input/hidden", std::move(h));
-    put("nx", std::move(a.nx));
-    put("attn/q", std::move(a.q));
-    put("attn/k", std::move(a.k));
-    put("attn/v", std::move(a.v));
-    put("attn/out", std::move(a.attn));
-    put("mlp", std::move(a.mlp));
-    put("proj_out/input_packed", ref::take_last(a.cat, packed));
-    a.cat = {};
-    put("y", RefTensor(a.partial));
-    put("proj_out/partial", std::move(a.partial));
+    record_reference_taps(ctx, std::move(a), std::move(h), temb, packed, n, dp, b, t0, i == 0);
   }
 };
 

@@ -101,18 +101,8 @@ class UspAttention final : public Scenario {
       input_error("usp_attention ({}): ring x sp = {} must divide the {} tokens", size, ring * sp, z.tokens());
   }
 
-  void run(RunContext& ctx) const override {
-    const WanSizes z = usp_sizes(ctx.size);
-    const std::size_t sp = ctx.mesh.axis_size("sp"), ring = ctx.mesh.axis_size("ring"), dp = ctx.mesh.axis_size("dp");
-    const auto coords = ctx.mesh.coords(ctx.world.rank());
-    const std::size_t b = coords[0], r = coords[1], s = coords[2];
-    const std::size_t s_all = z.tokens(), sl = s_all / (ring * sp), first = (r * sp + s) * sl, d = z.dim;
-
-    UlyssesOptions opt;
-    opt.chunks = static_cast<std::size_t>(std::max(0L, ctx.flags.get_int("ulysses_chunks")));
-    opt.async = ctx.flags.get_bool("async_a2a");
-    opt.dtype = ctx.dtype;
-    const auto chunks = ulysses_head_chunks(z.heads, sp, opt.chunks);  // validates before any collective
+  // The ring's options from the flags, with its injected faults.
+  static RingOptions ring_options(const RunContext& ctx) {
     RingOptions ro;
     ro.overlap = ctx.flags.get_bool("ring_overlap");
     const std::string transfer = ctx.flags.get_string("kv_transfer"), merge = ctx.flags.get_string("merge");
@@ -126,6 +116,37 @@ class UspAttention final : public Scenario {
     ro.fault_lse_offset = ctx.injected("lse_offset");
     ro.fault_lse_scale = ctx.fault_scale;
     ro.fault_kv_reuse = ctx.injected("ring_kv_reuse");
+    return ro;
+  }
+
+  // Attention outputs are convex combinations of v: their atol is the
+  // dtype-derived tolerance on the global RMS of v (as in dit_ulysses). An
+  // LSE is a smooth maximum of logits q.k: its error is that of a logit,
+  // a D-term product of vectors of RMS 1 (q, k normed; k scaled by D^-1/2).
+  static std::pair<double, double> attention_atols(const RunContext& ctx, const Tensor& v, const WanSizes& z) {
+    std::vector<double> sums{0.0, double(v.size())};
+    for (float t : v.data) sums[0] += double(t) * t;
+    ctx.world.all_reduce_sum(std::span<double>(sums));
+    const double rms_v = std::sqrt(sums[0] / sums[1]);
+    const double attn_atol = derive_tolerance({dtype_name(ctx.dtype), long(z.tokens()), {}, {}, {}, {}, rms_v}).atol;
+    const double lse_atol =
+        derive_tolerance({dtype_name(ctx.dtype), long(z.head_dim), {}, {}, {}, {}, std::sqrt(double(z.head_dim))}).atol;
+    return {attn_atol, lse_atol};
+  }
+
+  void run(RunContext& ctx) const override {
+    const WanSizes z = usp_sizes(ctx.size);
+    const std::size_t sp = ctx.mesh.axis_size("sp"), ring = ctx.mesh.axis_size("ring"), dp = ctx.mesh.axis_size("dp");
+    const auto coords = ctx.mesh.coords(ctx.world.rank());
+    const std::size_t b = coords[0], r = coords[1], s = coords[2];
+    const std::size_t s_all = z.tokens(), sl = s_all / (ring * sp), first = (r * sp + s) * sl, d = z.dim;
+
+    UlyssesOptions opt;
+    opt.chunks = static_cast<std::size_t>(std::max(0L, ctx.flags.get_int("ulysses_chunks")));
+    opt.async = ctx.flags.get_bool("async_a2a");
+    opt.dtype = ctx.dtype;
+    const auto chunks = ulysses_head_chunks(z.heads, sp, opt.chunks);  // validates before any collective
+    const RingOptions ro = ring_options(ctx);
 
     const Comm sp_comm = ctx.world.split(ctx.mesh, {"sp"});
     const Comm ring_comm = ctx.world.split(ctx.mesh, {"ring"});
@@ -152,17 +173,7 @@ class UspAttention final : public Scenario {
     ctx.taps.tap("attn/k", ref::with_batch_dim(pre.k), {.layout = tokens_l, .reduction_depth = dl});
     ctx.taps.tap("attn/v", ref::with_batch_dim(pre.v), {.layout = tokens_l, .reduction_depth = dl});
 
-    // Attention outputs are convex combinations of v: their atol is the
-    // dtype-derived tolerance on the global RMS of v (as in dit_ulysses). An
-    // LSE is a smooth maximum of logits q.k: its error is that of a logit,
-    // a D-term product of vectors of RMS 1 (q, k normed; k scaled by D^-1/2).
-    std::vector<double> sums{0.0, double(pre.v.size())};
-    for (float t : pre.v.data) sums[0] += double(t) * t;
-    ctx.world.all_reduce_sum(std::span<double>(sums));
-    const double rms_v = std::sqrt(sums[0] / sums[1]);
-    const double attn_atol = derive_tolerance({dtype_name(ctx.dtype), sdepth, {}, {}, {}, {}, rms_v}).atol;
-    const double lse_atol =
-        derive_tolerance({dtype_name(ctx.dtype), long(z.head_dim), {}, {}, {}, {}, std::sqrt(double(z.head_dim))}).atol;
+    const auto [attn_atol, lse_atol] = attention_atols(ctx, pre.v, z);
 
     opt.attend = [&](std::size_t c, const Tensor& q, const Tensor& k, const Tensor& v) {
       const std::string p = fmt::format("ring/chunk{}/", c);

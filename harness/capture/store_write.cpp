@@ -246,6 +246,27 @@ Handle run_file_creation_props() {
   Comm::abort(2);
 }
 
+// The temporary run file, created by HDF5 (collectively with MPI-IO, or by
+// rank 0 alone for a gathered write).
+static Handle create_run_file(const Comm& world, const std::string& tmp, WriteMode mode) {
+  const int rank = world.rank();
+  Handle fapl(H5Pcreate(H5P_FILE_ACCESS));
+  if (mode == WriteMode::collective) {
+    H5Pset_fapl_mpio(fapl.get(), CommAccess::native(world), MPI_INFO_NULL);
+    H5Pset_all_coll_metadata_ops(fapl.get(), true);
+    H5Pset_coll_metadata_write(fapl.get(), true);
+  }
+  Handle fcpl = run_file_creation_props();
+  Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()));
+  if (!file.valid() && mode == WriteMode::gathered) {
+    // The others are about to send their rows to this rank.
+    end_job_from_this_rank(fmt::format("rank {}: HDF5 cannot create run file '{}': {}", rank, tmp, h5::last_error()));
+  }
+  if (!file.valid())
+    fail("rank {}: HDF5 cannot create run file '{}': {}", rank, tmp, h5::last_error());
+  return file;
+}
+
 // WriteMode::collective and ::gathered: HDF5 writes every byte (MPI-IO, or
 // rank 0 alone).
 static void write_with_hdf5(const Comm& world, const std::string& tmp, const std::string& path, const RunInfo& info,
@@ -256,20 +277,7 @@ static void write_with_hdf5(const Comm& world, const std::string& tmp, const std
   bool closed = true, stuck = false;
   std::string close_error;
   if (mode == WriteMode::collective || rank == 0) {
-    Handle fapl(H5Pcreate(H5P_FILE_ACCESS));
-    if (mode == WriteMode::collective) {
-      H5Pset_fapl_mpio(fapl.get(), CommAccess::native(world), MPI_INFO_NULL);
-      H5Pset_all_coll_metadata_ops(fapl.get(), true);
-      H5Pset_coll_metadata_write(fapl.get(), true);
-    }
-    Handle fcpl = run_file_creation_props();
-    Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()));
-    if (!file.valid() && mode == WriteMode::gathered) {
-      // The others are about to send their rows to this rank.
-      end_job_from_this_rank(fmt::format("rank {}: HDF5 cannot create run file '{}': {}", rank, tmp, h5::last_error()));
-    }
-    if (!file.valid())
-      fail("rank {}: HDF5 cannot create run file '{}': {}", rank, tmp, h5::last_error());
+    Handle file = create_run_file(world, tmp, mode);
     if (created) created();
 
     Handle taps_group = write_run_file_header(file.get(), tmp, info, taps, world.size(), rank);

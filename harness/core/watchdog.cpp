@@ -96,6 +96,41 @@ Watchdog::~Watchdog() {
   std::filesystem::remove(file_of(dir_, rank_), ec);
 }
 
+// The HANG report: where each rank is, the ranks that never entered the
+// collective the others wait in, and those with no record.
+std::string Watchdog::hang_report(const std::map<int, progress::Snapshot>& all, const std::vector<int>& silent,
+                                  const progress::Snapshot& me, double stalled) const {
+  std::string msg = fmt::format("diffcheck [rank {}] HANG: no progress for {:.0f} s (--timeout {:g})\n", rank_,
+                                stalled, timeout_);
+  long long front = 0;
+  for (const auto& [r, s] : all) front = std::max(front, s.collective);
+  std::vector<int> waiting;
+  progress::Snapshot at_front;
+  for (const auto& [r, s] : all)
+    if (s.collective == front) {
+      waiting.push_back(r);
+      at_front = s;
+    }
+  for (const auto& [r, s] : all)
+    if (s.collective < front)
+      msg += fmt::format("  rank {} never entered {}: it last entered {}, {}\n", r, collective_str(at_front),
+                         s.collective ? fmt::format("#{} ({} on '{}')", s.collective, s.op, s.group) : "none",
+                         tap_str(s));
+  if (!waiting.empty())
+    msg += fmt::format("  rank{} {} {} in {}, {}\n", waiting.size() > 1 ? "s" : "", rank_ranges(waiting),
+                       waiting.size() > 1 ? "wait" : "waits", collective_str(at_front), tap_str(at_front));
+  if (!silent.empty() && dir_shared_)
+    msg += fmt::format("  rank{} {}: no progress record in {} (never started, died, or the disk is full)\n",
+                       silent.size() > 1 ? "s" : "", rank_ranges(silent), dir_);
+  if (!silent.empty() && !dir_shared_)
+    msg += fmt::format("  rank{} {}: no progress record in {}: on another host (the directory is not shared "
+                       "between hosts), never started, or died\n",
+                       silent.size() > 1 ? "s" : "", rank_ranges(silent), dir_);
+  if (!all.count(rank_))  // at least this rank's own state
+    msg += fmt::format("  rank {} (this rank) is at {}, {}\n", rank_, collective_str(me), tap_str(me));
+  return msg;
+}
+
 void Watchdog::loop() {
   const std::string mine = file_of(dir_, rank_), tmp = mine + ".tmp";
   std::string last;
@@ -146,34 +181,7 @@ void Watchdog::loop() {
       }
       continue;
     }
-    std::string msg = fmt::format("diffcheck [rank {}] HANG: no progress for {:.0f} s (--timeout {:g})\n", rank_,
-                                  stalled, timeout_);
-    long long front = 0;
-    for (const auto& [r, s] : all) front = std::max(front, s.collective);
-    std::vector<int> waiting;
-    progress::Snapshot at_front;
-    for (const auto& [r, s] : all)
-      if (s.collective == front) {
-        waiting.push_back(r);
-        at_front = s;
-      }
-    for (const auto& [r, s] : all)
-      if (s.collective < front)
-        msg += fmt::format("  rank {} never entered {}: it last entered {}, {}\n", r, collective_str(at_front),
-                           s.collective ? fmt::format("#{} ({} on '{}')", s.collective, s.op, s.group) : "none",
-                           tap_str(s));
-    if (!waiting.empty())
-      msg += fmt::format("  rank{} {} {} in {}, {}\n", waiting.size() > 1 ? "s" : "", rank_ranges(waiting),
-                         waiting.size() > 1 ? "wait" : "waits", collective_str(at_front), tap_str(at_front));
-    if (!silent.empty() && dir_shared_)
-      msg += fmt::format("  rank{} {}: no progress record in {} (never started, died, or the disk is full)\n",
-                         silent.size() > 1 ? "s" : "", rank_ranges(silent), dir_);
-    if (!silent.empty() && !dir_shared_)
-      msg += fmt::format("  rank{} {}: no progress record in {}: on another host (the directory is not shared "
-                         "between hosts), never started, or died\n",
-                         silent.size() > 1 ? "s" : "", rank_ranges(silent), dir_);
-    if (!all.count(rank_))  // at least this rank's own state
-      msg += fmt::format("  rank {} (this rank) is at {}, {}\n", rank_, collective_str(me), tap_str(me));
+    std::string msg = hang_report(all, silent, me, stalled);
     msg += "HANG: the run is ended (exit 1)\n";
     ssize_t ignored = write(2, msg.data(), msg.size());
     (void)ignored;

@@ -12,10 +12,13 @@
 // claim), and the report says so of the others.
 #pragma once
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "harness/core/progress.h"
 
 namespace dc {
 
@@ -37,6 +40,8 @@ class Watchdog {
 
  private:
   void loop();
+  std::string hang_report(const std::map<int, progress::Snapshot>& all, const std::vector<int>& silent,
+                          const progress::Snapshot& me, double stalled) const;
   std::string dir_;
   int rank_, world_;
   double timeout_;

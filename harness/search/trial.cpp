@@ -202,23 +202,12 @@ TrialOutcome::Class TrialOutcome::classify() const {
 
 std::string self_executable() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
 
-TrialOutcome run_trial(const TrialSpec& spec) {
-  if (spec.argv.empty()) fail("trial: empty command");
-  // Orphaned descendants of a trial (MPI ranks whose mpirun died) become our
-  // children instead of init's, so they can be found and ended.
-  static const bool subreaper = prctl(PR_SET_CHILD_SUBREAPER, 1) == 0;
-  (void)subreaper;
-  TrialOutcome out;
-  if (interrupted()) {
-    out.kind = TrialOutcome::Kind::interrupted;
-    return out;
-  }
-  char tmpl[] = "/tmp/diffcheck_trial_XXXXXX";
-  int out_fd = mkstemp(tmpl);
-  if (out_fd < 0) fail("trial: cannot create a temporary output file: {}", std::strerror(errno));
-  unlink(tmpl);
+namespace {
 
-  // Build argv/envp before fork: only async-signal-safe calls in the child.
+// Starts the trial's command in a process group of its own, its output into
+// `out_fd`. argv and envp are built before fork: only async-signal-safe
+// calls in the child.
+pid_t start_trial(const TrialSpec& spec, int out_fd) {
   std::vector<std::string> env_strings;
   for (char** e = environ; *e; ++e) {
     std::string kv = *e;
@@ -231,8 +220,6 @@ TrialOutcome run_trial(const TrialSpec& spec) {
   std::vector<std::string> args = spec.argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
-
-  auto t0 = std::chrono::steady_clock::now();
   pid_t pid;
   {
     std::lock_guard<std::mutex> lock(g_active_mu);  // registered before anyone looks for orphans
@@ -253,6 +240,13 @@ TrialOutcome run_trial(const TrialSpec& spec) {
     g_active.insert(pid);
   }
   setpgid(pid, pid);
+  return pid;
+}
+
+// Waits for the trial, ending its whole tree at the time limit or on an
+// interrupt; then whatever of the tree outlived its top: its process group,
+// and orphans (adopted by us) of this and earlier trials.
+TrialOutcome wait_for_trial(pid_t pid, const TrialSpec& spec, std::chrono::steady_clock::time_point t0) {
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   int status = 0;
   bool timed_out = false, stopped = false;
@@ -271,14 +265,13 @@ TrialOutcome run_trial(const TrialSpec& spec) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // Whatever of the tree outlived its top: its process group, and orphans
-  // (adopted by us) of this and earlier trials.
   kill(-pid, SIGKILL);
   {
     std::lock_guard<std::mutex> lock(g_active_mu);
     g_active.erase(pid);
   }
   clean_orphans();
+  TrialOutcome out;
   out.seconds = elapsed();
   if (stopped) {
     out.kind = TrialOutcome::Kind::interrupted;
@@ -291,11 +284,39 @@ TrialOutcome run_trial(const TrialSpec& spec) {
     out.kind = TrialOutcome::Kind::exited;
     out.exit_code = WEXITSTATUS(status);
   }
-  // Keep the tail of the output: enough for a report, bounded for long runs.
-  off_t size = lseek(out_fd, 0, SEEK_END);
+  return out;
+}
+
+// The tail of the output: enough for a report, bounded for long runs.
+std::string output_tail(int fd) {
+  std::string text;
+  off_t size = lseek(fd, 0, SEEK_END);
   off_t start = size > 65536 ? size - 65536 : 0;
-  out.output.resize(static_cast<std::size_t>(size - start));
-  if (pread(out_fd, out.output.data(), out.output.size(), start) < 0) out.output.clear();
+  text.resize(static_cast<std::size_t>(size - start));
+  if (pread(fd, text.data(), text.size(), start) < 0) text.clear();
+  return text;
+}
+
+}  // namespace
+
+TrialOutcome run_trial(const TrialSpec& spec) {
+  if (spec.argv.empty()) fail("trial: empty command");
+  // Orphaned descendants of a trial (MPI ranks whose mpirun died) become our
+  // children instead of init's, so they can be found and ended.
+  static const bool subreaper = prctl(PR_SET_CHILD_SUBREAPER, 1) == 0;
+  (void)subreaper;
+  if (interrupted()) {
+    TrialOutcome out;
+    out.kind = TrialOutcome::Kind::interrupted;
+    return out;
+  }
+  char tmpl[] = "/tmp/diffcheck_trial_XXXXXX";
+  int out_fd = mkstemp(tmpl);
+  if (out_fd < 0) fail("trial: cannot create a temporary output file: {}", std::strerror(errno));
+  unlink(tmpl);
+  const auto t0 = std::chrono::steady_clock::now();
+  TrialOutcome out = wait_for_trial(start_trial(spec, out_fd), spec, t0);
+  out.output = output_tail(out_fd);
   close(out_fd);
   return out;
 }
