@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "harness/capture/reference_cache_file.h"
 #include "harness/capture/tap.h"
 #include "harness/core/error.h"
 
@@ -27,11 +28,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// 02: the references are followed by the values kept for the sharded run
-// (TapRecorder::keep_reference_value).
-constexpr char kMagic[8] = {'D', 'C', 'R', 'E', 'F', 'C', '0', '2'};
-
-std::string hex64(std::uint64_t v) { return fmt::format("{:016x}", v); }
+using namespace cache_file;
 
 // The GNU build-id note of the main program, from its program headers.
 int find_build_id(struct dl_phdr_info* info, std::size_t, void* out) {
@@ -69,183 +66,6 @@ std::string hash_of_executable() {
   XXH3_freeState(st);
   return "exe-" + hex64(h);
 }
-
-// A file written through a checksum: every byte goes to the file and the hash.
-class HashedWriter {
- public:
-  explicit HashedWriter(std::FILE* f) : f_(f), st_(XXH3_createState()) { XXH3_64bits_reset(st_); }
-  ~HashedWriter() { XXH3_freeState(st_); }
-  void put(const void* p, std::size_t n) {
-    XXH3_64bits_update(st_, p, n);
-    if (std::fwrite(p, 1, n, f_) != n) ok_ = false;
-  }
-  void u64(std::uint64_t v) { put(&v, sizeof v); }
-  void str(const std::string& s) {
-    u64(s.size());
-    put(s.data(), s.size());
-  }
-  void dims(const std::vector<std::size_t>& d) {
-    u64(d.size());
-    for (auto x : d) u64(x);
-  }
-  // The checksum of everything before it, not itself hashed.
-  bool finish() {
-    const std::uint64_t h = XXH3_64bits_digest(st_);
-    if (std::fwrite(&h, 1, sizeof h, f_) != sizeof h) ok_ = false;
-    return ok_;
-  }
-
- private:
-  std::FILE* f_;
-  XXH3_state_t* st_;
-  bool ok_ = true;
-};
-
-// The reading side: sizes are checked against what is left of the file
-// before anything is allocated, so a damaged length cannot ask for terabytes.
-class HashedReader {
- public:
-  HashedReader(std::FILE* f, std::uint64_t size) : f_(f), left_(size), st_(XXH3_createState()) {
-    XXH3_64bits_reset(st_);
-  }
-  ~HashedReader() { XXH3_freeState(st_); }
-  void get(void* p, std::size_t n) {
-    if (n > left_ || std::fread(p, 1, n, f_) != n) throw Error("truncated");
-    left_ -= n;
-    XXH3_64bits_update(st_, p, n);
-  }
-  std::uint64_t u64() {
-    std::uint64_t v;
-    get(&v, sizeof v);
-    return v;
-  }
-  std::uint64_t count(std::uint64_t item_bytes) {
-    const std::uint64_t n = u64();
-    if (item_bytes && n > left_ / item_bytes) throw Error("a length beyond the file's end");
-    return n;
-  }
-  // Hashes n bytes without keeping them (a bounded buffer).
-  void skip(std::size_t n) {
-    if (n > left_) throw Error("truncated");
-    char buf[1 << 16];
-    while (n > 0) {
-      const std::size_t k = std::min(n, sizeof buf);
-      get(buf, k);
-      n -= k;
-    }
-  }
-  std::string str() {
-    std::string s(count(1), '\0');
-    get(s.data(), s.size());
-    return s;
-  }
-  std::vector<std::size_t> dims() {
-    std::vector<std::size_t> d(count(8));
-    for (auto& x : d) x = u64();
-    return d;
-  }
-  bool checksum_matches() {
-    const std::uint64_t want = XXH3_64bits_digest(st_);
-    std::uint64_t got;
-    if (left_ != 0 || std::fread(&got, 1, sizeof got, f_) != sizeof got) return false;
-    return got == want;
-  }
-  std::uint64_t left() const { return left_; }
-
- private:
-  std::FILE* f_;
-  std::uint64_t left_;
-  XXH3_state_t* st_;
-};
-
-using ReferenceMap = std::map<std::string, ReferencePart>;
-
-// What one rank's file holds.
-struct EntryFile {
-  ReferenceMap refs;
-  std::map<std::string, RefTensor> kept;
-};
-
-// Every file of an entry starts alike: magic, then the key text (compared, so
-// a hash collision is a miss); it ends in the checksum.
-std::uint64_t checked_length(std::FILE* f) {
-  struct stat st {};
-  if (fstat(fileno(f), &st) != 0 || st.st_size < 16) throw Error("truncated");
-  return static_cast<std::uint64_t>(st.st_size) - sizeof(std::uint64_t);
-}
-
-void read_header(HashedReader& in, const std::string& key_text) {
-  char magic[sizeof kMagic];
-  in.get(magic, sizeof magic);
-  if (std::memcmp(magic, kMagic, sizeof kMagic) != 0) throw Error("not a diffcheck reference-cache file");
-  if (in.str() != key_text) throw Error("another key (a hash collision)");
-}
-
-void write_header(HashedWriter& w, const std::string& key_text) {
-  w.put(kMagic, sizeof kMagic);
-  w.str(key_text);
-}
-
-// Reads one rank's file; throws Error (a short reason) when it is not a whole
-// file of this key.
-// `keep` false: the values are checked (hashed) but not kept; an empty tensor
-// of the shape is returned.
-RefTensor read_tensor(HashedReader& in, bool keep = true) {
-  Shape shape = in.dims();
-  const std::size_t n = numel(shape);
-  if (n > in.left() / sizeof(double)) throw Error("a block beyond the file's end");
-  if (!keep) {
-    in.skip(n * sizeof(double));
-    return RefTensor();
-  }
-  RefTensor t(std::move(shape));
-  in.get(t.ptr(), n * sizeof(double));
-  return t;
-}
-
-// What read_entry_file keeps of a whole, checked file.
-struct Keep {
-  bool boxes = true;
-  bool kept = true;
-};
-
-EntryFile read_entry_file(std::FILE* f, const std::string& key_text, int rank, Keep keep) {
-  HashedReader in(f, checked_length(f));
-  read_header(in, key_text);
-  if (in.u64() != static_cast<std::uint64_t>(rank)) throw Error("another rank's file");
-  EntryFile out;
-  const std::uint64_t parts = in.count(8);
-  for (std::uint64_t p = 0; p < parts; ++p) {
-    std::string name = in.str();
-    ReferencePart part;
-    part.global = in.dims();
-    const std::uint64_t blocks = in.count(8);
-    for (std::uint64_t b = 0; b < blocks; ++b) {
-      ReferenceBlock block;
-      block.start = in.dims();
-      block.data = read_tensor(in, keep.boxes);
-      if (keep.boxes) part.blocks.push_back(std::move(block));
-    }
-    out.refs.emplace(std::move(name), std::move(part));
-  }
-  const std::uint64_t kept = in.count(8);
-  for (std::uint64_t k = 0; k < kept; ++k) {
-    std::string name = in.str();
-    RefTensor value = read_tensor(in, keep.kept);
-    if (keep.kept) out.kept.emplace(std::move(name), std::move(value));
-  }
-  if (!in.checksum_matches()) throw Error("checksum mismatch (damaged)");
-  return out;
-}
-
-using File = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
-
-File open_entry_file(const std::string& path) {
-  File f(std::fopen(path.c_str(), "rb"), std::fclose);
-  if (!f) throw Error(errno == ENOENT ? "no entry" : fmt::format("cannot open: {}", std::strerror(errno)));
-  return f;
-}
-
 
 std::uint64_t tree_bytes(const fs::path& p) {
   std::uint64_t total = 0;
