@@ -338,54 +338,6 @@ std::vector<std::string> Comm::all_gather_strings(const std::string& s) const {
   return out;
 }
 
-// --- Request ---------------------------------------------------------------
-
-Request::Request() = default;
-Request::Request(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Request::Request(Request&&) noexcept = default;
-Request& Request::operator=(Request&& o) noexcept {
-  if (this != &o) {
-    if (pending()) {
-      try {
-        wait();
-      } catch (const std::exception& e) {
-        spdlog::error("{}", e.what());
-      }
-    }
-    impl_ = std::move(o.impl_);
-  }
-  return *this;
-}
-Request::~Request() {
-  if (!pending()) return;
-  try {
-    wait();
-  } catch (const std::exception& e) {
-    spdlog::error("{}", e.what());
-  }
-}
-
-bool Request::pending() const { return impl_ != nullptr; }
-
-void Request::wait() {
-  if (!impl_) return;
-  auto impl = std::move(impl_);
-  std::vector<MPI_Request*> reqs{&impl->req, &impl->req2};
-  for (MPI_Request& r : impl->more) reqs.push_back(&r);
-  for (MPI_Request* req : reqs) {
-    if (*req == MPI_REQUEST_NULL) continue;
-    int rc = MPI_Wait(req, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      char msg[MPI_MAX_ERROR_STRING];
-      int len = 0;
-      MPI_Error_string(rc, msg, &len);
-      fail("rank {}: MPI_Wait for {} failed: {}", world_rank_or_zero(), impl->what,
-           std::string(msg, len));
-    }
-  }
-  if (impl->on_complete) impl->on_complete();
-}
-
 #define DC_INSTANTIATE(T)                                                      \
   template void Comm::broadcast<T>(std::span<T>, int) const;                   \
   template Request Comm::ibroadcast<T>(std::span<T>, int) const;               \
