@@ -23,7 +23,6 @@ injects that fault into the scenario's clean cells: a regression it must catch.
 """
 import argparse
 import datetime
-import itertools
 import json
 import math
 import os
@@ -38,12 +37,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from child_process import run_ended_gracefully, stop_on_sigterm_like_ctrl_c  # noqa: E402
 from nightly_report import (cell_id, fmt_num, json_load_numbers, json_safe, outcome, write_atomic,  # noqa: E402
                             write_index, write_junit)
+from nightly_plan import flag_text, injected_regressions, plan, run_json, slug  # noqa: E402
+from nightly_drift import cell_key, drift, find_previous, tap_ratios  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DTYPES = ("float32", "bfloat16")
-DRIFT_FACTOR = 2.0
-# err/tol below this is "bitwise or nearly": its changes are not drift.
-DRIFT_FLOOR = 1e-6
+
 
 
 def parse_args():
@@ -81,113 +79,7 @@ def find_diffcheck(given):
     sys.exit("nightly: no diffcheck executable (build it, or give --diffcheck PATH)")
 
 
-def run_json(cmd):
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {res.returncode}: {res.stderr.strip()}")
-    return json.loads(res.stdout)
-
-
-def slug(text):
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text.replace("=", "")) or "defaults"
-
-
-def flag_text(flags):
-    return " ".join(flags) if flags else "defaults"
-
-
-# ---------------------------------------------------------------- the matrix
-
-def variants(scenario, quick):
-    """(kind, label, flags, fault) of one scenario: clean flag combinations, then faults."""
-    specs = scenario["flags"]
-    if quick:
-        combos = [[], [f"{f['name']}={f['matrix_values'][-1]}" for f in specs
-                       if f["matrix_values"][-1] != f["default"]]]
-        combos = [c for i, c in enumerate(combos) if c not in combos[:i]]
-    else:
-        combos = []
-        for values in itertools.product(*[f["matrix_values"] for f in specs]):
-            combos.append([f"{f['name']}={v}" for f, v in zip(specs, values) if v != f["default"]])
-    out = [("clean", flag_text(c), c, "") for c in combos]
-    for f in scenario["faults"]:
-        out.append(("fault", f"inject {f['name']}" + (f" + {' '.join(f['needs_flags'])}" if f["needs_flags"] else ""),
-                    list(f["needs_flags"]), f["name"]))
-    return out
-
-
-def meshes(exe, scenario, n, quick, tmp):
-    if quick:
-        return [scenario["default_mesh"][str(n)]] if str(n) in scenario["default_mesh"] else []
-    path = os.path.join(tmp, f"{scenario['name']}.plan.json")
-    size = ["--size", matrix_size(scenario)] if matrix_size(scenario) else []
-    res = subprocess.run([exe, "sweep-mesh", "--scenario", scenario["name"], "-n", str(n), "--dry-run",
-                          "--json", path, *size], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"sweep-mesh --dry-run of {scenario['name']}: {res.stderr.strip()}")
-    with open(path) as f:
-        return [r["mesh"] for r in json.load(f)["rows"]]
-
-
-def matrix_size(scenario):
-    """The size preset the matrix runs: a pipeline's "tiny" (the matrix is about
-    meshes, flags and faults; its own tests run the default size), else the default."""
-    return "tiny" if "tiny" in scenario.get("sizes", []) else None
-
-
-def plan(exe, scenarios, args, night):
-    cells = []
-    tmp = os.path.join(night, "plan")
-    os.makedirs(tmp, exist_ok=True)
-    for s in scenarios:
-        ms = meshes(exe, s, args.n, args.quick, tmp)
-        for dtype in (DTYPES[:1] if args.quick else DTYPES):
-            for kind, label, flags, fault in variants(s, args.quick):
-                vdir = os.path.join("cells", s["name"], dtype, slug(label))
-                for m in ms:
-                    cells.append({"scenario": s["name"], "dtype": dtype, "kind": kind, "variant": label,
-                                  "flags": flags, "fault": fault, "mesh": m, "size": matrix_size(s),
-                                  "dir": vdir, "stem": slug(m)})
-    shutil.rmtree(tmp, ignore_errors=True)
-    return cells
-
-
-def injected_regressions():
-    """DIFFCHECK_NIGHTLY_INJECT: scenario -> fault, for testing the nightly."""
-    out = {}
-    for item in os.environ.get("DIFFCHECK_NIGHTLY_INJECT", "").replace(" ", ",").split(","):
-        if item:
-            s, _, f = item.partition(":")
-            if not f:
-                sys.exit(f"nightly: DIFFCHECK_NIGHTLY_INJECT entries are scenario:fault, not '{item}'")
-            out[s] = f
-    return out
-
-
 # ---------------------------------------------------------------- one cell
-
-def ratio(v):
-    if isinstance(v, str):
-        return float(v)  # "nan", "inf"
-    return float(v) if v is not None else None
-
-
-def tap_ratios(report_path):
-    """tap -> worst err/tol of one run report (taps with a reference): its
-    margin, the larger of the element-wise and the norm-wise ratio where a
-    calibrated tolerance has both."""
-    try:
-        with open(report_path) as f:
-            rep = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    out = {}
-    for t in rep.get("taps", []):
-        ref = t.get("reference", {})
-        if ref.get("present") and "worst_ratio" in ref:
-            out[t["name"]] = ratio(ref.get("margin", ref["worst_ratio"]))
-    return out
-
 
 def calibration(exe, cell, night, args):
     """The tolerance file of the cell's scenario, dtype, size and flags, made
@@ -280,77 +172,6 @@ def run_cell(exe, cell, night, args, regressions):
     return cell
 
 
-# ---------------------------------------------------------------- drift
-
-def worst_by_tap(cells):
-    """(scenario, tap, dtype) -> largest err/tol over the clean cells."""
-    out = {}
-    for c in cells:
-        if c["kind"] != "clean":  # a fault's cells are meant to be far off
-            continue
-        for tap, v in c.get("taps", {}).items():
-            if v is None:
-                continue
-            k = (c["scenario"], tap, c["dtype"])
-            old = out.get(k)
-            out[k] = v if old is None or math.isnan(v) or (not math.isnan(old) and v > old) else old
-    return out
-
-
-def cell_key(c):
-    return (c["scenario"], c["dtype"], c["variant"], c["mesh"])
-
-
-def drift(cells, previous):
-    """New failures first, then err/tol changes (flagged above DRIFT_FACTOR)."""
-    rows = []
-    prev_cells = {cell_key(c): c for c in previous.get("cells", [])} if previous else {}
-    for c in cells:
-        if not c["ok"]:
-            before = prev_cells.get(cell_key(c))
-            if before is None or before["ok"]:
-                rows.append({"kind": "new failure", "scenario": c["scenario"], "dtype": c["dtype"],
-                             "what": f"{c['variant']} @ {c['mesh']}: {outcome(c)} ({c['verdict']}"
-                                     f"{' at ' + repr(c['first_tap']) if c['first_tap'] not in ('-', '') else ''})",
-                             "before": "ok" if before else "not run", "now": outcome(c), "flagged": True,
-                             "report": c.get("report")})
-    for c in cells:
-        before = prev_cells.get(cell_key(c))
-        if c["ok"] and before is not None and not before["ok"]:
-            rows.append({"kind": "fixed", "scenario": c["scenario"], "dtype": c["dtype"],
-                         "what": f"{c['variant']} @ {c['mesh']}", "before": outcome(before), "now": "ok",
-                         "flagged": False})
-    if previous:
-        now, then = worst_by_tap(cells), worst_by_tap(previous.get("cells", []))
-        changes = []
-        for k in sorted(now):  # taps not run tonight (another --scenario) are not drift
-            a, b = then.get(k), now.get(k)
-            if a is None or b is None:
-                factor = None
-                flagged = False
-            elif math.isnan(a) or math.isnan(b):
-                factor = float("nan")
-                flagged = math.isnan(a) != math.isnan(b)
-            else:
-                lo, hi = max(min(a, b), DRIFT_FLOOR), max(a, b, DRIFT_FLOOR)
-                factor = hi / lo if b >= a else -(hi / lo)
-                flagged = hi / lo > DRIFT_FACTOR
-            changes.append({"kind": "err/tol", "scenario": k[0], "tap": k[1], "dtype": k[2], "what": k[1],
-                            "before": a, "now": b, "factor": factor, "flagged": flagged})
-        changes.sort(key=lambda r: (not r["flagged"], -abs(r["factor"]) if r["factor"] and not math.isnan(r["factor"]) else 0))
-        rows += changes
-    return rows
-
-
-def find_previous(out_dir, date, given):
-    if given:
-        path = os.path.join(given, "summary.json") if os.path.isdir(given) else given
-        return path if os.path.exists(path) else sys.exit(f"nightly: --previous {given}: no summary.json")
-    earlier = sorted(d for d in os.listdir(out_dir) if d < date and
-                     os.path.exists(os.path.join(out_dir, d, "summary.json"))) if os.path.isdir(out_dir) else []
-    return os.path.join(out_dir, earlier[-1], "summary.json") if earlier else None
-
-
 def write_summary(args, night, cells, done, version, regressions, wall, previous_path, partial=False):
     """The night's summary.json (summary.partial.json for an interrupted run,
     which the next night does not take for a finished one)."""
@@ -412,35 +233,27 @@ def interrupted(stop, args, night, cells, done, version, regressions, wall):
     return 128 + int(sig)
 
 
-def main():
-    stop_on_sigterm_like_ctrl_c()  # a batch time limit ends the night as a Ctrl-C does
-    args = parse_args()
-    exe = find_diffcheck(args.diffcheck)
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
+def select_scenarios(exe, args):
+    """The scenarios `diffcheck list` gives, or those --scenario names; None
+    (after saying why) when diffcheck cannot list them or a name is unknown."""
     try:
         scenarios = run_json([exe, "list", "--json"])
     except (RuntimeError, ValueError) as err:
         print(f"nightly: {err}", file=sys.stderr)
-        return 2
+        return None
     if args.scenario:
         known = {s["name"] for s in scenarios}
         for name in args.scenario:
             if name not in known:
                 print(f"nightly: unknown scenario '{name}'; known: {', '.join(sorted(known))}", file=sys.stderr)
-                return 2
+                return None
         scenarios = [s for s in scenarios if s["name"] in args.scenario]
-    regressions = injected_regressions()
-    night = os.path.join(args.out, args.date)
-    os.makedirs(night, exist_ok=True)
-    previous_path = find_previous(args.out, args.date, args.previous)
-    try:
-        cells = plan(exe, scenarios, args, night)
-    except RuntimeError as err:
-        print(f"nightly: {err}", file=sys.stderr)
-        return 2
+    return scenarios
 
-    # A finished cell keeps its record beside its report: a re-run skips it
-    # (unless it was run with another injected regression).
+
+def split_done(cells, night, regressions, args):
+    """(done, todo): a finished cell keeps its record beside its report, and a
+    re-run skips it (unless it was run with another injected regression)."""
     done, todo = [], []
     for c in cells:
         rec = os.path.join(night, c["dir"], c["stem"] + ".cell.json")
@@ -454,6 +267,46 @@ def main():
         except (OSError, ValueError):
             pass
         todo.append(c)
+    return done, todo
+
+
+def print_outcome(args, night, cells, summary, wall):
+    """The night's last lines: counts, flagged drift, cells not as expected.
+    Returns those cells."""
+    bad = [c for c in cells if not c["ok"]]
+    flagged = [r for r in summary["drift"] if r["flagged"]]
+    print(f"\nnightly {args.date}: {len(cells) - len(bad)} of {len(cells)} cells as expected; "
+          f"{len(flagged)} drift rows flagged; {wall:.0f} s this run, {summary['cell_seconds']:.0f} s of cells")
+    for r in flagged[:20]:
+        extra = f" ({fmt_num(r['before'])} -> {fmt_num(r['now'])})" if r["kind"] == "err/tol" else ""
+        print(f"  drift: {r['kind']}: {r['scenario']} {r['dtype']} {r['what']}{extra}")
+    for c in bad:
+        print(f"  NOT AS EXPECTED: {outcome(c)}: {cell_id(c)}: expected {c['expected']}, got {c['verdict']}"
+              f"{' at ' + repr(c['first_tap']) if c['first_tap'] not in ('-', '') else ''}"
+              f"{' -> ' + os.path.join(night, c['report']) if c.get('report') else ''}")
+    print(f"report: {os.path.join(night, 'index.html')}")
+    return bad
+
+
+def main():
+    stop_on_sigterm_like_ctrl_c()  # a batch time limit ends the night as a Ctrl-C does
+    args = parse_args()
+    exe = find_diffcheck(args.diffcheck)
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
+    scenarios = select_scenarios(exe, args)
+    if scenarios is None:
+        return 2
+    regressions = injected_regressions()
+    night = os.path.join(args.out, args.date)
+    os.makedirs(night, exist_ok=True)
+    previous_path = find_previous(args.out, args.date, args.previous)
+    try:
+        cells = plan(exe, scenarios, args, night)
+    except RuntimeError as err:
+        print(f"nightly: {err}", file=sys.stderr)
+        return 2
+
+    done, todo = split_done(cells, night, regressions, args)
     print(f"nightly {args.date}: {len(cells)} cells ({len(scenarios)} scenarios, {args.n} ranks"
           f"{', quick' if args.quick else ''}); {len(done)} already done, {len(todo)} to run -> {night}", flush=True)
     if regressions:
@@ -480,18 +333,7 @@ def main():
     write_junit(os.path.join(night, "junit.xml"), cells, args.date)
     write_index(os.path.join(night, "index.html"), summary)
 
-    bad = [c for c in cells if not c["ok"]]
-    flagged = [r for r in summary["drift"] if r["flagged"]]
-    print(f"\nnightly {args.date}: {len(cells) - len(bad)} of {len(cells)} cells as expected; "
-          f"{len(flagged)} drift rows flagged; {wall:.0f} s this run, {summary['cell_seconds']:.0f} s of cells")
-    for r in flagged[:20]:
-        extra = f" ({fmt_num(r['before'])} -> {fmt_num(r['now'])})" if r["kind"] == "err/tol" else ""
-        print(f"  drift: {r['kind']}: {r['scenario']} {r['dtype']} {r['what']}{extra}")
-    for c in bad:
-        print(f"  NOT AS EXPECTED: {outcome(c)}: {cell_id(c)}: expected {c['expected']}, got {c['verdict']}"
-              f"{' at ' + repr(c['first_tap']) if c['first_tap'] not in ('-', '') else ''}"
-              f"{' -> ' + os.path.join(night, c['report']) if c.get('report') else ''}")
-    print(f"report: {os.path.join(night, 'index.html')}")
+    bad = print_outcome(args, night, cells, summary, wall)
     return 1 if bad else 0
 
 
