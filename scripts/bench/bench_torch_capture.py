@@ -72,76 +72,94 @@ def leave_out(parts):
         dump.RankDump.sketch = lambda self, *args, **kwargs: None
 
 
+def timed(fn):
+    """fn's wall time on the slowest rank (the job waits for it)."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+    return dt.item()
+
+
+def settled(fn):
+    """fn's time, after the page cache has gone to disk: a captured
+    forward's writeback must not land in the next forward's time."""
+    os.sync()
+    return timed(fn)
+
+
+class Forwards:
+    """The block's forward (or training step) plain and captured, as the
+    benchmark's options ask. With --compile: two compiled copies, the captured
+    one keeps its (inert) hooks between captures, the plain one never had any
+    (the pure compiled forward)."""
+
+    def __init__(self, a, n, rank, out_dir):
+        import tp_block
+        import diffcheck.torch as dct
+        self.a, self.n, self.out_dir, self.tp_block, self.dct = a, n, out_dir, tp_block, dct
+        tp_block.B, tp_block.S, tp_block.D, tp_block.HEADS, tp_block.FFN = SIZES[a.size]
+        w, x = tp_block.full_weights()
+        self.block = tp_block.Block(w, n, rank).float()
+        self.x = x.float()
+        self.plain_block = self.block
+        if a.compile:
+            import copy
+            self.plain_block = torch.compile(copy.deepcopy(self.block), backend="inductor")
+            self.block = torch.compile(self.block, backend="inductor")
+
+    def plain(self):
+        a, block = self.a, self.block
+        if a.backward:
+            block.zero_grad(set_to_none=True)
+            block(self.x).sum().backward()
+            return
+        with torch.no_grad():
+            for _ in range(a.steps):
+                self.plain_block(self.x)
+
+    def captured(self):
+        a, block, dct = self.a, self.block, self.dct
+        kw = dict(out=f"{self.out_dir}/tp", mesh=f"tp={self.n}", layouts=self.tp_block.LAYOUTS,
+                  derive_depths=not a.no_depths, sketch=a.sketch)
+        if a.backward:
+            block.zero_grad(set_to_none=True)
+            with dct.capture(block, backward=True, **kw):
+                block(self.x).sum().backward()
+                dct.grads()
+            return
+        with torch.no_grad(), dct.capture(block, **kw):
+            for t in range(a.steps):
+                if a.steps > 1:  # one file, every step's taps (a denoising loop's use)
+                    dct.step(t)
+                block(self.x)
+
+
+def profiled(fn, profiler):
+    """fn, with cProfile on while it runs."""
+    def run():
+        profiler.enable()
+        try:
+            fn()
+        finally:
+            profiler.disable()
+    return run
+
+
 def rank_main(rank, n, a, init, out_dir, results):
     torch.set_num_threads(1)
     leave_out(a.without)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=n)
-    import tp_block
-    import diffcheck.torch as dct
-    tp_block.B, tp_block.S, tp_block.D, tp_block.HEADS, tp_block.FFN = SIZES[a.size]
-    w, x = tp_block.full_weights()
-    block = tp_block.Block(w, n, rank).float()
-    x = x.float()
-    plain_block = block
-    if a.compile:
-        # Two compiled copies: the captured one keeps its (inert) hooks
-        # between captures, the plain one never had any (the pure compiled forward).
-        import copy
-        plain_block = torch.compile(copy.deepcopy(block), backend="inductor")
-        block = torch.compile(block, backend="inductor")
-
-    def timed(fn):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the job waits for its slowest rank
-        return dt.item()
-
-    def plain():
-        if a.backward:
-            block.zero_grad(set_to_none=True)
-            block(x).sum().backward()
-            return
-        with torch.no_grad():
-            for _ in range(a.steps):
-                plain_block(x)
-
-    def captured():
-        if a.backward:
-            block.zero_grad(set_to_none=True)
-            with dct.capture(block, out=f"{out_dir}/tp", mesh=f"tp={n}", layouts=tp_block.LAYOUTS, backward=True,
-                             derive_depths=not a.no_depths, sketch=a.sketch):
-                block(x).sum().backward()
-                dct.grads()
-            return
-        with torch.no_grad(), dct.capture(block, out=f"{out_dir}/tp", mesh=f"tp={n}", layouts=tp_block.LAYOUTS,
-                                          derive_depths=not a.no_depths, sketch=a.sketch):
-            for t in range(a.steps):
-                if a.steps > 1:  # one file, every step's taps (a denoising loop's use)
-                    dct.step(t)
-                block(x)
-
-    def settled(fn):
-        """fn's time, after the page cache has gone to disk: a captured
-        forward's writeback must not land in the next forward's time."""
-        os.sync()
-        return timed(fn)
-
+    forwards = Forwards(a, n, rank, out_dir)
+    plain, captured = forwards.plain, forwards.captured
     for _ in range(2):  # warm-up: allocator, BLAS, the file system
         settled(plain)
         settled(captured)
     if a.profile and rank == 0:  # where rank 0's captured time goes, over the timed rounds
         import cProfile
         profiler = cProfile.Profile()
-        captured_plain = captured
-
-        def captured():
-            profiler.enable()
-            try:
-                captured_plain()
-            finally:
-                profiler.disable()
+        captured = profiled(captured, profiler)
     rows = []
     for r in range(a.rounds):  # pairs, in alternating order
         if r % 2 == 0:

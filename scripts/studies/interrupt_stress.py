@@ -111,6 +111,56 @@ def listing(path):
         return set()
 
 
+def end_leftover_ranks(out):
+    """Ranks outliving mpirun (those naming `out`): given a moment (they are
+    being killed), then killed. Returns those that were still there."""
+    deadline = time.monotonic() + 5
+    left_procs = processes_naming(out)
+    while left_procs and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left_procs = processes_naming(out)
+    for p, _ in left_procs:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    return left_procs
+
+
+def problems_of(args, hung, left_procs, left_files, new_shm, sessions, mpirun_crashed, stopped, ranks_running,
+                verdict_out):
+    """What one trial left behind or said wrongly, in words."""
+    problems = []
+    if hung:
+        problems.append("mpirun did not end within {} s:\n{}".format(args.limit, hung))
+    if left_procs:
+        problems.append("processes left: " + "; ".join(f"{p} {c[:80]}" for p, c in left_procs))
+    if left_files:
+        problems.append("files left in the output directory: " + ", ".join(left_files))
+    if new_shm:
+        problems.append("new in /dev/shm: " + ", ".join(new_shm))
+    # OpenMPI 4.1's mpirun now and then crashes (SIGSEGV in
+    # PMIx_server_finalize) when a signal reaches it early in a job, a bare MPI
+    # program too; its session directory is then its own leftover, not ours.
+    if sessions and not mpirun_crashed:
+        problems.append("OpenMPI session directories left: " + ", ".join(sessions))
+    if stopped > 1:
+        problems.append(f"STOPPED printed {stopped} times")
+    if ranks_running and stopped == 0 and not verdict_out:
+        problems.append("no STOPPED line and no verdict")
+    return problems
+
+
+def clean_up(session_base, out_dir, new_shm):
+    for p in (session_base, out_dir):
+        shutil.rmtree(p, ignore_errors=True)
+    for name in new_shm:
+        try:
+            os.remove(os.path.join("/dev/shm", name))
+        except OSError:
+            pass
+
+
 def run_once(args, n, work, delay, sig, env):
     out_dir = os.path.join(work, "out")
     os.makedirs(out_dir, exist_ok=True)
@@ -146,17 +196,7 @@ def run_once(args, n, work, delay, sig, env):
                 pass
         proc.wait()
     ended = time.monotonic()
-    # Ranks outliving mpirun: give them a moment (they are being killed).
-    deadline = time.monotonic() + 5
-    left_procs = processes_naming(out)
-    while left_procs and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left_procs = processes_naming(out)
-    for p, _ in left_procs:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
+    left_procs = end_leftover_ranks(out)
     log.seek(0)
     text = log.read()
     log.close()
@@ -166,32 +206,10 @@ def run_once(args, n, work, delay, sig, env):
     sessions = sorted(listing(session_base))
     stopped = text.count("STOPPED")
     verdict_out = any(s in text for s in ("PASS:", "FAIL:", "First divergence", "CRASH", "HANG:"))
-    problems = []
-    if hung:
-        problems.append("mpirun did not end within {} s:\n{}".format(args.limit, hung))
-    if left_procs:
-        problems.append("processes left: " + "; ".join(f"{p} {c[:80]}" for p, c in left_procs))
-    if left_files:
-        problems.append("files left in the output directory: " + ", ".join(left_files))
-    if new_shm:
-        problems.append("new in /dev/shm: " + ", ".join(new_shm))
-    # OpenMPI 4.1's mpirun now and then crashes (SIGSEGV in
-    # PMIx_server_finalize) when a signal reaches it early in a job, a bare MPI
-    # program too; its session directory is then its own leftover, not ours.
     mpirun_crashed = proc.returncode in (-signal.SIGSEGV, -signal.SIGBUS, -signal.SIGABRT)
-    if sessions and not mpirun_crashed:
-        problems.append("OpenMPI session directories left: " + ", ".join(sessions))
-    if stopped > 1:
-        problems.append(f"STOPPED printed {stopped} times")
-    if ranks_running and stopped == 0 and not verdict_out:
-        problems.append("no STOPPED line and no verdict")
-    for p in (session_base, out_dir):
-        shutil.rmtree(p, ignore_errors=True)
-    for name in new_shm:
-        try:
-            os.remove(os.path.join("/dev/shm", name))
-        except OSError:
-            pass
+    problems = problems_of(args, hung, left_procs, left_files, new_shm, sessions, mpirun_crashed, stopped,
+                           ranks_running, verdict_out)
+    clean_up(session_base, out_dir, new_shm)
     return {
         "ranks": n, "signal": signal.Signals(sig).name, "delay_s": round(delay, 3),
         "signalled": sent is not None, "exit": proc.returncode,
