@@ -62,6 +62,10 @@ struct TapData {
   Shape local_shape;
   std::optional<Shape> reference_shape;  // the global shape, when the tap has a reference
   std::optional<SketchInfo> sketch;      // a sketch tap
+  // Run against run (compare --against): the same tap of the run this one is
+  // compared against. Its global values stand where a reference would, and
+  // its tolerance adds to this tap's (check/against.h).
+  std::shared_ptr<const TapData> against;
   std::size_t data_id = 0;               // which tap the data source means (taps get sorted)
 };
 

@@ -80,6 +80,7 @@ struct ReplicaCheck {
 
 struct ReferenceCheck {
   bool present = false;
+  bool other_run = false;  // the "reference" is another run's tap (compare --against): no reference was used
   Tolerance tol;
   double max_abs = 0, max_rel = 0, rel_l2 = 0;
   long long n_fail = 0, n_total = 0;

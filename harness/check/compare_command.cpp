@@ -1,4 +1,5 @@
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <optional>
 
 #include "harness/check/compare_command.h"
+#include "harness/check/against.h"
 #include "harness/capture/store.h"
 #include "harness/check/noise_floor.h"
 #include "harness/check/report.h"
@@ -138,6 +140,28 @@ int compare_and_report(const std::string& source, const std::string& reference,
   const std::optional<ToleranceTable> table = measured_tolerances(set, reference, opts, with.tolerance_note);
   if (table) with.compare.tolerances = &*table;
   return check_and_report(set, with, started);
+}
+
+int compare_against_and_report(const std::string& source, const std::string& against, bool exact,
+                               const ReportOptions& opts) {
+  const auto started = std::chrono::steady_clock::now();
+  const ActivationSet a = read_everywhere(source, "", opts.compare.processes);
+  const ActivationSet b = read_everywhere(against, "", opts.compare.processes);
+  const AgainstMatch m = match_runs(a, b, {.exact = exact});
+  ReportOptions with = opts;
+  with.reference_source = m.describe();
+  const std::optional<ToleranceTable> table = measured_tolerances(m.set, "", opts, with.tolerance_note);
+  if (table) with.compare.tolerances = &*table;
+  // The other run's own checks (NaN/Inf, replicas), as this run's are made
+  // beside the comparison.
+  const CompareResult own = compare(without_references(b), opts.compare);
+  if (!own.pass()) {
+    const TapVerdict& v = own.taps[*own.first_divergence];
+    with.reference_source += fmt::format("\nFAIL in {} alone: tap '{}' fails its {} check", against, v.name,
+                                         fmt::join(v.failed_checks(), " and "));
+  }
+  const int status = check_and_report(m.set, with, started);
+  return own.pass() ? status : kExitMismatch;
 }
 
 int check_and_report(const ActivationSet& set, const ReportOptions& opts,

@@ -52,6 +52,13 @@ std::string one_device_beside(const std::string& reference);
 int compare_and_report(const std::string& source, const std::string& reference,
                        const ReportOptions& opts);
 
+// Run against run: `source` checked with the run `against` (any mesh, any
+// layouts) where a reference would be, each tolerance the sum of both runs'
+// bounds; `exact`: bitwise. The other run's own checks (NaN/Inf, replicas)
+// count too. Returns 0 or 1; throws InputError for runs of different
+// computations (check/against.h).
+int compare_against_and_report(const std::string& source, const std::string& against, bool exact,
+                               const ReportOptions& opts);
 // The same for activations already at hand: a run's taps in its ranks'
 // memory (capture/recorded.h; collective over the holders, only rank 0
 // prints) or a set read elsewhere. `started` is when the work being reported

@@ -229,11 +229,12 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
   } else if (ref.present && !ref.pass) {
     const bool l2_fails = ref.l2_ratio && !(*ref.l2_ratio <= 1);
     const bool column_fails = ref.column_ratio && !(*ref.column_ratio <= 1);
+    const char* yardstick = ref.other_run ? "the other run" : "reference";
     s += fmt::format(
-        "  reference DISAGREES: {} of {} elements outside atol {} + rtol {}*|ref|{}; max abs err {}, "
+        "  {} DISAGREES: {} of {} elements outside atol {} + rtol {}*|ref|{}; max abs err {}, "
         "max rel err {}, rel L2 {}; worst at global index {} on rank(s) {}: got {:.6g}, "
-        "reference {:.6g}\n",
-        ref.n_fail, ref.n_total, sci(ref.tol.atol), sci(ref.tol.rtol),
+        "{} {:.6g}\n",
+        yardstick, ref.n_fail, ref.n_total, sci(ref.tol.atol), sci(ref.tol.rtol),
         (l2_fails ? fmt::format(", and rel L2 {} over its limit {} ({:.3g}x)", sci(ref.rel_l2),
                                 sci(*ref.tol.rel_l2_limit), *ref.l2_ratio)
                   : "") +
@@ -242,12 +243,11 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
                                         sci(*ref.column_mean), sci(*ref.tol.column_mean_limit), *ref.column_ratio)
                           : ""),
         sci(ref.max_abs), sci(ref.max_rel), sci(ref.rel_l2), index_str(ref.worst.index),
-        rank_ranges(ref.worst_ranks), ref.worst_value, ref.worst_reference);
+        rank_ranges(ref.worst_ranks), ref.worst_value, yardstick, ref.worst_reference);
     s += "  tolerance " + tolerance_line(ref) + "\n" + math_hint(ref);
   } else if (ref.present) {
-    s += rc.pass ? "  reference agrees within tolerance\n"
-                 : "  reference agrees within tolerance on the replica-group leaders (the ranks that "
-                   "differ from them are listed above)\n";
+    s += fmt::format("  {} agrees within tolerance{}\n", ref.other_run ? "the other run" : "reference",
+                     rc.pass ? "" : " on the replica-group leaders (the ranks that differ from them are listed above)");
   }
   return s;
 }

@@ -44,6 +44,7 @@ json tap_json(const TapVerdict& t, std::size_t order) {
                              {"other_value", num(rc.other_value)}};
   const auto& ref = t.reference;
   j["reference"] = {{"present", ref.present}, {"pass", ref.pass}};
+  if (ref.other_run) j["reference"]["other_run"] = true;  // compare --against: no reference was used
   if (ref.present) {
     j["reference"].update({{"atol", num(ref.tol.atol)}, {"rtol", num(ref.tol.rtol)},
                            {"max_abs", num(ref.max_abs)}, {"max_rel", num(ref.max_rel)},

@@ -4,6 +4,8 @@
 // verdict made of what the scans found.
 #include "harness/check/tap_check.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -90,14 +92,37 @@ double reference_rms(const ActivationSet& set, const TapPlan& p, std::size_t chu
   return s.ref_sq.rms(n);
 }
 
+// Run against run: the other run's bound on the same tap added to this one's
+// (each run is off the truth by its own rounding). A tap held to exactness
+// (--exact, integers) stays exact.
+void add_other_runs_bound(const ActivationSet& set, const TapData& t, const CompareOptions& opts, double rms,
+                          Tolerance& tol) {
+  if (!t.against || (tol.atol == 0 && tol.rtol == 0)) return;
+  ToleranceInputs other = tap_tolerance_inputs(set, *t.against, opts);
+  other.reference_rms = rms;
+  const Tolerance b = derive_tolerance(other);
+  tol.atol += b.atol;
+  tol.rtol += b.rtol;
+  if (tol.rel_l2_limit && b.rel_l2_limit) *tol.rel_l2_limit += *b.rel_l2_limit;
+  else tol.rel_l2_limit.reset();  // a norm-wise limit only where both runs have one
+  if (tol.column_mean_limit && b.column_mean_limit) *tol.column_mean_limit += *b.column_mean_limit;
+  else tol.column_mean_limit.reset();
+  tol.yardstick = fmt::format("this run {} + the other run {}", tol.yardstick.empty() ? "-" : tol.yardstick,
+                              b.yardstick.empty() ? "-" : b.yardstick);
+}
+
 // The tap's tolerance against its reference (none without one).
 Tolerance tap_tolerance(const ActivationSet& set, const TapData& t, const TapPlan& p, const CompareOptions& opts,
                         std::size_t chunk, const Workers& threads, std::vector<ChunkBuffers>& bufs) {
   if (!t.reference_shape) return {};
   ToleranceInputs in = tap_tolerance_inputs(set, t, opts);
   const std::size_t unit = std::max<std::size_t>(opts.sum_unit, 1);
-  if (tolerance_needs_rms(in)) in.reference_rms = reference_rms(set, p, chunk, unit, opts.memory_budget, threads, bufs);
-  return derive_tolerance(in);
+  const bool needs_rms = tolerance_needs_rms(in) ||
+                         (t.against && tolerance_needs_rms(tap_tolerance_inputs(set, *t.against, opts)));
+  if (needs_rms) in.reference_rms = reference_rms(set, p, chunk, unit, opts.memory_budget, threads, bufs);
+  Tolerance tol = derive_tolerance(in);
+  add_other_runs_bound(set, t, opts, in.reference_rms, tol);
+  return tol;
 }
 
 // A distributed source: each block is checked by its owner, a run of chunk
@@ -268,6 +293,7 @@ ReferenceCheck reference_verdict(const TapStats& s, const TapPlan& p, const Tole
                                  const ColumnLayout& columns, std::vector<double>& err_over_tol) {
   ReferenceCheck ref;
   ref.present = true;
+  ref.other_run = p.tap->against != nullptr;
   ref.tol = tol;
   ref.n_fail = s.n_fail;
   ref.n_total = s.n_total;

@@ -15,6 +15,13 @@ void CompareCommand::add(CLI::App& app) {
   sub = app.add_subcommand("compare", "Check an activation file (run file, rank file or rank-file prefix) without running anything");
   sub->add_option("source", source, "Run file, one <prefix>.rank<R>.h5 file, or the prefix")->required();
   sub->add_option("--reference", reference, "Separate file with /reference/<tap> datasets");
+  sub->add_option("--against", against,
+                  "Run against run, with no reference: another run of the same computation (run file, rank file or "
+                  "prefix; any mesh and layouts), whose taps laid out globally stand where a reference would; each "
+                  "tolerance is the sum of both runs' bounds. For models that fit on no single device, and for "
+                  "'did my activations change?' against an earlier run");
+  sub->add_flag("--exact", exact, "With --against: every tap must be equal bit for bit (the same mesh and build: a "
+                                  "golden-run regression)");
   add_report_options(*sub, report, report.tolerances_file);
   sub->add_option("--noise-floor", report.noise_floor,
                       "A dump of the same taps from a single-device run in the same dtype (file or prefix): each tap's "
@@ -24,11 +31,22 @@ void CompareCommand::add(CLI::App& app) {
                       "'off': the derived rule");
 }
 
+// What the command compares: against a reference, or run against run.
+int CompareCommand::check() const {
+  if (against.empty()) {
+    if (exact) dc::input_error("--exact compares run against run: give --against RUN");
+    return dc::compare_and_report(source, reference, report);
+  }
+  if (!reference.empty()) dc::input_error("--reference and --against: give one (a run is checked against a reference or against another run)");
+  if (against.size() > 1) dc::input_error("--against given {} times: one other run for now", against.size());
+  return dc::compare_against_and_report(source, against.front(), exact, report);
+}
+
 int CompareCommand::execute(int* argc, char*** argv) {
   if (launcher_size() == 1) {
     dc::setup_logging(-1);
     try {
-      return dc::compare_and_report(source, reference, report);
+      return check();
     } catch (const std::exception& e) {
       spdlog::error("{}", e.what());
       return dc::kExitError;
@@ -42,7 +60,7 @@ int CompareCommand::execute(int* argc, char*** argv) {
     report.compare.processes = &world;
     if (report.compare.threads == 0) report.compare.threads = threads_per_process();
     try {
-      status = dc::compare_and_report(source, reference, report);
+      status = check();
     } catch (const std::exception& e) {
       // Every process throws the same error: say it once.
       if (world.rank() == 0) spdlog::error("{}", e.what());

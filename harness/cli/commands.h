@@ -25,9 +25,12 @@ struct RunCommand {
 struct CompareCommand {
   CLI::App* sub = nullptr;
   std::string source, reference;
+  std::vector<std::string> against;  // run against run: the other run(s)
+  bool exact = false;
   ReportOptions report;
   void add(CLI::App& app);
   int execute(int* argc, char*** argv);
+  int check() const;
 };
 
 // `calibrate`: measure each tap's noise floor and write a tolerance file.

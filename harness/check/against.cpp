@@ -1,0 +1,156 @@
+// Run against run (check/against.h).
+#include "harness/check/against.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+
+#include "harness/check/tap_plan.h"
+#include "harness/core/error.h"
+
+namespace dc {
+namespace {
+
+// Adds the box `values` (shape `count`) into `out` (shape `outer`) at `offset`.
+void add_box(const std::vector<double>& values, const Shape& count, const Shape& offset, const Shape& outer,
+             double* out) {
+  const std::size_t nd = count.size();
+  if (nd == 0) {
+    out[0] += values[0];
+    return;
+  }
+  const std::size_t row = count[nd - 1];
+  std::vector<std::size_t> at(nd, 0);  // the box's index of the current row (last dimension 0)
+  for (std::size_t r = 0, rows = numel(count) / std::max<std::size_t>(row, 1); r < rows; ++r) {
+    std::size_t flat = 0;
+    for (std::size_t d = 0; d < nd; ++d) flat = flat * outer[d] + offset[d] + at[d];
+    for (std::size_t j = 0; j < row; ++j) out[flat + j] += values[r * row + j];
+    for (std::size_t d = nd - 1; d-- > 0;) {  // next row: carry from the second-to-last dimension
+      if (++at[d] < count[d]) break;
+      at[d] = 0;
+    }
+  }
+}
+
+// The data of a matched set: run A's pieces as they are, run B's global
+// tensors as the references.
+class AgainstData final : public ActivationData {
+ public:
+  AgainstData(std::shared_ptr<const ActivationData> a, std::shared_ptr<const ActivationSet> b)
+      : a_(std::move(a)), b_(std::move(b)) {}
+  void read_piece(const TapData& t, int rank, const Slab& slab, double* out) const override {
+    a_->read_piece(t, rank, slab, out);
+  }
+  StoredSpan read_piece_stored(const TapData& t, int rank, const Slab& slab, void* buf) const override {
+    return a_->read_piece_stored(t, rank, slab, buf);
+  }
+  void read_reference(const TapData& t, const Slab& slab, double* out) const override {
+    if (!t.against) fail("tap '{}': no tap of the other run to read", t.name);
+    read_global(*b_, *t.against, slab, out);
+  }
+
+ private:
+  std::shared_ptr<const ActivationData> a_;
+  std::shared_ptr<const ActivationSet> b_;
+};
+
+std::string either(const std::map<std::string, std::string>& info, const char* key) {
+  auto it = info.find(key);
+  return it == info.end() ? "" : it->second;
+}
+
+// Refuses two runs of different computations, naming both.
+void require_one_computation(const ActivationSet& a, const ActivationSet& b) {
+  for (const char* key : {"scenario", "dtype", "size"}) {
+    const std::string x = either(a.info, key), y = either(b.info, key);
+    if (!x.empty() && !y.empty() && x != y)
+      input_error("{} ({} {}) and {} ({} {}) are not runs of one computation: compare runs of the same {}",
+                  a.source, key, x, b.source, key, y, key);
+  }
+}
+
+}  // namespace
+
+void read_global(const ActivationSet& b, const TapData& t, const Slab& slab, double* out) {
+  const TapPlan p = plan_tap(t, b.mesh);
+  const std::size_t nd = slab.count.size();
+  std::fill_n(out, numel(slab.count), 0.0);
+  std::vector<double> piece;
+  for (const BlockGroup& g : p.groups) {
+    Slab local{Shape(nd), Shape(nd)};
+    Shape offset(nd);
+    bool meets = true;
+    for (std::size_t d = 0; d < nd && meets; ++d) {
+      const std::size_t origin = g.block[d] * t.local_shape[d];
+      const std::size_t lo = std::max(slab.start[d], origin);
+      const std::size_t hi = std::min(slab.start[d] + slab.count[d], origin + t.local_shape[d]);
+      meets = lo < hi;
+      local.start[d] = meets ? lo - origin : 0;
+      local.count[d] = meets ? hi - lo : 0;
+      offset[d] = meets ? lo - slab.start[d] : 0;
+    }
+    if (!meets) continue;
+    piece.resize(numel(local.count));
+    for (int leader : g.leaders) {
+      b.data->read_piece(t, leader, local, piece.data());
+      add_box(piece, local.count, offset, slab.count, out);
+    }
+  }
+}
+
+ActivationSet without_references(const ActivationSet& set) {
+  ActivationSet out = set;
+  for (auto& t : out.taps) t.reference_shape.reset();
+  return out;
+}
+
+AgainstMatch match_runs(const ActivationSet& a, const ActivationSet& b, const AgainstOptions& options) {
+  require_one_computation(a, b);
+  auto b_set = std::make_shared<const ActivationSet>(b);
+  std::map<std::string, const TapData*> in_b;
+  for (const auto& t : b_set->taps) in_b[t.name] = &t;
+  AgainstMatch m;
+  m.set = a;
+  m.set.data = std::make_shared<AgainstData>(a.data, b_set);
+  for (auto& t : m.set.taps) {
+    if (t.sketch) input_error("{}: tap '{}' is a sketch: sketch taps are not yet compared run against run", a.source, t.name);
+    t.reference_shape.reset();
+    auto it = in_b.find(t.name);
+    if (it == in_b.end()) {
+      m.only_in_a.push_back(t.name);
+      continue;
+    }
+    const TapData& other = *it->second;
+    if (other.sketch) input_error("{}: tap '{}' is a sketch: sketch taps are not yet compared run against run", b.source, t.name);
+    if (!t.dtype.empty() && !other.dtype.empty() && t.dtype != other.dtype)
+      input_error("tap '{}' is {} in {} and {} in {}: compare runs of one dtype", t.name, t.dtype, a.source,
+                  other.dtype, b.source);
+    const Shape ga = plan_tap(t, a.mesh).global, gb = plan_tap(other, b.mesh).global;
+    if (ga != gb)
+      input_error("tap '{}': global shape [{}] in {} (mesh {}) but [{}] in {} (mesh {})", t.name, fmt::join(ga, ","),
+                  a.source, a.mesh.str(), fmt::join(gb, ","), b.source, b.mesh.str());
+    t.reference_shape = ga;
+    t.against = std::shared_ptr<const TapData>(b_set, &other);
+    if (options.exact) t.atol = t.rtol = 0.0;
+  }
+  for (const auto& t : b_set->taps)
+    if (std::none_of(a.taps.begin(), a.taps.end(), [&](const TapData& x) { return x.name == t.name; }))
+      m.only_in_b.push_back(t.name);
+  m.set.info["against"] = b.source;
+  m.set.info["against_mesh"] = b.mesh.str();
+  return m;
+}
+
+std::string AgainstMatch::describe() const {
+  const auto& b = set.info.at("against");
+  std::string s = fmt::format("no reference: each tap of {} (mesh {}) against the same tap of {} (mesh {}), laid out "
+                              "globally; each tolerance is the sum of both runs' bounds",
+                              set.source, set.mesh.str(), b, set.info.at("against_mesh"));
+  if (!only_in_a.empty()) s += fmt::format("\ntaps only in {} (no comparison): {}", set.source, fmt::join(only_in_a, ", "));
+  if (!only_in_b.empty()) s += fmt::format("\ntaps only in {} (not compared): {}", b, fmt::join(only_in_b, ", "));
+  return s;
+}
+
+}  // namespace dc

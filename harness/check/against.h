@@ -1,0 +1,42 @@
+// Run against run (`diffcheck compare RUN_A --against RUN_B`): two sharded
+// runs of one computation, on any meshes and layouts, compared with no
+// reference. Run B's taps, laid out in global coordinates, stand where a
+// reference would; each tap's tolerance is the sum of both runs' bounds, since
+// a low-precision run is off the truth by its own rounding and so is the other
+// (check/tap_check.cpp sums them). For models that fit on no single device,
+// and for "did my activations change?" against yesterday's run (--exact:
+// bitwise).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/capture/activations.h"
+
+namespace dc {
+
+struct AgainstOptions {
+  bool exact = false;  // bitwise: every tap held to atol = rtol = 0
+};
+
+// Run A's taps, matched by name with run B's: a matched tap's reference is
+// B's global tensor. What either run lacks is listed, not fatal.
+struct AgainstMatch {
+  ActivationSet set;
+  std::vector<std::string> only_in_a, only_in_b;
+  std::string describe() const;  // for the report: the runs, the yardstick, the taps left out
+};
+
+// Throws InputError naming both runs when they are not of one computation:
+// another scenario or dtype, or a tap whose global shapes differ; and when
+// either holds sketch taps (sketches are compared against sketches: not yet).
+AgainstMatch match_runs(const ActivationSet& a, const ActivationSet& b, const AgainstOptions& options);
+
+// Run B's tap `t` over `slab` of its global tensor: every block that meets
+// the slab, from its partial-sum leaders (added in rank order).
+void read_global(const ActivationSet& b, const TapData& t, const Slab& slab, double* out);
+
+// The same set with no references: each run's own checks (NaN/Inf, replicas).
+ActivationSet without_references(const ActivationSet& set);
+
+}  // namespace dc

@@ -1,0 +1,171 @@
+// Run against run (check/against.h): two runs on different meshes compared
+// with no reference, the other run's global tensors standing where the
+// reference would, each tolerance the sum of both runs' bounds.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "harness/check/against.h"
+#include "harness/check/compare.h"
+#include "harness/core/error.h"
+
+namespace {
+
+using namespace dc;
+
+constexpr std::size_t kRows = 4, kCols = 6;
+
+double global_value(std::size_t i, std::size_t j) { return std::sin(1.0 + 7.0 * i + j) * (1 + i); }
+
+// A run of one tap "y" ([4, 6] globally, float32) on `mesh` with `layout`:
+// each rank's piece is cut from the global tensor (split by `partial`
+// ranks when the layout has partial sums). `edit` may change a rank's piece.
+ActivationSet run_of(const std::string& source, const std::string& mesh_text, const std::string& spec,
+                     const std::string& partial, const Shape& local, long depth = 6,
+                     const std::function<void(int, std::vector<double>&)>& edit = {}) {
+  ActivationSet s;
+  s.source = source;
+  s.mesh = Mesh::parse(mesh_text);
+  s.world_size = s.mesh.world_size();
+  TapData t;
+  t.name = "y";
+  t.dtype = "float32";
+  t.layout = Layout::parse(spec, partial);
+  t.local_shape = local;
+  t.reduction_depth = depth;
+  auto data = std::make_shared<InMemoryData>();
+  std::vector<std::vector<double>> pieces;
+  for (int r = 0; r < s.world_size; ++r) {
+    const auto c = s.mesh.coords(r);
+    std::size_t row0 = 0, col0 = 0, parts = 1;
+    for (std::size_t a = 0; a < s.mesh.axes().size(); ++a) {
+      const std::string& axis = s.mesh.axes()[a].name;
+      if (spec.rfind(axis + ",", 0) == 0) row0 = c[a] * local[0];
+      if (spec.size() > axis.size() && spec.substr(spec.size() - axis.size() - 1) == "," + axis) col0 = c[a] * local[1];
+      if (axis == partial) parts = s.mesh.axes()[a].size;
+    }
+    std::vector<double> p;
+    for (std::size_t i = 0; i < local[0]; ++i)
+      for (std::size_t j = 0; j < local[1]; ++j) p.push_back(global_value(row0 + i, col0 + j) / double(parts));
+    if (edit) edit(r, p);
+    pieces.push_back(p);
+  }
+  data->pieces.push_back(pieces);
+  data->references.push_back({});
+  s.taps.push_back(t);
+  s.data = data;
+  return s;
+}
+
+ActivationSet columns_over_tp() { return run_of("a.h5", "tp=2", "-,tp", "", {kRows, kCols / 2}); }
+ActivationSet rows_over_dp() { return run_of("b.h5", "dp=2", "dp,-", "", {kRows / 2, kCols}); }
+ActivationSet partial_over_tp() { return run_of("c.h5", "tp=2", "-,-", "tp", {kRows, kCols}); }
+
+TEST(Against, ReadGlobalLaysOutBlocksAndAddsPartialSums) {
+  for (const ActivationSet& run : {columns_over_tp(), rows_over_dp(), partial_over_tp()}) {
+    SCOPED_TRACE(run.source);
+    // A slab that cuts across every block: rows 1-3, columns 2-5.
+    const Slab slab{{1, 2}, {3, 4}};
+    std::vector<double> out(12, -1);
+    read_global(run, run.taps[0], slab, out.data());
+    for (std::size_t i = 0; i < 3; ++i)
+      for (std::size_t j = 0; j < 4; ++j) EXPECT_NEAR(out[i * 4 + j], global_value(1 + i, 2 + j), 1e-15);
+  }
+}
+
+TEST(Against, CleanRunsOnDifferentMeshesPass) {
+  for (const ActivationSet& other : {rows_over_dp(), partial_over_tp()}) {
+    const AgainstMatch m = match_runs(columns_over_tp(), other, {});
+    const CompareResult res = compare(m.set, {});
+    ASSERT_TRUE(res.taps[0].reference.present);
+    EXPECT_TRUE(res.pass()) << other.source;
+    EXPECT_LT(res.taps[0].reference.max_abs, 1e-15);
+  }
+}
+
+TEST(Against, AWrongElementOfTheOtherRunIsFoundWhereItIs) {
+  // Rank 1 of the dp run holds rows 2-3: its element (1, 4) is global (3, 4).
+  const ActivationSet wrong = run_of("b.h5", "dp=2", "dp,-", "", {kRows / 2, kCols}, 6,
+                                     [](int r, std::vector<double>& p) { if (r == 1) p[1 * kCols + 4] += 0.5; });
+  const CompareResult res = compare(match_runs(columns_over_tp(), wrong, {}).set, {});
+  ASSERT_FALSE(res.pass());
+  const auto& ref = res.taps[0].reference;
+  EXPECT_EQ(ref.n_fail, 1);
+  EXPECT_EQ(ref.worst.index, (std::vector<std::size_t>{3, 4}));
+  EXPECT_EQ(ref.worst_ranks, (std::vector<int>{1}));  // run A's tp rank 1 holds columns 3-5
+}
+
+TEST(Against, TheToleranceIsTheSumOfBothRunsBounds) {
+  // Run A with reduction depth 8, run B with 4096: the allowed disagreement is both bounds.
+  const ActivationSet a = run_of("a.h5", "tp=2", "-,tp", "", {kRows, kCols / 2}, 8);
+  const ActivationSet b = run_of("b.h5", "dp=2", "dp,-", "", {kRows / 2, kCols}, 4096);
+  const CompareResult res = compare(match_runs(a, b, {}).set, {});
+  double sumsq = 0;
+  for (std::size_t i = 0; i < kRows; ++i)
+    for (std::size_t j = 0; j < kCols; ++j) sumsq += global_value(i, j) * global_value(i, j);
+  const double rms = std::sqrt(sumsq / (kRows * kCols));
+  const Tolerance ta = derive_tolerance({"float32", 8, {}, {}, {}, {}, rms});
+  const Tolerance tb = derive_tolerance({"float32", 4096, {}, {}, {}, {}, rms});
+  EXPECT_NEAR(res.taps[0].reference.tol.rtol, ta.rtol + tb.rtol, 1e-18);
+  EXPECT_NEAR(res.taps[0].reference.tol.atol, ta.atol + tb.atol, 1e-15);
+  EXPECT_GT(ta.rtol + tb.rtol, tb.rtol);
+  EXPECT_NE(res.taps[0].reference.tol.yardstick.find("the other run"), std::string::npos);
+  // Beyond either run's bound alone but within their sum: passes run against run.
+  const double r = std::abs(global_value(0, 0));
+  const double alone = std::max(ta.atol + ta.rtol * r, tb.atol + tb.rtol * r);
+  const double both = ta.atol + tb.atol + (ta.rtol + tb.rtol) * r;
+  const double off = 0.5 * (alone + both);
+  ASSERT_LT(alone, off);
+  const ActivationSet near = run_of("b.h5", "dp=2", "dp,-", "", {kRows / 2, kCols}, 4096,
+                                    [&](int rank, std::vector<double>& p) { if (rank == 0) p[0] += off; });
+  EXPECT_TRUE(compare(match_runs(a, near, {}).set, {}).pass());
+  const ActivationSet beyond = run_of("b.h5", "dp=2", "dp,-", "", {kRows / 2, kCols}, 4096,
+                                      [&](int rank, std::vector<double>& p) { if (rank == 0) p[0] += 1.1 * both; });
+  EXPECT_FALSE(compare(match_runs(a, beyond, {}).set, {}).pass());
+}
+
+TEST(Against, ExactModeWantsEveryBit) {
+  const ActivationSet same = columns_over_tp();
+  EXPECT_TRUE(compare(match_runs(columns_over_tp(), same, {.exact = true}).set, {}).pass());
+  const ActivationSet one_ulp = run_of("a2.h5", "tp=2", "-,tp", "", {kRows, kCols / 2}, 6,
+                                       [](int r, std::vector<double>& p) {
+                                         if (r == 1) p[5] = std::nextafter(p[5], 10.0);
+                                       });
+  EXPECT_TRUE(compare(match_runs(columns_over_tp(), one_ulp, {}).set, {}).pass());  // within rounding
+  const CompareResult exact = compare(match_runs(columns_over_tp(), one_ulp, {.exact = true}).set, {});
+  ASSERT_FALSE(exact.pass());
+  EXPECT_EQ(exact.taps[0].reference.n_fail, 1);
+  EXPECT_EQ(exact.taps[0].reference.worst.index, (std::vector<std::size_t>{1, 5}));
+}
+
+TEST(Against, RunsOfDifferentComputationsOrShapesAreRefusedNamingBoth) {
+  ActivationSet a = columns_over_tp(), b = rows_over_dp();
+  a.info["scenario"] = "tp_block";
+  b.info["scenario"] = "flux_tp";
+  try {
+    match_runs(a, b, {});
+    FAIL() << "two scenarios were compared";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("a.h5"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("b.h5"), std::string::npos) << e.what();
+  }
+  const ActivationSet wide = run_of("w.h5", "dp=2", "dp,-", "", {kRows / 2, kCols + 2});
+  EXPECT_THROW(match_runs(columns_over_tp(), wide, {}), InputError);
+  ActivationSet bf16 = rows_over_dp();
+  bf16.taps[0].dtype = "bfloat16";
+  EXPECT_THROW(match_runs(columns_over_tp(), bf16, {}), InputError);
+}
+
+TEST(Against, ATapOneRunLacksIsListedNotFatal) {
+  ActivationSet b = rows_over_dp();
+  b.taps[0].name = "z";
+  const AgainstMatch m = match_runs(columns_over_tp(), b, {});
+  EXPECT_EQ(m.only_in_a, (std::vector<std::string>{"y"}));
+  EXPECT_EQ(m.only_in_b, (std::vector<std::string>{"z"}));
+  EXPECT_FALSE(m.set.taps[0].reference_shape.has_value());
+  EXPECT_TRUE(compare(m.set, {}).pass());
+  EXPECT_NE(m.describe().find("only in a.h5"), std::string::npos);
+  EXPECT_NE(m.describe().find("no reference"), std::string::npos);
+}
+
+}  // namespace

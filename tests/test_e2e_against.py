@@ -1,0 +1,72 @@
+"""Run against run (`diffcheck compare RUN --against OTHER`): scenario runs on
+different meshes compared with no reference. unreduced_reshard's fault shows
+on meshes with dp == 2 only: a clean run on another mesh names it, at its
+first tap; two clean runs pass; a run of another scenario is refused (exit 2)
+naming both; --exact holds a rerun on the same mesh to every bit."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from e2e import EXE, MPIEXEC, E2ETest  # noqa: E402
+
+SCENARIO = ["--scenario", "unreduced_reshard", "--reference-cache", "off"]
+CLEAN_MESH = "dp=1,fsdp=1,sp=2,tp=2"
+DP2_MESH = "dp=2,fsdp=1,sp=1,tp=2"
+
+
+class RunAgainstRun(E2ETest):
+    def run_on(self, name, mesh, *extra, scenario=SCENARIO, n=4):
+        out = self.path(name + ".h5")
+        res = self.run_cmd([MPIEXEC, "-n", str(n), EXE, *scenario, "--mesh", mesh, "--out", out, *extra])
+        self.assertIn(res.code, (0, 1), msg=str(res))  # a fault's run fails against its reference: that is fine
+        return out
+
+    def against(self, a, b, *extra):
+        return self.diffcheck("compare", a, "--against", b, *extra, json=True)
+
+    def test_clean_meshes_agree_and_the_mesh_fault_is_named_at_its_tap(self):
+        a = self.run_on("a", CLEAN_MESH)
+        b = self.run_on("b", DP2_MESH)
+        wrong = self.run_on("wrong", DP2_MESH, "--inject", "skip_unreduced_allreduce")
+        clean = self.against(a, b)
+        self.assertExit(clean, 0)
+        self.assertIn("no reference", clean.out)
+        self.assertIn("sum of both runs' bounds", clean.out)
+        present = {t["name"]: t["reference"]["present"] for t in clean.report["taps"]}
+        # The two meshes take different reshard paths: each has a tap the other lacks, listed, not fatal.
+        self.assertEqual(present, {"partials": True, "after_all_reduce": False, "result": True}, msg=str(clean))
+        self.assertIn("taps only in", clean.out)
+        found = self.against(a, wrong)
+        self.assertExit(found, 1)
+        self.assertFirstDivergence(found, "result", ["reference"])
+        # Either way round: the wrong run checked against the clean one.
+        self.assertFirstDivergence(self.against(wrong, a), "result")
+        # The same from Python (dct.compare(a, against=...)).
+        import diffcheck
+        self.assertTrue(diffcheck.compare(a, against=b, exe=EXE)["pass"])
+        with self.assertRaises(diffcheck.Divergence) as caught:
+            diffcheck.compare(a, against=[wrong], exe=EXE)
+        self.assertEqual(caught.exception.first_divergence["tap"], "result")
+
+    def test_exact_wants_every_bit_of_a_rerun(self):
+        a = self.run_on("a", CLEAN_MESH)
+        again = self.run_on("again", CLEAN_MESH)
+        self.assertExit(self.against(a, again, "--exact"), 0)
+        res = self.diffcheck("compare", a, "--exact")
+        self.assertExit(res, 2)
+        self.assertIn("--against", res.err)
+
+    def test_a_run_of_another_scenario_is_refused_naming_both(self):
+        a = self.run_on("a", CLEAN_MESH)
+        other = self.run_on("other", "dp=4", scenario=["--scenario", "timestep_broadcast", "--reference-cache", "off"])
+        res = self.against(a, other)
+        self.assertExit(res, 2)
+        self.assertIn("a.h5", res.err)
+        self.assertIn("other.h5", res.err)
+        res = self.diffcheck("compare", a, "--against", other, "--reference", a)
+        self.assertExit(res, 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
