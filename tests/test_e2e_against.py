@@ -49,6 +49,24 @@ class RunAgainstRun(E2ETest):
             diffcheck.compare(a, against=[wrong], exe=EXE)
         self.assertEqual(caught.exception.first_divergence["tap"], "result")
 
+    def test_of_three_runs_the_odd_mesh_out_is_named(self):
+        a = self.run_on("a", CLEAN_MESH)
+        c = self.run_on("c", "dp=1,fsdp=2,sp=1,tp=2")
+        b = self.run_on("b", DP2_MESH)
+        wrong = self.run_on("wrong", DP2_MESH, "--inject", "skip_unreduced_allreduce")
+        agree = self.diffcheck("compare", a, "--against", c, "--against", b, json=True)
+        self.assertExit(agree, 0)
+        self.assertIn("Every pair of runs agrees", agree.out)
+        res = self.diffcheck("compare", a, "--against", c, "--against", wrong, json=True)
+        self.assertExit(res, 1)
+        self.assertIn(f"Odd one out: {wrong} (mesh {DP2_MESH}) disagrees with {a} (mesh {CLEAN_MESH}) and {c} "
+                      f"(mesh dp=1,fsdp=2,sp=1,tp=2) from tap 'result' (#2)", res.out)
+        runs = res.report["consensus"]["runs"]
+        self.assertEqual([r.get("leaves_at", {}).get("tap") for r in runs], [None, None, "result"])
+        self.assertIn("replica", runs[2]["own_checks"])  # the wrong run's own replica check fails too
+        self.assertFirstDivergence(res, "result")
+        self.assertFalse(res.report["pass"])
+
     def test_exact_wants_every_bit_of_a_rerun(self):
         a = self.run_on("a", CLEAN_MESH)
         again = self.run_on("again", CLEAN_MESH)

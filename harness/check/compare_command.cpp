@@ -23,24 +23,6 @@ namespace dc {
 
 namespace {
 
-// Reads the input on every process; all agree on failure (the lowest rank's
-// error is thrown everywhere) before any of them starts comparing.
-ActivationSet read_everywhere(const std::string& source, const std::string& reference,
-                              const Comm* processes) {
-  if (!processes || processes->size() == 1) return read_activations(source, reference);
-  ActivationSet set;
-  agreed_on_all(*processes, [&] {
-    try {
-      set = read_activations(source, reference);
-    } catch (const InputError& e) {
-      throw InputError(fmt::format("rank {}: {}", processes->rank(), e.what()));
-    } catch (const std::exception& e) {
-      throw Error(fmt::format("rank {}: {}", processes->rank(), e.what()));
-    }
-    return std::string();
-  });
-  return set;
-}
 
 // An optional root attribute of a set, empty when absent.
 std::string root_info(const ActivationSet& set, const char* key) {
@@ -121,6 +103,23 @@ std::optional<ToleranceTable> measured_tolerances(const ActivationSet& set, cons
 }
 
 }  // namespace
+
+ActivationSet read_everywhere(const std::string& source, const std::string& reference,
+                              const Comm* processes) {
+  if (!processes || processes->size() == 1) return read_activations(source, reference);
+  ActivationSet set;
+  agreed_on_all(*processes, [&] {
+    try {
+      set = read_activations(source, reference);
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("rank {}: {}", processes->rank(), e.what()));
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("rank {}: {}", processes->rank(), e.what()));
+    }
+    return std::string();
+  });
+  return set;
+}
 
 std::string one_device_beside(const std::string& reference) {
   if (reference.empty()) return {};

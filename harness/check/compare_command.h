@@ -38,6 +38,11 @@ struct ReportOptions {
       before_report;
 };
 
+// Reads `source` (and `reference`) on every process of `processes` (null:
+// this one); all agree on failure (the lowest rank's error is thrown
+// everywhere) before any of them starts comparing.
+ActivationSet read_everywhere(const std::string& source, const std::string& reference, const Comm* processes);
+
 // The prefix of the one-device dump that dct.capture(..., one_device=True)
 // writes beside a reference file: REF.h5 (or REF.rank0.h5) -> REF.one_device,
 // when REF.one_device.rank0.h5 exists; else empty.
@@ -59,6 +64,10 @@ int compare_and_report(const std::string& source, const std::string& reference,
 // computations (check/against.h).
 int compare_against_and_report(const std::string& source, const std::string& against, bool exact,
                                const ReportOptions& opts);
+// Three or more runs (check/compare_runs.cpp): every pair run against run,
+// each run's own checks, the consensus tap by tap and the run that leaves it
+// first; the detailed report is that run's against the consensus.
+int compare_runs_and_report(const std::vector<std::string>& sources, bool exact, const ReportOptions& opts);
 // The same for activations already at hand: a run's taps in its ranks'
 // memory (capture/recorded.h; collective over the holders, only rank 0
 // prints) or a set read elsewhere. `started` is when the work being reported
