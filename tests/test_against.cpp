@@ -7,6 +7,7 @@
 
 #include "harness/check/against.h"
 #include "harness/check/compare.h"
+#include "harness/check/sketch_check.h"
 #include "harness/core/error.h"
 
 namespace {
@@ -166,6 +167,87 @@ TEST(Against, ATapOneRunLacksIsListedNotFatal) {
   EXPECT_TRUE(compare(m.set, {}).pass());
   EXPECT_NE(m.describe().find("only in a.h5"), std::string::npos);
   EXPECT_NE(m.describe().find("no reference"), std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+using namespace dc;
+
+constexpr std::uint32_t kSeed = 7;
+constexpr std::size_t kRowsK = 16, kTokens = 8, kWidth = 4;
+
+double token_value(std::size_t t, std::size_t w) { return std::cos(0.3 + 1.7 * t + w); }
+
+// A run of one sketch tap "s" of a [8 tokens, 4] tensor: on tp=2 with the
+// tokens split ("tp,-"), or on dp=2 replicated ("-,-"); `scale` multiplies
+// the values (a wrong run), `seed` is the sketch's.
+ActivationSet sketch_run(const std::string& source, bool split_tokens, double scale = 1.0,
+                         std::uint32_t seed = kSeed) {
+  ActivationSet s;
+  s.source = source;
+  s.mesh = Mesh::parse(split_tokens ? "tp=2" : "dp=2");
+  s.world_size = 2;
+  TapData t;
+  t.name = "s";
+  t.dtype = "float32";
+  t.layout = Layout::parse(split_tokens ? "tp,-" : "-,-", "");
+  t.local_shape = {split_tokens ? kTokens / 2 : kTokens, kWidth};
+  t.reduction_depth = 4;
+  SketchInfo info;
+  info.seed = seed;
+  info.rows = kRowsK;
+  info.stored_shape = {kRowsK + 1, kWidth};
+  auto data = std::make_shared<InMemoryData>();
+  std::vector<std::vector<double>> pieces;
+  for (int r = 0; r < 2; ++r) {
+    const std::size_t t0 = split_tokens ? r * kTokens / 2 : 0, n = t.local_shape[0];
+    std::vector<double> p((kRowsK + 1) * kWidth, 0.0);
+    for (std::size_t tok = t0; tok < t0 + n; ++tok)
+      for (std::size_t w = 0; w < kWidth; ++w) {
+        const double x = scale * token_value(tok, w);
+        for (std::size_t i = 0; i < kRowsK; ++i) p[i * kWidth + w] += sketch_sign(seed, static_cast<std::uint32_t>(i), tok) * x;
+        p[kRowsK * kWidth + w] += x;
+      }
+    pieces.push_back(p);
+    info.pieces.push_back({0, 0, split_tokens ? "piece" + std::to_string(r) : "same"});
+  }
+  t.sketch = info;
+  data->pieces.push_back(pieces);
+  data->references.push_back({});
+  s.taps.push_back(t);
+  s.data = data;
+  return s;
+}
+
+TEST(AgainstSketches, SketchesOfTwoMeshesCompareWithEachOther) {
+  const CompareResult clean = compare(match_runs(sketch_run("a", true), sketch_run("b", false), {}).set, {});
+  ASSERT_TRUE(clean.taps[0].reference.present);
+  EXPECT_TRUE(clean.taps[0].reference.other_run);
+  EXPECT_TRUE(clean.pass());
+  EXPECT_LT(clean.taps[0].reference.rel_l2, 1e-12);
+  const CompareResult wrong = compare(match_runs(sketch_run("a", true), sketch_run("b", false, 1.01), {}).set, {});
+  EXPECT_FALSE(wrong.pass());
+  EXPECT_NEAR(wrong.taps[0].reference.rel_l2, 0.01 / 1.01, 0.004);  // estimated from 16 rows
+}
+
+TEST(AgainstSketches, SketchesMadeOtherwiseOrWholeTapsAreRefused) {
+  EXPECT_THROW(match_runs(sketch_run("a", true), sketch_run("b", false, 1.0, kSeed + 1), {}), InputError);
+  ActivationSet whole = sketch_run("b", false);
+  whole.taps[0].sketch.reset();
+  EXPECT_THROW(match_runs(sketch_run("a", true), whole, {}), InputError);
+}
+
+TEST(Against, PerMeshTapsAreComparedOnlyOnOneMesh) {
+  ActivationSet a = columns_over_tp(), b = rows_over_dp();
+  a.taps[0].per_mesh = true;
+  const AgainstMatch across = match_runs(a, b, {});
+  EXPECT_EQ(across.per_mesh, (std::vector<std::string>{"y"}));
+  EXPECT_FALSE(across.set.taps[0].reference_shape.has_value());
+  const AgainstMatch same = match_runs(a, columns_over_tp(), {});
+  EXPECT_TRUE(same.per_mesh.empty());
+  EXPECT_TRUE(same.set.taps[0].reference_shape.has_value());
 }
 
 }  // namespace

@@ -46,6 +46,8 @@ struct SketchInfo {
   std::vector<std::string> shared_axes;
 };
 
+struct ActivationSet;
+
 struct TapData {
   std::string name;
   Layout layout;
@@ -66,6 +68,7 @@ struct TapData {
   // compared against. Its global values stand where a reference would, and
   // its tolerance adds to this tap's (check/against.h).
   std::shared_ptr<const TapData> against;
+  std::shared_ptr<const ActivationSet> against_run;  // the run `against` is a tap of
   std::size_t data_id = 0;               // which tap the data source means (taps get sorted)
 };
 

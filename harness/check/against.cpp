@@ -71,7 +71,43 @@ void require_one_computation(const ActivationSet& a, const ActivationSet& b) {
   }
 }
 
+// Refuses a pair of taps that are not one tensor of one computation.
+void require_comparable(const TapData& t, const TapData& other, const ActivationSet& a, const ActivationSet& b) {
+  if (!t.dtype.empty() && !other.dtype.empty() && t.dtype != other.dtype)
+    input_error("tap '{}' is {} in {} and {} in {}: compare runs of one dtype", t.name, t.dtype, a.source,
+                other.dtype, b.source);
+  if (t.sketch.has_value() != other.sketch.has_value())
+    input_error("tap '{}' is a sketch in {} but whole in {}: sketches compare with sketches (capture both runs "
+                "with sketch=True, or both whole)", t.name, t.sketch ? a.source : b.source,
+                t.sketch ? b.source : a.source);
+  if (t.sketch && (t.sketch->seed != other.sketch->seed || t.sketch->rows != other.sketch->rows))
+    input_error("tap '{}': sketched with seed {} and {} rows in {} but seed {} and {} rows in {}: sketches compare "
+                "only when made alike", t.name, t.sketch->seed, t.sketch->rows, a.source, other.sketch->seed,
+                other.sketch->rows, b.source);
+  const Shape ga = plan_tap(t, a.mesh).global, gb = plan_tap(other, b.mesh).global;
+  if (ga != gb)
+    input_error("tap '{}': global shape [{}] in {} (mesh {}) but [{}] in {} (mesh {}): not one computation (a batch "
+                "that grows with dp?)", t.name, fmt::join(ga, ","), a.source, a.mesh.str(), fmt::join(gb, ","),
+                b.source, b.mesh.str());
+}
+
 }  // namespace
+
+void add_other_runs_bound(const ActivationSet& set, const TapData& t, const CompareOptions& opts, double rms,
+                          Tolerance& tol) {
+  if (!t.against || (tol.atol == 0 && tol.rtol == 0)) return;
+  ToleranceInputs other = tap_tolerance_inputs(set, *t.against, opts);
+  other.reference_rms = rms;
+  const Tolerance b = derive_tolerance(other);
+  tol.atol += b.atol;
+  tol.rtol += b.rtol;
+  if (tol.rel_l2_limit && b.rel_l2_limit) *tol.rel_l2_limit += *b.rel_l2_limit;
+  else tol.rel_l2_limit.reset();  // a norm-wise limit only where both runs have one
+  if (tol.column_mean_limit && b.column_mean_limit) *tol.column_mean_limit += *b.column_mean_limit;
+  else tol.column_mean_limit.reset();
+  tol.yardstick = fmt::format("this run {} + the other run {}", tol.yardstick.empty() ? "-" : tol.yardstick,
+                              b.yardstick.empty() ? "-" : b.yardstick);
+}
 
 void read_global(const ActivationSet& b, const TapData& t, const Slab& slab, double* out) {
   const TapPlan p = plan_tap(t, b.mesh);
@@ -114,8 +150,8 @@ AgainstMatch match_runs(const ActivationSet& a, const ActivationSet& b, const Ag
   AgainstMatch m;
   m.set = a;
   m.set.data = std::make_shared<AgainstData>(a.data, b_set);
+  const bool same_mesh = a.mesh.str() == b.mesh.str();
   for (auto& t : m.set.taps) {
-    if (t.sketch) input_error("{}: tap '{}' is a sketch: sketch taps are not yet compared run against run", a.source, t.name);
     t.reference_shape.reset();
     auto it = in_b.find(t.name);
     if (it == in_b.end()) {
@@ -123,16 +159,14 @@ AgainstMatch match_runs(const ActivationSet& a, const ActivationSet& b, const Ag
       continue;
     }
     const TapData& other = *it->second;
-    if (other.sketch) input_error("{}: tap '{}' is a sketch: sketch taps are not yet compared run against run", b.source, t.name);
-    if (!t.dtype.empty() && !other.dtype.empty() && t.dtype != other.dtype)
-      input_error("tap '{}' is {} in {} and {} in {}: compare runs of one dtype", t.name, t.dtype, a.source,
-                  other.dtype, b.source);
-    const Shape ga = plan_tap(t, a.mesh).global, gb = plan_tap(other, b.mesh).global;
-    if (ga != gb)
-      input_error("tap '{}': global shape [{}] in {} (mesh {}) but [{}] in {} (mesh {})", t.name, fmt::join(ga, ","),
-                  a.source, a.mesh.str(), fmt::join(gb, ","), b.source, b.mesh.str());
-    t.reference_shape = ga;
+    if ((t.per_mesh || other.per_mesh) && !same_mesh) {
+      m.per_mesh.push_back(t.name);
+      continue;
+    }
+    require_comparable(t, other, a, b);
+    t.reference_shape = plan_tap(t, a.mesh).global;
     t.against = std::shared_ptr<const TapData>(b_set, &other);
+    t.against_run = b_set;
     if (options.exact) t.atol = t.rtol = 0.0;
   }
   for (const auto& t : b_set->taps)
@@ -150,6 +184,9 @@ std::string AgainstMatch::describe() const {
                               set.source, set.mesh.str(), b, set.info.at("against_mesh"));
   if (!only_in_a.empty()) s += fmt::format("\ntaps only in {} (no comparison): {}", set.source, fmt::join(only_in_a, ", "));
   if (!only_in_b.empty()) s += fmt::format("\ntaps only in {} (not compared): {}", b, fmt::join(only_in_b, ", "));
+  if (!per_mesh.empty())
+    s += fmt::format("\ntaps whose values depend on the mesh (per_mesh), not compared across meshes: {}",
+                     fmt::join(per_mesh, ", "));
   return s;
 }
 

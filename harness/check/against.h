@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "harness/capture/activations.h"
+#include "harness/check/compare.h"
 
 namespace dc {
 
@@ -24,12 +25,16 @@ struct AgainstOptions {
 struct AgainstMatch {
   ActivationSet set;
   std::vector<std::string> only_in_a, only_in_b;
+  // Taps whose values depend on the mesh (`per_mesh`: a ring step's partial
+  // attention), not compared between runs on different meshes.
+  std::vector<std::string> per_mesh;
   std::string describe() const;  // for the report: the runs, the yardstick, the taps left out
 };
 
 // Throws InputError naming both runs when they are not of one computation:
-// another scenario or dtype, or a tap whose global shapes differ; and when
-// either holds sketch taps (sketches are compared against sketches: not yet).
+// another scenario or dtype, or a tap whose global shapes differ; and a
+// sketch tap matched with a whole one, or with a sketch of another seed or
+// row count (sketches compare with sketches: docs/FORMAT.md).
 AgainstMatch match_runs(const ActivationSet& a, const ActivationSet& b, const AgainstOptions& options);
 
 // Run B's tap `t` over `slab` of its global tensor: every block that meets
@@ -38,5 +43,10 @@ void read_global(const ActivationSet& b, const TapData& t, const Slab& slab, dou
 
 // The same set with no references: each run's own checks (NaN/Inf, replicas).
 ActivationSet without_references(const ActivationSet& set);
+
+// The other run's bound on a tap added to this run's (a tap held to
+// exactness stays exact); nothing for a tap with no other run.
+void add_other_runs_bound(const ActivationSet& set, const TapData& t, const CompareOptions& opts, double rms,
+                          Tolerance& tol);
 
 }  // namespace dc

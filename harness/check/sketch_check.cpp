@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "harness/check/against.h"
 #include "harness/check/column_error.h"
 #include "harness/check/tap_plan.h"
 #include "harness/check/tolerance.h"
@@ -209,18 +210,22 @@ TapVerdict check_sketch_tap(const ActivationSet& set, const TapData& t, const Co
 
   if (!t.reference_shape) return v;
   const Shape& global = v.global_shape;
-  const std::vector<double> x = global_sketch(set, t), r = reference_sketch(set, t);
+  // Run against run: the other run's global sketch, made alike, stands for the reference's.
+  const std::vector<double> x = global_sketch(set, t),
+                            r = t.against ? global_sketch(*t.against_run, *t.against) : reference_sketch(set, t);
   const SketchEstimate e = estimate_from_sketches(x, r, sk.rows, global,
                                                   sketch_sign_sums(sk.seed, sk.rows, global[global.size() - 2]));
   ToleranceInputs in = tap_tolerance_inputs(set, t, opts);
   in.reference_rms = e.reference_rms;
   Tolerance tol = derive_tolerance(in);
+  add_other_runs_bound(set, t, opts, e.reference_rms, tol);
   // Without a norm-wise limit of its own, the one an element-wise pass
   // implies: |x - ref| <= atol + rtol |ref| for all elements gives
   // ||x - ref|| <= atol sqrt(n) + rtol ||ref||.
   if (!tol.rel_l2_limit) tol.rel_l2_limit = (e.reference_rms > 0 ? tol.atol / e.reference_rms : 0.0) + tol.rtol;
   ReferenceCheck& ref = v.reference;
   ref.present = true;
+  ref.other_run = t.against != nullptr;
   ref.estimated = true;
   ref.estimate_bound = e.bound;
   ref.tol = tol;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <map>
 
+#include "harness/check/against.h"
 #include "harness/check/chunks.h"
 #include "harness/check/column_error.h"
 #include "harness/check/scans.h"
@@ -90,25 +91,6 @@ double reference_rms(const ActivationSet& set, const TapPlan& p, std::size_t chu
     }, work);
   }
   return s.ref_sq.rms(n);
-}
-
-// Run against run: the other run's bound on the same tap added to this one's
-// (each run is off the truth by its own rounding). A tap held to exactness
-// (--exact, integers) stays exact.
-void add_other_runs_bound(const ActivationSet& set, const TapData& t, const CompareOptions& opts, double rms,
-                          Tolerance& tol) {
-  if (!t.against || (tol.atol == 0 && tol.rtol == 0)) return;
-  ToleranceInputs other = tap_tolerance_inputs(set, *t.against, opts);
-  other.reference_rms = rms;
-  const Tolerance b = derive_tolerance(other);
-  tol.atol += b.atol;
-  tol.rtol += b.rtol;
-  if (tol.rel_l2_limit && b.rel_l2_limit) *tol.rel_l2_limit += *b.rel_l2_limit;
-  else tol.rel_l2_limit.reset();  // a norm-wise limit only where both runs have one
-  if (tol.column_mean_limit && b.column_mean_limit) *tol.column_mean_limit += *b.column_mean_limit;
-  else tol.column_mean_limit.reset();
-  tol.yardstick = fmt::format("this run {} + the other run {}", tol.yardstick.empty() ? "-" : tol.yardstick,
-                              b.yardstick.empty() ? "-" : b.yardstick);
 }
 
 // The tap's tolerance against its reference (none without one).

@@ -88,16 +88,21 @@ def worst_ratio(report):
     return out
 
 
+def axis(mesh, name):
+    return dict(kv.split("=") for kv in mesh.split(",")).get(name)
+
+
+def same_batch_first(mesh, others):
+    """`others`, those with `mesh`'s dp first: in the scenarios the batch is
+    dp samples, so only meshes of one dp size compute one global tensor."""
+    return sorted(others, key=lambda m: axis(m, "dp") != axis(mesh, "dp"))
+
+
 def three_meshes(meshes, default):
-    """The default mesh and two more, as far apart in the list as they are."""
+    """The default mesh and two more of its dp size where there are."""
     names = [m for m, _ in meshes]
-    picked = [default] if default in names else names[:1]
-    for m in (names[0], names[-1], *names[1:-1]):
-        if len(picked) == 3:
-            break
-        if m not in picked:
-            picked.append(m)
-    return picked
+    first = default if default in names else names[0]
+    return [first] + same_batch_first(first, [m for m in names if m != first])[:2]
 
 
 def false_positives(a, s, size, rows):
@@ -119,7 +124,7 @@ def mesh_fault(a, s, size, f, rows):
     flags = list(f["needs_flags"])
     plan = planned_meshes(a, s["name"], size, f["name"], flags)
     shows = [m for m, e in plan if e.startswith("FAIL")]
-    quiet = [m for m, e in plan if e == "PASS"]
+    quiet = same_batch_first(shows[0], [m for m, e in plan if e == "PASS"]) if shows else []
     row = {"scenario": s["name"], "fault": f["name"], "first_tap": f["first_tap"], "shows_on": f["takes_effect_when"]}
     if not shows or len(quiet) < 2:
         row["result"] = f"not testable at {a.n} ranks ({len(shows)} meshes show it, {len(quiet)} do not)"
@@ -136,10 +141,13 @@ def mesh_fault(a, s, size, f, rows):
     leaves = [r.get("leaves_at", {}).get("tap") for r in runs]
     named = bool(runs) and leaves[0] is not None and all(x is None for x in leaves[1:])
     row.update(wrong_mesh=shows[0], clean_meshes=quiet[:2], exit=code, leaves_at=leaves[0] if runs else None,
-               found=code == 1 and named and leaves[0] == f["first_tap"])
+               found=code == 1 and named, tap_right=leaves[0] == f["first_tap"] if runs else False)
+    if code == 2:
+        row["result"] = "refused: " + text.strip().splitlines()[-1][:160]
     rows.append(row)
     print(f"fault {s['name']} {f['name']} on {shows[0]} vs {quiet[:2]}: exit {code}, odd run leaves at "
-          f"{row['leaves_at']!r} (documented {f['first_tap']!r}): {'FOUND' if row['found'] else 'MISSED'}",
+          f"{row['leaves_at']!r} (documented {f['first_tap']!r}): {'FOUND' if row['found'] else 'MISSED'}"
+          f"{'' if code != 2 else ' (' + row['result'] + ')'}",
           flush=True)
 
 
@@ -176,7 +184,7 @@ def main():
             print(f"| {scen} | {dtype} | {len(group)} | {sum(r['exit'] != 0 for r in group)} | "
                   f"{max(r['worst_err_over_tol'] for r in group):.3g} |")
     if fault_rows:
-        print("\n| scenario | fault | shows on | wrong mesh | clean meshes | odd run leaves at | documented | found |\n"
+        print("\n| scenario | fault | shows on | wrong mesh | clean meshes | odd run leaves at | documented | named |\n"
               "|---|---|---|---|---|---|---|---|")
         for r in fault_rows:
             if "result" in r:
