@@ -4,12 +4,15 @@ on meshes with dp == 2 only: a clean run on another mesh names it, at its
 first tap; two clean runs pass; a run of another scenario is refused (exit 2)
 naming both; --exact holds a rerun on the same mesh to every bit."""
 import os
+import subprocess
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from e2e import EXE, MPIEXEC, E2ETest  # noqa: E402
 
+FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
 SCENARIO = ["--scenario", "unreduced_reshard", "--reference-cache", "off"]
 CLEAN_MESH = "dp=1,fsdp=1,sp=2,tp=2"
 DP2_MESH = "dp=2,fsdp=1,sp=1,tp=2"
@@ -84,6 +87,26 @@ class RunAgainstRun(E2ETest):
         self.assertIn("other.h5", res.err)
         res = self.diffcheck("compare", a, "--against", other, "--reference", a)
         self.assertExit(res, 2)
+
+
+    @unittest.skipUnless(FULL, "nightly (DIFFCHECK_E2E_FULL=1): the torch example at tp 1, 2 and 4")
+    def test_the_torch_example_across_meshes_whole_and_sketched(self):
+        # examples/tp_block.py at tp = 1 and 4 clean and tp = 2 with --bug: the
+        # tp = 2 run is named at attn.out, whole and in sketch mode alike.
+        for mode in ([], ["--sketch"]):
+            runs = []
+            for n, bug in ((1, []), (4, []), (2, ["--bug"])):
+                out = self.path(f"tp{n}{''.join(mode)}")
+                p = subprocess.run([sys.executable, os.path.join(EXAMPLES, "tp_block.py"), "-n", str(n), "--out", out,
+                                    *bug, *mode], capture_output=True, text=True, timeout=600)
+                self.assertIn(p.returncode, (0, 1), msg=p.stderr[-2000:])
+                runs.append(os.path.join(out, "tp"))
+            clean = self.diffcheck("compare", runs[0], "--against", runs[1], json=True)
+            self.assertExit(clean, 0)
+            res = self.diffcheck("compare", runs[0], "--against", runs[1], "--against", runs[2], json=True)
+            self.assertExit(res, 1)
+            self.assertIn(f"Odd one out: {runs[2]} (mesh tp=2) disagrees with {runs[0]} (mesh tp=1) and {runs[1]} "
+                          f"(mesh tp=4) from tap 'attn.out'", res.out)
 
 
 if __name__ == "__main__":
