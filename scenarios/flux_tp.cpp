@@ -133,9 +133,14 @@ class FluxTp final : public Scenario {
     ctx.taps.tap("attn/v", ref::with_batch_dim(std::move(a.v)), {.layout = heads, .reduction_depth = d});
     ctx.taps.tap("attn/out", ref::with_batch_dim(std::move(a.attn)), {.layout = cols, .reduction_depth = n});
     ctx.taps.tap("mlp", ref::with_batch_dim(std::move(a.mlp)), {.layout = cols, .reduction_depth = d});
-    ctx.taps.tap("proj_out/input_packed", ref::with_batch_dim(std::move(a.cat)), {.layout = cols, .reduction_depth = d});
+    // proj_out's input and weight columns are packed per tp rank ([attn | mlp]
+    // of each shard in turn): their order follows the mesh (per_mesh), so a
+    // run on another tp size holds them otherwise (compare --against skips them there).
+    ctx.taps.tap("proj_out/input_packed", ref::with_batch_dim(std::move(a.cat)),
+                 {.layout = cols, .reduction_depth = d, .per_mesh = true});
     // The weight block must be exactly the reference's packed columns.
-    ctx.taps.tap("proj_out/weight", std::move(out_w), {.layout = Layout::parse("-,tp", ""), .atol = 0.0, .rtol = 0.0});
+    ctx.taps.tap("proj_out/weight", std::move(out_w),
+                 {.layout = Layout::parse("-,tp", ""), .atol = 0.0, .rtol = 0.0, .per_mesh = true});
     ctx.taps.tap("proj_out/partial", ref::with_batch_dim(std::move(a.partial)),
                  {.layout = Layout::parse("dp", "tp"), .reduction_depth = d + m});
   }

@@ -1,6 +1,7 @@
 """Run against run with no reference, over the built-in scenarios (issue 53):
 
-  - false positives: each scenario clean on three meshes of N ranks, float32
+  - false positives: each scenario clean on three meshes (of 2 to 8 ranks,
+    with one dp size: the scenarios' batch is their dp samples), float32
     and bfloat16; every pair compared with `diffcheck compare A --against B`
     (each tolerance the sum of both runs' bounds). A pair judged wrong is a
     false positive; the worst err/tol over the pair's taps says how close a
@@ -11,7 +12,7 @@
     (`--against B --against C`): found means exit 1 with the faulty run named
     as the one that leaves the consensus, at the fault's documented first tap.
 
-    /usr/bin/python3 scripts/studies/against_meshes.py --exe build/diffcheck [-n 8] [--scenario S ...]
+    /usr/bin/python3 scripts/studies/against_meshes.py --exe build/diffcheck [--ranks 2 4 8] [--scenario S ...]
 
 Prints both tables in markdown; --json keeps every row.
 """
@@ -37,16 +38,29 @@ def run_json(cmd):
 
 
 def planned_meshes(a, scenario, size, fault=None, flags=()):
-    """(mesh, expected) of every mesh N ranks form that the size allows."""
-    path = os.path.join(a.work, "plan.json")
-    cmd = [a.exe, "sweep-mesh", "--scenario", scenario, "-n", str(a.n), "--dry-run", "--json", path, "--size", size]
-    if fault:
-        cmd += ["--inject", fault]
-    for f in flags:
-        cmd += ["--flag", f]
-    subprocess.run(cmd, capture_output=True, text=True, env=ENV, check=True)
-    with open(path) as f:
-        return [(r["mesh"], r.get("expected", "PASS")) for r in json.load(f)["rows"]]
+    """(mesh, expected) of every mesh of each rank count that the size allows,
+    the largest rank count first. Runs against runs need not have as many
+    ranks: only the global tensors must agree."""
+    out = []
+    for n in sorted(a.ranks, reverse=True):
+        path = os.path.join(a.work, "plan.json")
+        cmd = [a.exe, "sweep-mesh", "--scenario", scenario, "-n", str(n), "--dry-run", "--json", path, "--size", size]
+        if fault:
+            cmd += ["--inject", fault]
+        for f in flags:
+            cmd += ["--flag", f]
+        if subprocess.run(cmd, capture_output=True, text=True, env=ENV).returncode != 0:
+            continue
+        with open(path) as f:
+            out += [(r["mesh"], r.get("expected", "PASS")) for r in json.load(f)["rows"]]
+    return out
+
+
+def ranks_of(mesh):
+    n = 1
+    for kv in mesh.split(","):
+        n *= int(kv.split("=")[1])
+    return n
 
 
 def run(a, scenario, size, mesh, dtype, fault=None, flags=()):
@@ -54,7 +68,7 @@ def run(a, scenario, size, mesh, dtype, fault=None, flags=()):
     out = os.path.join(a.work, f"{scenario}_{mesh.replace(',', '_').replace('=', '')}_{dtype}_{fault or 'clean'}.h5")
     if os.path.exists(out):
         return out
-    cmd = ["mpirun", "-n", str(a.n), a.exe, "--scenario", scenario, "--mesh", mesh, "--dtype", dtype,
+    cmd = ["mpirun", "-n", str(ranks_of(mesh)), a.exe, "--scenario", scenario, "--mesh", mesh, "--dtype", dtype,
            "--size", size, "--out", out, "--reference-cache", os.path.join(a.work, "cache")]
     if fault:
         cmd += ["--inject", fault]
@@ -92,10 +106,17 @@ def axis(mesh, name):
     return dict(kv.split("=") for kv in mesh.split(",")).get(name)
 
 
+BATCH_AXES = ("dp", "cfg")  # the scenarios' batch: dp samples (and flux_pipeline's cfg branches)
+
+
+def same_batch(mesh, other):
+    return all(axis(mesh, x) == axis(other, x) for x in BATCH_AXES)
+
+
 def same_batch_first(mesh, others):
-    """`others`, those with `mesh`'s dp first: in the scenarios the batch is
-    dp samples, so only meshes of one dp size compute one global tensor."""
-    return sorted(others, key=lambda m: axis(m, "dp") != axis(mesh, "dp"))
+    """`others`, those with `mesh`'s batch axes first: only meshes of one dp
+    (and cfg) size compute one global tensor in the scenarios."""
+    return sorted(others, key=lambda m: not same_batch(mesh, m))
 
 
 def three_meshes(meshes, default):
@@ -106,7 +127,7 @@ def three_meshes(meshes, default):
 
 
 def false_positives(a, s, size, rows):
-    default = s["default_mesh"].get(str(a.n))
+    default = s["default_mesh"].get(str(max(a.ranks)))
     meshes = three_meshes(planned_meshes(a, s["name"], size), default)
     for dtype in a.dtypes:
         files = {m: run(a, s["name"], size, m, dtype) for m in meshes}
@@ -126,12 +147,20 @@ def mesh_fault(a, s, size, f, rows):
     shows = [m for m, e in plan if e.startswith("FAIL")]
     quiet = same_batch_first(shows[0], [m for m, e in plan if e == "PASS"]) if shows else []
     row = {"scenario": s["name"], "fault": f["name"], "first_tap": f["first_tap"], "shows_on": f["takes_effect_when"]}
-    if not shows or len(quiet) < 2:
-        row["result"] = f"not testable at {a.n} ranks ({len(shows)} meshes show it, {len(quiet)} do not)"
+    # A wrong mesh with two quiet meshes of its batch if there are, else one
+    # (two runs: found where they part, but which is wrong cannot be said).
+    for m in shows:
+        alike = [q for q in quiet if same_batch(m, q)]
+        if len(alike) >= 2 or (alike and not any(len([q for q in quiet if same_batch(x, q)]) >= 2 for x in shows)):
+            shows, quiet = [m], alike + [q for q in quiet if q not in alike]
+            break
+    quiet = quiet[:2] if len([q for q in quiet if same_batch(shows[0], q)]) >= 2 else quiet[:1] if shows else quiet
+    if not shows or not quiet:
+        row["result"] = f"not testable at {a.ranks} ranks ({len(shows)} meshes show it, {len(quiet)} do not)"
         rows.append(row)
         return
     bad = run(a, s["name"], size, shows[0], "float32", f["name"], flags)
-    clean = [run(a, s["name"], size, m, "float32", None, flags) for m in quiet[:2]]
+    clean = [run(a, s["name"], size, m, "float32", None, flags) for m in quiet]
     if not bad or not all(clean):
         row["result"] = "a run crashed or was refused"
         rows.append(row)
@@ -140,12 +169,14 @@ def mesh_fault(a, s, size, f, rows):
     runs = (rep or {}).get("consensus", {}).get("runs", [])
     leaves = [r.get("leaves_at", {}).get("tap") for r in runs]
     named = bool(runs) and leaves[0] is not None and all(x is None for x in leaves[1:])
-    row.update(wrong_mesh=shows[0], clean_meshes=quiet[:2], exit=code, leaves_at=leaves[0] if runs else None,
-               found=code == 1 and named, tap_right=leaves[0] == f["first_tap"] if runs else False)
+    first = ((rep or {}).get("first_divergence") or {}).get("tap")
+    row.update(wrong_mesh=shows[0], clean_meshes=quiet, exit=code, leaves_at=leaves[0] if runs else first,
+               named="yes" if named else "n/a (two runs)" if len(quiet) == 1 else "NO",
+               found=code == 1 and (named or len(quiet) == 1))
     if code == 2:
         row["result"] = "refused: " + text.strip().splitlines()[-1][:160]
     rows.append(row)
-    print(f"fault {s['name']} {f['name']} on {shows[0]} vs {quiet[:2]}: exit {code}, odd run leaves at "
+    print(f"fault {s['name']} {f['name']} on {shows[0]} vs {quiet}: exit {code}, odd run leaves at "
           f"{row['leaves_at']!r} (documented {f['first_tap']!r}): {'FOUND' if row['found'] else 'MISSED'}"
           f"{'' if code != 2 else ' (' + row['result'] + ')'}",
           flush=True)
@@ -154,7 +185,7 @@ def mesh_fault(a, s, size, f, rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--exe", default=shutil.which("diffcheck") or "build/diffcheck")
-    ap.add_argument("-n", type=int, default=8, help="ranks of every run")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8], help="rank counts the meshes are drawn from")
     ap.add_argument("--scenario", action="append", help="only these scenarios (repeatable)")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--no-false-positives", action="store_true")
@@ -176,7 +207,7 @@ def main():
                 for f in s["faults"]:
                     if f["takes_effect_when"] != "always":
                         mesh_fault(a, s, size, f, fault_rows)
-    print(f"\n{a.n} ranks, {time.monotonic() - t0:.0f} s\n")
+    print(f"\nmeshes of {a.ranks} ranks, {time.monotonic() - t0:.0f} s\n")
     if fp_rows:
         print("| scenario | dtype | pairs | judged wrong | worst err/tol of a clean pair |\n|---|---|---|---|---|")
         for (scen, dtype), group in itertools.groupby(fp_rows, key=lambda r: (r["scenario"], r["dtype"])):
@@ -184,8 +215,8 @@ def main():
             print(f"| {scen} | {dtype} | {len(group)} | {sum(r['exit'] != 0 for r in group)} | "
                   f"{max(r['worst_err_over_tol'] for r in group):.3g} |")
     if fault_rows:
-        print("\n| scenario | fault | shows on | wrong mesh | clean meshes | odd run leaves at | documented | named |\n"
-              "|---|---|---|---|---|---|---|---|")
+        print("\n| scenario | fault | shows on | wrong mesh | clean meshes | first divergent tap (no reference) | "
+              "documented | wrong run named |\n|---|---|---|---|---|---|---|---|")
         for r in fault_rows:
             if "result" in r:
                 print(f"| {r['scenario']} | {r['fault']} | {r['shows_on']} | - | - | - | {r['first_tap']} | "
@@ -193,7 +224,7 @@ def main():
                 continue
             print(f"| {r['scenario']} | {r['fault']} | {r['shows_on']} | {r['wrong_mesh']} | "
                   f"{', '.join(r['clean_meshes'])} | {r['leaves_at']} | {r['first_tap']} | "
-                  f"{'yes' if r['found'] else 'NO'} |")
+                  f"{r['named'] if r['found'] else 'NOT FOUND'} |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"false_positives": fp_rows, "mesh_faults": fault_rows}, f, indent=1)
