@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
       "activations (taps) to HDF5, and reports the first tap that has NaN/Inf, disagrees across\n"
       "replicas, or disagrees with the reference.\n\n"
       "  mpirun -n 16 diffcheck --scenario flux_tp\n"
-      "  diffcheck compare FILE|PREFIX [--reference REF]\n"
+      "  diffcheck compare FILE|PREFIX [--reference REF | --against OTHER ... [--exact]]\n"
       "  diffcheck sweep-mesh --scenario unreduced_reshard -n 16 [--inject F]\n"
       "  diffcheck bisect --flags A,B,C (--scenario X -n N [--inject F] | --env XLA_FLAGS -- CMD ...)\n"
       "  diffcheck sweep (--profiles FILE | --all-subsets --flags A,B) (--scenario X -n N | -- CMD ...)\n"
