@@ -62,4 +62,9 @@ std::vector<double> read_whole_reference(const ActivationSet& set, const TapData
 void ActivationData::stage(const TapData&, const std::vector<PlannedRead>&) const {}
 int ActivationData::reference_holder(const TapData&, const Slab&) const { return 0; }
 
+std::string root_info(const ActivationSet& set, const char* key) {
+  auto it = set.info.find(key);
+  return it == set.info.end() ? std::string() : it->second;
+}
+
 }  // namespace dc

@@ -135,6 +135,9 @@ struct ActivationSet {
   std::shared_ptr<const ActivationData> data;
 };
 
+// An optional root attribute of a set (ActivationSet::info), empty when absent.
+std::string root_info(const ActivationSet& set, const char* key);
+
 // Whole tensors, for small sets (tests, fixtures): rank's piece, the reference.
 std::vector<double> read_whole_piece(const ActivationSet& set, const TapData& t, int rank);
 std::vector<double> read_whole_reference(const ActivationSet& set, const TapData& t);

@@ -56,15 +56,10 @@ class AgainstData final : public ActivationData {
   std::shared_ptr<const ActivationSet> b_;
 };
 
-std::string either(const std::map<std::string, std::string>& info, const char* key) {
-  auto it = info.find(key);
-  return it == info.end() ? "" : it->second;
-}
-
 // Refuses two runs of different computations, naming both.
 void require_one_computation(const ActivationSet& a, const ActivationSet& b) {
   for (const char* key : {"scenario", "dtype", "size"}) {
-    const std::string x = either(a.info, key), y = either(b.info, key);
+    const std::string x = root_info(a, key), y = root_info(b, key);
     if (!x.empty() && !y.empty() && x != y)
       input_error("{} ({} {}) and {} ({} {}) are not runs of one computation: compare runs of the same {}",
                   a.source, key, x, b.source, key, y, key);

@@ -24,12 +24,6 @@ namespace dc {
 namespace {
 
 
-// An optional root attribute of a set, empty when absent.
-std::string root_info(const ActivationSet& set, const char* key) {
-  auto it = set.info.find(key);
-  return it == set.info.end() ? std::string() : it->second;
-}
-
 // A yardstick must be the same computation as the run: a floor measured in
 // another dtype would hold the run to another computation's error. (One of
 // another shape does not pair with the reference, which reading it finds.)
