@@ -193,7 +193,7 @@ def work(rank, world, args):
     text = prompts[g.cfg_rank] if g.cfg > 1 else prompts.reshape(2 * B, T, D)
     with dct.capture(model, out=f"{args.out}/cfg", mesh=f"cfg={g.cfg},sp={g.sp}", layouts=LAYOUTS, sketch=args.sketch):  # diffcheck
         denoise(model, noise[:, tokens].to(dtype), text.to(dtype), rank, g, args.bug)  # diffcheck
-    if rank == 0:
+    if rank == 0 and not args.no_reference:
         single = Groups(0, 1, 1)
         reference = Denoiser(single).double()  # unsharded
         reference.load_state_dict(weights)
@@ -207,6 +207,9 @@ def work(rank, world, args):
 
 
 def after(args):
+    if args.no_reference:  # compared with other runs (docs/torch.md, "Without a reference")
+        print(f"captured {args.out}/cfg with no reference: diffcheck compare {args.out}/cfg --against OTHER_RUN")
+        return 0
     report = dct.compare(f"{args.out}/cfg", reference=f"{args.out}/ref.h5", check=False)  # diffcheck
     print(report["console"], end="")  # diffcheck
     return 0 if report["pass"] else 1
@@ -219,6 +222,8 @@ if __name__ == "__main__":
     ap.add_argument("--bug", action="store_true", help="broadcast each step's timestep into a temporary")
     ap.add_argument("--out", default="dumps/cfg_denoise", help="directory of the activation files")
     ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors (docs/torch.md, 'Sketch mode')")
+    ap.add_argument("--no-reference", action="store_true",
+                    help="capture the sharded run only, for `diffcheck compare RUN --against OTHER_RUN`")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
     ap.add_argument("--tokens", type=int, default=S, help=f"image tokens (default {S})")
     ap.add_argument("--dim", type=int, default=D, help=f"model width D (default {D}); the MLP is 4 D")

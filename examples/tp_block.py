@@ -165,7 +165,7 @@ def work(rank, world, args):
     block = Block(w, world, rank, args.bug and args.bug_scale).to(dtype)
     with dct.capture(block, out=f"{args.out}/tp", mesh=f"tp={world}", layouts=LAYOUTS, sketch=args.sketch):  # diffcheck
         block(x.to(dtype))  # diffcheck
-    if rank == 0:
+    if rank == 0 and not args.no_reference:
         reference = Block(w).double()  # unsharded
         with dct.capture(reference, out=f"{args.out}/ref", reference=True, sketch=args.sketch):  # diffcheck
             reference(x)  # diffcheck
@@ -175,6 +175,9 @@ def work(rank, world, args):
 
 
 def after(args):
+    if args.no_reference:  # compared with other runs: examples/tp_block_meshes.py
+        print(f"captured {args.out}/tp with no reference: diffcheck compare {args.out}/tp --against OTHER_RUN")
+        return 0
     report = dct.compare(f"{args.out}/tp", reference=f"{args.out}/ref.h5", check=False)  # diffcheck
     print(report["console"], end="")  # diffcheck
     return 0 if report["pass"] else 1
@@ -188,6 +191,8 @@ if __name__ == "__main__":
                     help="with --bug: the sum holds the bias 1 + A (tp - 1) times (default 1: tp times)")
     ap.add_argument("--out", default="dumps/tp_block", help="directory of the activation files")
     ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors (docs/torch.md, 'Sketch mode')")
+    ap.add_argument("--no-reference", action="store_true",
+                    help="capture the sharded run only, for `diffcheck compare RUN --against OTHER_RUN`")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
     ap.add_argument("--tokens", type=int, default=B * S, help=f"tokens, {B} sequences of tokens/{B} (default {B * S})")
     ap.add_argument("--dim", type=int, default=D, help=f"model width D (default {D})")

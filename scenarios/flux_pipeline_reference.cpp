@@ -19,6 +19,7 @@ RefTensor PipelineRun::reference_noise() const {
 
 RefTensor PipelineRun::reference_step(const std::string& step, const RefTensor& x, double sigma, double sigma_next,
                                        bool last) {
+  if (ctx_.taps.no_reference()) return {};  // a free run (refused otherwise) never reads them
   // Read from the reference cache: the latents it computed were kept there.
   if (ctx_.taps.references_cached()) return ctx_.taps.kept_reference_value(step + "latents_out");
   const ReferenceClock clock(ctx_.taps);

@@ -41,7 +41,7 @@ class FluxTp final : public Scenario {
     const auto sharded = [](const Mesh& m) { return m.axis_size("tp") > 1; };
     return {{"proj_out_contiguous",
              "row-parallel proj_out takes contiguous weight columns (seeds/002 TP-1): noise",
-             "proj_out/weight", {}, "tp > 1", sharded},
+             "proj_out/weight", {}, "tp > 1", sharded, {}, {}, false, {}, "proj_out/partial"},
             {"proj_out_bias_every_rank", "every tp rank adds the proj_out bias: y gets W x bias", "proj_out/partial",
              {}, "tp > 1", sharded, {}, {}, false, "the ranks other than tp rank 0 add A x bias: y gets (1 + A(W-1)) x bias"}};
   }

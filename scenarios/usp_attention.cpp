@@ -82,7 +82,7 @@ class UspAttention final : public Scenario {
              "with ring_overlap, the next K/V block is received into the buffer still being read: finite, "
              "wrong",
              "ring/chunk0/step0/out", {"ring_overlap=true"}, "ring > 1",
-             [](const Mesh& m) { return m.axis_size("ring") > 1; }}};
+             [](const Mesh& m) { return m.axis_size("ring") > 1; }, {}, {}, false, {}, "ring/chunk0/out"}};
   }
   std::string default_mesh(int world) const override {
     int sp = 1, ring = 1, rest = world;

@@ -157,6 +157,61 @@ TEST(Against, RunsOfDifferentComputationsOrShapesAreRefusedNamingBoth) {
   EXPECT_THROW(match_runs(columns_over_tp(), bf16, {}), InputError);
 }
 
+TEST(Against, ASmallerBatchIsComparedOnTheSamplesItShares) {
+  // One sample (dp=1: rows 0-1) against two (dp=2: rows 0-3): the first
+  // run's rows are the other's first rows, as in a batch that grows with dp.
+  const ActivationSet small = run_of("s.h5", "dp=1", "dp,-", "", {kRows / 2, kCols});
+  const ActivationSet big = rows_over_dp();
+  EXPECT_FALSE(batch_larger(small, big));
+  EXPECT_TRUE(batch_larger(big, small));
+  const AgainstMatch m = match_runs(small, big, {});
+  EXPECT_EQ(m.fewer_samples, (std::vector<std::string>{"y"}));
+  EXPECT_NE(m.describe().find("fewer samples"), std::string::npos) << m.describe();
+  EXPECT_TRUE(compare(m.set, {}).pass());
+  // A wrong element in the shared rows is found; one in the rows only the
+  // larger batch has cannot be, and is not claimed.
+  const auto edited = [](std::size_t row) {
+    return run_of("b.h5", "dp=2", "dp,-", "", {kRows / 2, kCols}, 6, [row](int r, std::vector<double>& p) {
+      if (r == int(row / (kRows / 2))) p[(row % (kRows / 2)) * kCols + 1] += 0.5;
+    });
+  };
+  const CompareResult shared = compare(match_runs(small, edited(1), {}).set, {});
+  ASSERT_FALSE(shared.pass());
+  EXPECT_EQ(shared.taps[0].reference.worst.index, (std::vector<std::size_t>{1, 1}));
+  EXPECT_TRUE(compare(match_runs(small, edited(3), {}).set, {}).pass());
+  // The larger batch as run A is refused (batch_larger orients a pair).
+  EXPECT_THROW(match_runs(big, small, {}), InputError);
+}
+
+TEST(Against, BatchesThatDifferBothWaysAreRefused) {
+  ActivationSet a = run_of("s.h5", "dp=1", "dp,-", "", {kRows / 2, kCols});
+  ActivationSet b = rows_over_dp();
+  // A second tap "x" where run A holds more samples than run B (shapes on
+  // each set's own mesh: A's dp=1 holds 4 rows, B's two dp ranks 1 each).
+  ActivationSet a2 = run_of("s.h5", "dp=1", "dp,-", "", {kRows, kCols});
+  ActivationSet b2 = run_of("b.h5", "dp=2", "dp,-", "", {kRows / 4, kCols});
+  a2.taps[0].name = b2.taps[0].name = "x";
+  auto join = [](ActivationSet& into, const ActivationSet& more) {
+    auto data = std::make_shared<InMemoryData>(*std::static_pointer_cast<const InMemoryData>(into.data));
+    const auto& extra = *std::static_pointer_cast<const InMemoryData>(more.data);
+    TapData t = more.taps[0];
+    t.data_id = data->pieces.size();
+    data->pieces.push_back(extra.pieces[0]);
+    data->references.push_back({});
+    into.taps.push_back(t);
+    into.data = data;
+  };
+  join(a, a2);
+  join(b, b2);
+  try {
+    batch_larger(a, b);
+    FAIL() << "batches differing both ways were taken";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("'x'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'y'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Against, ATapOneRunLacksIsListedNotFatal) {
   ActivationSet b = rows_over_dp();
   b.taps[0].name = "z";

@@ -89,24 +89,62 @@ class RunAgainstRun(E2ETest):
         self.assertExit(res, 2)
 
 
+    def test_runs_with_no_reference_of_other_batches_compare_on_the_samples_they_share(self):
+        # flux_tp's batch is its dp samples: dp=1 holds the first of dp=2's, compared on it.
+        flux = ["--scenario", "flux_tp", "--reference-cache", "off"]
+        one = self.run_on("one", "dp=1,tp=2", "--no-reference", scenario=flux, n=2)
+        two = self.run_on("two", "dp=2,tp=1", "--no-reference", scenario=flux, n=2)
+        self.assertIn("no reference (--no-reference)", self.run_cmd(
+            [MPIEXEC, "-n", "2", EXE, *flux, "--mesh", "tp=2", "--no-reference", "--out", self.path("x.h5")]).out)
+        res = self.diffcheck("compare", two, "--against", one, json=True)
+        self.assertExit(res, 0)
+        self.assertIn("holds more samples", res.out)
+        self.assertIn("fewer samples", res.out)
+        for refused in (["--scenario", "flux_pipeline", "--size", "tiny"], ["--tolerance", "calibrated"]):
+            args = refused if refused[0] == "--scenario" else [*SCENARIO, *refused]
+            res = self.run_cmd([MPIEXEC, "-n", "2", EXE, *args, "--no-reference", "--out", self.path("x.h5")])
+            self.assertEqual(res.code, 2, msg=str(res))
+            self.assertIn("--no-reference", res.err)
+
+    def test_sweep_mesh_with_no_reference_names_the_odd_mesh(self):
+        # halo_wrong_peer reaches the meshes with dp > 1 and more than one
+        # patch: 2 of the 6 meshes of 4 ranks. Their own checks pass; the
+        # other meshes' runs name them at conv_in.
+        res = self.diffcheck("sweep-mesh", "--scenario", "vae_patch_decode", "-n", "4", "--no-reference",
+                             "--inject", "halo_wrong_peer", "--flag", "halo=p2p", "--json", self.path("sweep.json"))
+        self.assertExit(res, 1)
+        self.assertIn("every mesh as documented", res.out)
+        import json
+        with open(self.path("sweep.json")) as f:
+            rows = {r["mesh"]: r for r in json.load(f)["rows"]}
+        wrong = {m for m, r in rows.items() if r["verdict"] == "FAIL"}
+        self.assertEqual(wrong, {"dp=2,ph=1,pw=2", "dp=2,ph=2,pw=1"}, msg=res.out)
+        for m in wrong:
+            self.assertEqual(rows[m]["first_divergence"], "conv_in")
+            self.assertIn("LEAVES the consensus", rows[m]["against"])
+        clean = self.diffcheck("sweep-mesh", "--scenario", "vae_patch_decode", "-n", "4", "--no-reference",
+                               "--flag", "halo=p2p")
+        self.assertExit(clean, 0)
+        self.assertIn("in the consensus", clean.out)
+
     @unittest.skipUnless(FULL, "nightly (DIFFCHECK_E2E_FULL=1): the torch example at tp 1, 2 and 4")
     def test_the_torch_example_across_meshes_whole_and_sketched(self):
-        # examples/tp_block.py at tp = 1 and 4 clean and tp = 2 with --bug: the
-        # tp = 2 run is named at attn.out, whole and in sketch mode alike.
+        # examples/tp_block_meshes.py: tp_block at tp = 1, 2 and 4 with no
+        # reference; the bug in the tp = 2 run: named at attn.out, whole and
+        # in sketch mode alike; with no bug the three agree.
+        script = os.path.join(EXAMPLES, "tp_block_meshes.py")
         for mode in ([], ["--sketch"]):
-            runs = []
-            for n, bug in ((1, []), (4, []), (2, ["--bug"])):
-                out = self.path(f"tp{n}{''.join(mode)}")
-                p = subprocess.run([sys.executable, os.path.join(EXAMPLES, "tp_block.py"), "-n", str(n), "--out", out,
-                                    *bug, *mode], capture_output=True, text=True, timeout=600)
-                self.assertIn(p.returncode, (0, 1), msg=p.stderr[-2000:])
-                runs.append(os.path.join(out, "tp"))
-            clean = self.diffcheck("compare", runs[0], "--against", runs[1], json=True)
-            self.assertExit(clean, 0)
-            res = self.diffcheck("compare", runs[0], "--against", runs[1], "--against", runs[2], json=True)
-            self.assertExit(res, 1)
-            self.assertIn(f"Odd one out: {runs[2]} (mesh tp=2) disagrees with {runs[0]} (mesh tp=1) and {runs[1]} "
-                          f"(mesh tp=4) from tap 'attn.out'", res.out)
+            out = self.path("meshes" + "".join(mode))
+            p = subprocess.run([sys.executable, script, "--out", out, "--bug-on", "2", *mode], capture_output=True,
+                               text=True, timeout=600, env=dict(os.environ, DIFFCHECK_EXE=EXE))
+            self.assertEqual(p.returncode, 1, msg=p.stdout[-2000:] + p.stderr[-2000:])
+            runs = [os.path.join(out, f"tp{n}", "tp") for n in (1, 2, 4)]
+            self.assertIn(f"Odd one out: {runs[1]} (mesh tp=2) disagrees with {runs[0]} (mesh tp=1) and {runs[2]} "
+                          f"(mesh tp=4) from tap 'attn.out'", p.stdout)
+            clean = subprocess.run([sys.executable, script, "--out", out, "--bug-on", "0", *mode],
+                                   capture_output=True, text=True, timeout=600, env=dict(os.environ, DIFFCHECK_EXE=EXE))
+            self.assertEqual(clean.returncode, 0, msg=clean.stdout[-2000:] + clean.stderr[-2000:])
+            self.assertIn("Every pair of runs agrees", clean.stdout)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,10 @@ void TapRecorder::reference_row(const std::string& name, std::size_t n, std::siz
 void TapRecorder::reference_block(const std::string& name, const Shape& global, std::vector<std::size_t> start,
                                   RefTensor block) {
   validate_tap_name(name);
+  if (no_reference_)
+    fail("rank {}: reference of tap '{}' computed in a run with --no-reference: the scenario's reference code must "
+         "begin with `if (ctx.taps.references_cached()) return;`",
+         rank_, name);
   if (references_cached_)
     fail("rank {}: reference of tap '{}' computed although the run's references came from the reference cache: "
          "the scenario's reference code must begin with `if (ctx.taps.references_cached()) return;`",

@@ -107,6 +107,13 @@ class TapRecorder {
   // is an error that names the scenario's missing check.
   bool references_cached() const { return references_cached_; }
   void set_references_cached(bool cached) { references_cached_ = cached; }
+  // --no-reference: the run computes no references at all (a model that fits
+  // on no single device; its run is compared with other runs, `diffcheck
+  // compare --against`). The scenario's reference code is skipped as for
+  // cached references, and values kept from a reference are not there:
+  // scenarios that need them (a forced pipeline) refuse the option first.
+  bool no_reference() const { return no_reference_; }
+  void set_no_reference() { no_reference_ = references_cached_ = true; }
 
   // Values of this rank's reference that its sharded run needs (a forced
   // pipeline starts each step from the reference's latents): kept beside the
@@ -140,6 +147,7 @@ class TapRecorder {
   double reference_seconds_ = 0;
   double reference_flops_ = 0;
   bool references_cached_ = false;
+  bool no_reference_ = false;
   std::function<void(const std::string&)> on_tap_;
   std::function<void()> on_all_taps_recorded_;
   bool all_recorded_ = false;

@@ -56,6 +56,11 @@ class AgainstData final : public ActivationData {
   std::shared_ptr<const ActivationSet> b_;
 };
 
+// Shapes equal but in the leading (batch) dimension, where `a`'s is smaller.
+bool leading_prefix(const Shape& a, const Shape& b) {
+  return !a.empty() && a.size() == b.size() && a[0] < b[0] && std::equal(a.begin() + 1, a.end(), b.begin() + 1);
+}
+
 // Refuses two runs of different computations, naming both.
 void require_one_computation(const ActivationSet& a, const ActivationSet& b) {
   for (const char* key : {"scenario", "dtype", "size"}) {
@@ -80,10 +85,12 @@ void require_comparable(const TapData& t, const TapData& other, const Activation
                 "only when made alike", t.name, t.sketch->seed, t.sketch->rows, a.source, other.sketch->seed,
                 other.sketch->rows, b.source);
   const Shape ga = plan_tap(t, a.mesh).global, gb = plan_tap(other, b.mesh).global;
-  if (ga != gb)
-    input_error("tap '{}': global shape [{}] in {} (mesh {}) but [{}] in {} (mesh {}): not one computation (a batch "
-                "that grows with dp?)", t.name, fmt::join(ga, ","), a.source, a.mesh.str(), fmt::join(gb, ","),
-                b.source, b.mesh.str());
+  if (ga == gb) return;
+  if (!t.sketch && leading_prefix(ga, gb)) return;  // A's samples are B's first ones
+  input_error("tap '{}': global shape [{}] in {} (mesh {}) but [{}] in {} (mesh {}): not one computation{}", t.name,
+              fmt::join(ga, ","), a.source, a.mesh.str(), fmt::join(gb, ","), b.source, b.mesh.str(),
+              t.sketch ? " (a sketch is of the whole tensor: sketches of batches of other sizes do not compare)"
+                       : " (only a batch, the leading dimension, may differ, and then the same way in every tap)");
 }
 
 }  // namespace
@@ -131,6 +138,23 @@ void read_global(const ActivationSet& b, const TapData& t, const Slab& slab, dou
   }
 }
 
+bool batch_larger(const ActivationSet& a, const ActivationSet& b) {
+  std::map<std::string, const TapData*> in_b;
+  for (const auto& t : b.taps) in_b[t.name] = &t;
+  std::string larger, smaller;  // a tap of each direction
+  for (const auto& t : a.taps) {
+    auto it = in_b.find(t.name);
+    if (it == in_b.end() || t.sketch || it->second->sketch || t.per_mesh || it->second->per_mesh) continue;
+    const Shape ga = plan_tap(t, a.mesh).global, gb = plan_tap(*it->second, b.mesh).global;
+    if (leading_prefix(gb, ga) && larger.empty()) larger = t.name;
+    if (leading_prefix(ga, gb) && smaller.empty()) smaller = t.name;
+  }
+  if (!larger.empty() && !smaller.empty())
+    input_error("{} (mesh {}) and {} (mesh {}): tap '{}' has more samples in the first, tap '{}' in the second: not "
+                "one computation", a.source, a.mesh.str(), b.source, b.mesh.str(), larger, smaller);
+  return !larger.empty();
+}
+
 ActivationSet without_references(const ActivationSet& set) {
   ActivationSet out = set;
   for (auto& t : out.taps) t.reference_shape.reset();
@@ -160,6 +184,7 @@ AgainstMatch match_runs(const ActivationSet& a, const ActivationSet& b, const Ag
     }
     require_comparable(t, other, a, b);
     t.reference_shape = plan_tap(t, a.mesh).global;
+    if (*t.reference_shape != plan_tap(other, b.mesh).global) m.fewer_samples.push_back(t.name);
     t.against = std::shared_ptr<const TapData>(b_set, &other);
     t.against_run = b_set;
     if (options.exact) t.atol = t.rtol = 0.0;
@@ -179,6 +204,10 @@ std::string AgainstMatch::describe() const {
                               set.source, set.mesh.str(), b, set.info.at("against_mesh"));
   if (!only_in_a.empty()) s += fmt::format("\ntaps only in {} (no comparison): {}", set.source, fmt::join(only_in_a, ", "));
   if (!only_in_b.empty()) s += fmt::format("\ntaps only in {} (not compared): {}", b, fmt::join(only_in_b, ", "));
+  if (!fewer_samples.empty())
+    s += fmt::format("\n{} holds fewer samples (a smaller batch, the leading dimension) than {}: compared on its own "
+                     "samples, the first of the other run's, in {} taps",
+                     set.source, b, fewer_samples.size());
   if (!per_mesh.empty())
     s += fmt::format("\ntaps whose values depend on the mesh (per_mesh), not compared across meshes: {}",
                      fmt::join(per_mesh, ", "));

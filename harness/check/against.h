@@ -28,14 +28,25 @@ struct AgainstMatch {
   // Taps whose values depend on the mesh (`per_mesh`: a ring step's partial
   // attention), not compared between runs on different meshes.
   std::vector<std::string> per_mesh;
+  // Taps where A holds the first samples of B's larger batch (the runs'
+  // batches grow with dp): compared on A's samples.
+  std::vector<std::string> fewer_samples;
   std::string describe() const;  // for the report: the runs, the yardstick, the taps left out
 };
 
 // Throws InputError naming both runs when they are not of one computation:
-// another scenario or dtype, or a tap whose global shapes differ; and a
+// another scenario or dtype, or a tap whose global shapes differ (but for a
+// batch, the leading dimension, where A's may be smaller: B's first samples
+// are A's, as when a run's batch grows with dp; batch_larger orients a
+// pair); and a
 // sketch tap matched with a whole one, or with a sketch of another seed or
 // row count (sketches compare with sketches: docs/FORMAT.md).
 AgainstMatch match_runs(const ActivationSet& a, const ActivationSet& b, const AgainstOptions& options);
+
+// Whether run A holds more samples than run B (the leading dimension of their
+// whole taps' global shapes, all other dimensions equal): then B is matched
+// against A. Throws InputError when taps differ both ways.
+bool batch_larger(const ActivationSet& a, const ActivationSet& b);
 
 // Run B's tap `t` over `slab` of its global tensor: every block that meets
 // the slab, from its partial-sum leaders (added in rank order).

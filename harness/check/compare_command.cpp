@@ -138,11 +138,18 @@ int compare_and_report(const std::string& source, const std::string& reference,
 int compare_against_and_report(const std::string& source, const std::string& against, bool exact,
                                const ReportOptions& opts) {
   const auto started = std::chrono::steady_clock::now();
-  const ActivationSet a = read_everywhere(source, "", opts.compare.processes);
-  const ActivationSet b = read_everywhere(against, "", opts.compare.processes);
+  ActivationSet a = read_everywhere(source, "", opts.compare.processes);
+  ActivationSet b = read_everywhere(against, "", opts.compare.processes);
+  // The run with the smaller batch is the one checked, on its samples.
+  const bool swapped = batch_larger(a, b);
+  if (swapped) std::swap(a, b);
   const AgainstMatch m = match_runs(a, b, {.exact = exact});
   ReportOptions with = opts;
   with.reference_source = m.describe();
+  if (swapped)
+    with.reference_source = fmt::format("{} holds more samples than {}: the runs are compared on the other's "
+                                        "samples, so the other run is the one reported\n{}",
+                                        source, against, with.reference_source);
   const std::optional<ToleranceTable> table = measured_tolerances(m.set, "", opts, with.tolerance_note);
   if (table) with.compare.tolerances = &*table;
   // The other run's own checks (NaN/Inf, replicas), as this run's are made
@@ -150,7 +157,7 @@ int compare_against_and_report(const std::string& source, const std::string& aga
   const CompareResult own = compare(without_references(b), opts.compare);
   if (!own.pass()) {
     const TapVerdict& v = own.taps[*own.first_divergence];
-    with.reference_source += fmt::format("\nFAIL in {} alone: tap '{}' fails its {} check", against, v.name,
+    with.reference_source += fmt::format("\nFAIL in {} alone: tap '{}' fails its {} check", b.source, v.name,
                                          fmt::join(v.failed_checks(), " and "));
   }
   const int status = check_and_report(m.set, with, started);

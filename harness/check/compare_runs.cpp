@@ -115,7 +115,9 @@ int compare_runs_and_report(const std::vector<std::string>& sources, bool exact,
   std::vector<PairVerdict> pairs;
   for (std::size_t a = 0; a < runs.size(); ++a)
     for (std::size_t b = a + 1; b < runs.size(); ++b) {
-      const CompareResult res = compare(match_runs(runs[a], runs[b], {.exact = exact}).set, opts.compare);
+      const bool flip = batch_larger(runs[a], runs[b]);  // the smaller batch is checked, on its samples
+      const CompareResult res =
+          compare(match_runs(runs[flip ? b : a], runs[flip ? a : b], {.exact = exact}).set, opts.compare);
       PairVerdict p{a, b, {}};
       if (res.first_divergence) p.first_divergence = order.index_of(res.taps[*res.first_divergence].name);
       pairs.push_back(p);
@@ -130,7 +132,8 @@ int compare_runs_and_report(const std::vector<std::string>& sources, bool exact,
   const Consensus c = find_consensus(runs.size(), pairs);
   const bool rank0 = !opts.compare.processes || opts.compare.processes->rank() == 0;
   if (rank0) std::cout << consensus_text(runs, c, order, own_failures) << "\n" << std::flush;
-  const auto [shown, with_run] = shown_pair(c, pairs);
+  auto [shown, with_run] = shown_pair(c, pairs);
+  if (batch_larger(runs[shown], runs[with_run])) std::swap(shown, with_run);
   const AgainstMatch m = match_runs(runs[shown], runs[with_run], {.exact = exact});
   ReportOptions with = opts;
   with.reference_source = m.describe();

@@ -104,8 +104,10 @@ class ConsoleReporter final : public Reporter {
                                        [](const TapVerdict& t) { return !t.pass(); });
     out << "\n";
     if (res.pass()) {
-      out << fmt::format("PASS: all {} taps pass (non-finite, replica, reference checks)\n",
-                         res.taps.size());
+      const bool referenced = std::any_of(res.taps.begin(), res.taps.end(),
+                                          [](const TapVerdict& t) { return t.reference.present; });
+      out << fmt::format("PASS: all {} taps pass ({})\n", res.taps.size(),
+                         referenced ? "non-finite, replica, reference checks" : "non-finite and replica checks; no reference");
     } else {
       out << fmt::format("FAIL: {} of {} taps fail.\n", failed, res.taps.size());
       out << describe_first_divergence(set, res);

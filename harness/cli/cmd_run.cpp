@@ -77,6 +77,11 @@ void RunCommand::add(CLI::App& app) {
       [this](const std::string& v) { run.reference_cache.max_bytes = parse_size(v, "--reference-cache-size"); },
       "Bound of the reference cache (e.g. 4G; a bare number is MiB): least recently used entries are removed "
       "beyond it [default: 16G]");
+  app.add_flag("--no-reference", run.no_reference,
+               "Compute no single-rank reference (for a model that fits on no single device, or to save its time): "
+               "the run checks only its own taps (NaN/Inf, replicas) and keeps its run file for `diffcheck compare "
+               "RUN --against OTHER_RUN`, another mesh's run of the same computation (pipelines need "
+               "--reference-mode free)");
   app.add_flag("--profile", run.profile,
                "Print the run's profile after the report: per phase (sharded block, references, write, check) its "
                "seconds, GEMM GFLOP, GFLOP/s and fraction of this machine's GEMM peak (measured on every rank just "

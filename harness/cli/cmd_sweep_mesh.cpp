@@ -40,6 +40,11 @@ void SweepMeshCommand::add(CLI::App& app) {
   sub->add_option("--reports", options.reports_dir,
                     "Keep each mesh's run report in DIR: <mesh>.json and <mesh>.html (e.g. dp2_tp8.html)");
   sub->add_option("--show-tap", options.show_taps, "Add a column with this tap's worst err/tol on each mesh (repeatable)");
+  sub->add_flag("--no-reference", options.no_reference,
+                "Compute no reference: each mesh runs with --no-reference (pipelines in --reference-mode free) and "
+                "the meshes' runs are compared with each other (diffcheck compare --against); the mesh that leaves "
+                "their consensus is named. Meshes of another dp hold another batch: compared on the samples they "
+                "share");
   sub->add_flag("--dry-run", options.dry_run, "List the meshes that would run and those the size rules out; run nothing");
 }
 
@@ -56,10 +61,12 @@ void expect_fault(SweepMeshOptions& sw, const dc::Scenario& s) {
   with_needs.insert(with_needs.end(), f->needs_flags.begin(), f->needs_flags.end());
   const bool armed = dc::FlagValues::resolve(s.flags(), sw.flags, s.name()).str() ==
                      dc::FlagValues::resolve(s.flags(), with_needs, s.name()).str();
-  sw.expected = [f = *f, armed, size = sw.size](const dc::Mesh& m) -> std::pair<std::string, std::string> {
+  const std::string tap = sw.no_reference && !f->first_tap_across_meshes.empty() ? f->first_tap_across_meshes
+                                                                                : f->first_tap;
+  sw.expected = [f = *f, armed, size = sw.size, tap](const dc::Mesh& m) -> std::pair<std::string, std::string> {
     if (!armed || !f.takes_effect(m)) return {"PASS", ""};
     if (f.crashes_on && f.crashes_on(m, size)) return {"CRASHED", ""};
-    return {f.may_hang ? "FAIL|HANG|DESYNC" : "FAIL", f.first_tap};
+    return {f.may_hang ? "FAIL|HANG|DESYNC" : "FAIL", tap};
   };
 }
 
@@ -73,6 +80,11 @@ int SweepMeshCommand::execute() {
     options.axes = s->mesh_axes();
     options.check_mesh = [s, size = options.size](const dc::Mesh& m) { s->check_mesh(m, size); };
     if (!options.fault.empty()) expect_fault(options, *s);
+    if (options.no_reference && s->is_pipeline() && options.pipeline.reference_mode != "free") {
+      spdlog::info("--no-reference: {} runs in --reference-mode free (forced starts each step from the reference)",
+                   s->name());
+      options.pipeline.reference_mode = "free";
+    }
     return dc::sweep_mesh(options);
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());

@@ -27,7 +27,9 @@ int list_scenarios_json() {
                              {"needs_flags", f.needs_flags},
                              {"takes_effect_when", f.takes_effect_when.empty() ? "always" : f.takes_effect_when},
                              {"crashes_when", f.crashes_when}, {"may_hang", f.may_hang},
-                             {"scalable", !f.scale_help.empty()}, {"fault_scale", f.scale_help}});
+                             {"scalable", !f.scale_help.empty()}, {"fault_scale", f.scale_help},
+                             {"first_tap_across_meshes",
+                              f.first_tap_across_meshes.empty() ? f.first_tap : f.first_tap_across_meshes}});
     j["default_mesh"] = nlohmann::json::object();
     for (int n : {1, 2, 4, 8, 16}) {
       try {
@@ -63,6 +65,8 @@ int list_scenarios() {
     for (const auto& f : s->faults()) {
       std::cout << fmt::format("    {}: {}\n      first divergent tap '{}'", f.name, f.help, f.first_tap);
       if (!f.takes_effect_when.empty()) std::cout << fmt::format(" when {}", f.takes_effect_when);
+      if (!f.first_tap_across_meshes.empty())
+        std::cout << fmt::format(" (across meshes, with no reference: '{}')", f.first_tap_across_meshes);
       if (!f.crashes_when.empty()) std::cout << fmt::format("; a crash when {}", f.crashes_when);
       if (f.may_hang) std::cout << " (or, ranks having taken different paths, a HANG or DESYNC finding)";
       if (!f.needs_flags.empty()) std::cout << fmt::format("; needs --flag {}", fmt::join(f.needs_flags, " --flag "));

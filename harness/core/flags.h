@@ -48,6 +48,10 @@ struct FaultSpec {
   // A fault of continuous size: what --fault-scale A does to it (A = 1 the
   // fault as named, A = 0 none). Empty: not scalable.
   std::string scale_help = {};
+  // Where runs on different meshes first part (sweep-mesh --no-reference),
+  // when not at first_tap: first_tap depends on the mesh (per_mesh) and is
+  // not compared across meshes. Empty: first_tap.
+  std::string first_tap_across_meshes = {};
 
   bool takes_effect(const Mesh& m) const { return !takes_effect_on || takes_effect_on(m); }
 };

@@ -87,6 +87,8 @@ const Field fields[] = {
      [](RunOptions& o, const std::string& v) { o.reference_cache.dir = v; }},
     {"reference_cache_bytes", [](const RunOptions& o) { return std::to_string(o.reference_cache.max_bytes); },
      [](RunOptions& o, const std::string& v) { o.reference_cache.max_bytes = std::stoull(v); }},
+    {"no_reference", [](const RunOptions& o) { return std::string(o.no_reference ? "1" : "0"); },
+     [](RunOptions& o, const std::string& v) { o.no_reference = v == "1"; }},
     {"profile", [](const RunOptions& o) { return std::string(o.profile ? "1" : "0"); },
      [](RunOptions& o, const std::string& v) { o.profile = v == "1"; }},
 };

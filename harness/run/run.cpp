@@ -65,7 +65,7 @@ class ScenarioRun {
         chaos_(settle_tolerances_then_chaos()),
         out_(opts_.out),
         taps_(mesh_, rank_, dtype_),
-        cache_(scenario_.reference_cacheable(flags_) ? opts_.reference_cache : ReferenceCacheSettings{},
+        cache_(scenario_.reference_cacheable(flags_) && !opts_.no_reference ? opts_.reference_cache : ReferenceCacheSettings{},
                reference_key(scenario_, opts_, mesh_, flags_, dtype_)) {}
 
   int operator()() {
@@ -88,7 +88,20 @@ class ScenarioRun {
       input_error("--tolerance takes derived or calibrated, not '{}'", opts_.tolerance);
     if (opts_.tolerance == "calibrated" && file_table_)
       input_error("--tolerance calibrated and --tolerances FILE both say where tolerances come from: give one");
+    if (opts_.no_reference) refuse_what_needs_a_reference();
     return Chaos(opts_.chaos, world_.size());
+  }
+
+  // --no-reference: what only a reference gives is refused, naming why.
+  void refuse_what_needs_a_reference() const {
+    if (opts_.tolerance == "calibrated")
+      input_error("--no-reference with --tolerance calibrated: the calibration measures noise against a one-device "
+                  "run; compare runs with `diffcheck compare RUN --against OTHER` (tolerances from `diffcheck "
+                  "calibrate` with --tolerances, or the derived rule)");
+    if (scenario_.is_pipeline() && opts_.pipeline.reference_mode != "free")
+      input_error("--no-reference: scenario {} in --reference-mode forced starts each step from the reference's "
+                  "latents; give --reference-mode free (each run follows its own trajectory)",
+                  scenario_.name());
   }
 
   // The output directory, the store it allows, the watchdog, the GEMM peak.
@@ -139,6 +152,7 @@ class ScenarioRun {
     cached_ = cache_.load(world_, taps_, &cached_boxes);
     load_s_ = seconds_since(tl);
     if (cached_.hit) taps_.set_references_cached(true);
+    if (opts_.no_reference) taps_.set_no_reference();
     const auto t0 = std::chrono::steady_clock::now();
     const double work0 = gemm_work(), work64_0 = work::gemm_flops(true);
     chaos_.arm(taps_, world_, rank_);
@@ -227,6 +241,11 @@ class ScenarioRun {
     report_ = opts_.report;
     report_.timings = {{"sharded_s", sharded_s_}, {"reference_s", reference_s_}, {"write_s", write_s_}};
     if (cache_.settings().enabled()) report_.reference_source = cached_.summary();
+    if (opts_.no_reference)
+      report_.reference_source = fmt::format(
+          "no reference (--no-reference): each tap's own checks only; compare this run with another run of the same "
+          "computation: diffcheck compare {} --against OTHER_RUN",
+          out_);
     phases_.push_back({"write", write_s_, 0, 0, write_beside_check_ ? 0 : run_file_bytes(rank_, out_), "run file"});
     if (!write_beside_check_) {
       profile_ = combine_profile(world_, phases_, peak_);  // beside the check: once the write is done

@@ -45,6 +45,10 @@ struct RunOptions {
   // Where references are kept between runs (capture/reference_cache.h); the
   // cli fills it (--reference-cache, $DIFFCHECK_REFERENCE_CACHE, results/cache).
   ReferenceCacheSettings reference_cache;
+  // --no-reference: compute no references (the model fits on no single
+  // device): the run checks only its own taps (NaN/Inf, replicas), and its
+  // file is for `diffcheck compare RUN --against OTHER`.
+  bool no_reference = false;
   // --profile: print the per-phase profile after the report (it is in the
   // info log always), with this machine's GEMM peak measured by
   // `measure_gemm_peak` (the cli's: BLAS lives in reference/).

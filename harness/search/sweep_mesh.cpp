@@ -13,6 +13,7 @@
 
 #include "harness/core/error.h"
 #include "harness/search/launcher.h"
+#include "harness/search/sweep_mesh_against.h"
 #include "harness/search/sweep_mesh_rows.h"
 #include "harness/search/trial.h"
 
@@ -87,6 +88,7 @@ MeshRow run_mesh(const SweepMeshOptions& opts, const Mesh& mesh, const std::stri
                                "--dtype", opts.dtype, "--size", opts.size, "--out", out, "--json", json});
   if (!kept.empty()) t.argv.insert(t.argv.end(), {"--html", kept + ".html"});
   if (!opts.fault.empty()) t.argv.insert(t.argv.end(), {"--inject", opts.fault});
+  if (opts.no_reference) t.argv.push_back("--no-reference");
   if (!opts.tolerances_file.empty()) t.argv.insert(t.argv.end(), {"--tolerances", opts.tolerances_file});
   if (!opts.tolerance.empty()) t.argv.insert(t.argv.end(), {"--tolerance", opts.tolerance});
   for (const auto& a : opts.pipeline.args()) t.argv.push_back(a);
@@ -94,7 +96,7 @@ MeshRow run_mesh(const SweepMeshOptions& opts, const Mesh& mesh, const std::stri
   if (isatty(2)) std::cerr << fmt::format("sweep-mesh: {} ...\r", mesh.str()) << std::flush;
   std::filesystem::remove(json);  // a report left by an earlier sweep is not this run's
   MeshRow row = judge_mesh(mesh.str(), run_trial(t), json);
-  std::filesystem::remove(out);
+  if (!opts.no_reference) std::filesystem::remove(out);  // else kept to compare with the other meshes
   if (kept.empty()) std::filesystem::remove(json);
   else row.report_stem = kept;
   return row;
@@ -148,6 +150,7 @@ int sweep_mesh(const SweepMeshOptions& opts) {
   if (!opts.dry_run) install_interrupt_handlers();
   const std::filesystem::path dir = opts.dry_run ? std::filesystem::path() : std::filesystem::path(scratch_directory(opts.work_dir, "diffcheck_sweep_mesh"));
   std::vector<MeshRow> rows;
+  std::vector<std::string> files;  // each row's run file
   int index = 0;
   for (const Mesh& mesh : plan) {
     if (interrupted()) break;
@@ -159,6 +162,12 @@ int sweep_mesh(const SweepMeshOptions& opts) {
     MeshRow row = opts.dry_run ? MeshRow{mesh.str(), "not run", "-", "", 0, false} : run_mesh(opts, mesh, out, json, kept);
     if (opts.expected) hold_to_expectation(opts, mesh, row);
     rows.push_back(std::move(row));
+    files.push_back(out);
+  }
+  std::string note;
+  if (opts.no_reference && !opts.dry_run && !interrupted()) {
+    note = compare_meshes(opts, files, (dir / "against.json").string(), rows);
+    if (opts.expected) hold_to_expectation_against(opts, rows);
   }
   if (!dir.empty()) std::filesystem::remove_all(dir);
   if (interrupted()) {
@@ -166,7 +175,7 @@ int sweep_mesh(const SweepMeshOptions& opts) {
                              rows.size() - (rows.empty() ? 0 : 1), plan.size());
     return 2;
   }
-  const int failed = print_mesh_table(opts, rows, skipped);
+  const int failed = print_mesh_table(opts, rows, skipped, note);
   write_mesh_json(opts, rows, skipped);
   if (!opts.html_path.empty()) write_mesh_html(opts.html_path, opts, rows, skipped);
   write_mesh_junit(opts, rows, skipped);

@@ -40,6 +40,10 @@ struct SweepMeshOptions {
   // Taps whose worst err/tol gets a column of the table (e.g. how a fault's
   // error grows with a mesh axis).
   std::vector<std::string> show_taps;
+  // Compute no reference: each mesh runs with --no-reference and the meshes'
+  // runs are compared with each other (search/sweep_mesh_against.h); the
+  // mesh that leaves their consensus is named.
+  bool no_reference = false;
   // List the meshes that would run (and those skipped), run nothing.
   bool dry_run = false;
   // With a fault: what each mesh must show — {"FAIL", first divergent tap},

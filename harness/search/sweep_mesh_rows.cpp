@@ -87,20 +87,25 @@ MeshRow judge_mesh(const std::string& mesh, const TrialOutcome& t, const std::st
   return row;
 }
 
-int print_mesh_table(const SweepMeshOptions& opts, const std::vector<MeshRow>& rows, const SkippedMeshes& skipped) {
+int print_mesh_table(const SweepMeshOptions& opts, const std::vector<MeshRow>& rows, const SkippedMeshes& skipped,
+                     const std::string& note) {
   std::cout << fmt::format("sweep-mesh: {} on {} ranks{}{}\n", opts.scenario, opts.ranks,
                            opts.fault.empty() ? "" : ", inject " + opts.fault,
                            opts.flags.empty() ? "" : fmt::format(", flags {}", fmt::join(opts.flags, " ")));
+  if (!note.empty()) std::cout << note << "\n";
   const bool expect = static_cast<bool>(opts.expected);
-  std::cout << "| mesh | wall s | verdict | first divergent tap | detail |" << (expect ? " expected |" : "");
+  const bool against = opts.no_reference && !opts.dry_run;
+  std::cout << "| mesh | wall s | verdict | first divergent tap | detail |" << (against ? " against the others |" : "")
+            << (expect ? " expected |" : "");
   for (const auto& t : opts.show_taps) std::cout << fmt::format(" {} err/tol |", t);
-  std::cout << "\n|---|---|---|---|---|" << (expect ? "---|" : "");
+  std::cout << "\n|---|---|---|---|---|" << (against ? "---|" : "") << (expect ? "---|" : "");
   for (std::size_t k = 0; k < opts.show_taps.size(); ++k) std::cout << "---|";
   std::cout << "\n";
   int failed = 0, unexpected = 0;
   for (const auto& r : rows) {
     std::cout << fmt::format("| {} | {:.1f} | {} | {} | {} |", r.mesh, r.seconds, r.verdict, r.first_tap, r.detail);
-    if (expect) std::cout << fmt::format(" {}{} |", r.expected, r.as_expected ? "" : " (NOT MET)");
+    if (against) std::cout << fmt::format(" {} |", r.against.empty() ? "-" : r.against);
+    if (expect) std::cout << fmt::format(" {}{} |", r.expected.empty() ? "-" : r.expected, r.as_expected ? "" : " (NOT MET)");
     for (const auto& t : opts.show_taps) {
       auto it = std::find_if(r.taps.begin(), r.taps.end(), [&](const auto& x) { return x.first == t; });
       std::cout << (it == r.taps.end() ? std::string(" - |") : fmt::format(" {} |", html::num(it->second.ratio)));
@@ -110,7 +115,7 @@ int print_mesh_table(const SweepMeshOptions& opts, const std::vector<MeshRow>& r
     unexpected += !r.as_expected;
   }
   for (const auto& [m, why] : skipped) {
-    std::cout << fmt::format("| {} | - | skipped | - | {} |{}", m, why, expect ? " - |" : "");
+    std::cout << fmt::format("| {} | - | skipped | - | {} |{}{}", m, why, against ? " - |" : "", expect ? " - |" : "");
     for (std::size_t k = 0; k < opts.show_taps.size(); ++k) std::cout << " - |";
     std::cout << "\n";
   }
@@ -133,6 +138,7 @@ void write_mesh_json(const SweepMeshOptions& opts, const std::vector<MeshRow>& r
       nlohmann::json row{{"mesh", r.mesh}, {"seconds", r.seconds}, {"verdict", r.verdict},
                          {"first_divergence", r.first_tap}, {"detail", r.detail}};
       if (expect) row["expected"] = r.expected, row["as_expected"] = r.as_expected;
+      if (opts.no_reference) row["against"] = r.against;
       for (const auto& t : opts.show_taps)
         for (const auto& [name, c] : r.taps)
           if (name == t) row["err_over_tol"][t] = c.ratio;

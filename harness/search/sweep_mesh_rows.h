@@ -17,6 +17,7 @@ struct MeshRow {
   bool failed = false;
   std::string expected;      // with a fault: "PASS" or "FAIL at 'tap'"
   bool as_expected = true;
+  std::string against;       // --no-reference: where the mesh stands among the others
   std::string report_stem;   // with --reports: <dir>/<stem>.json and .html
   std::vector<std::pair<std::string, html::CellState>> taps;  // for the HTML heatmap
 };
@@ -26,7 +27,9 @@ using SkippedMeshes = std::vector<std::pair<std::string, std::string>>;  // mesh
 // The row of one mesh's trial: its verdict, first divergent tap and cells.
 MeshRow judge_mesh(const std::string& mesh, const TrialOutcome& t, const std::string& json_file);
 // The markdown table on stdout; returns the count of failed meshes.
-int print_mesh_table(const SweepMeshOptions& opts, const std::vector<MeshRow>& rows, const SkippedMeshes& skipped);
+// `note`: a line under the title (how the meshes were judged).
+int print_mesh_table(const SweepMeshOptions& opts, const std::vector<MeshRow>& rows, const SkippedMeshes& skipped,
+                     const std::string& note = "");
 void write_mesh_json(const SweepMeshOptions& opts, const std::vector<MeshRow>& rows, const SkippedMeshes& skipped);
 void write_mesh_junit(const SweepMeshOptions& opts, const std::vector<MeshRow>& rows, const SkippedMeshes& skipped);
 // The seeds/001 picture (a mesh x tap heatmap of err/tol) as a self-contained page.

@@ -1,15 +1,16 @@
 """Run against run with no reference, over the built-in scenarios (issue 53):
 
-  - false positives: each scenario clean on three meshes (of 2 to 8 ranks,
-    with one dp size: the scenarios' batch is their dp samples), float32
-    and bfloat16; every pair compared with `diffcheck compare A --against B`
+  - false positives: each scenario clean on three meshes (of 1 to 8 ranks:
+    the default, another of its batch size and one of another where there
+    are; runs of another dp hold another batch and are compared on the
+    samples they share), float32 and bfloat16; every pair compared with `diffcheck compare A --against B`
     (each tolerance the sum of both runs' bounds). A pair judged wrong is a
     false positive; the worst err/tol over the pair's taps says how close a
     clean pair came.
   - mesh faults: each fault that shows on some meshes only (`diffcheck list`:
     takes_effect_when is not "always"), injected on a mesh where it shows,
-    compared with two clean runs on meshes where it does not
-    (`--against B --against C`): found means exit 1 with the faulty run named
+    compared with two clean runs on meshes where it does not, of its batch
+    size first (`--against B --against C`): found means exit 1 with the faulty run named
     as the one that leaves the consensus, at the fault's documented first tap.
 
     /usr/bin/python3 scripts/studies/against_meshes.py --exe build/diffcheck [--ranks 2 4 8] [--scenario S ...]
@@ -120,10 +121,13 @@ def same_batch_first(mesh, others):
 
 
 def three_meshes(meshes, default):
-    """The default mesh and two more of its dp size where there are."""
+    """The default mesh, another of its batch and one of another batch where there are."""
     names = [m for m, _ in meshes]
     first = default if default in names else names[0]
-    return [first] + same_batch_first(first, [m for m in names if m != first])[:2]
+    alike = [m for m in names if m != first and same_batch(first, m)]
+    other = [m for m in names if not same_batch(first, m)]
+    picked = [first] + alike[:1] + other[:1]
+    return picked + [m for m in names if m not in picked][:3 - len(picked)]
 
 
 def false_positives(a, s, size, rows):
@@ -147,14 +151,10 @@ def mesh_fault(a, s, size, f, rows):
     shows = [m for m, e in plan if e.startswith("FAIL")]
     quiet = same_batch_first(shows[0], [m for m, e in plan if e == "PASS"]) if shows else []
     row = {"scenario": s["name"], "fault": f["name"], "first_tap": f["first_tap"], "shows_on": f["takes_effect_when"]}
-    # A wrong mesh with two quiet meshes of its batch if there are, else one
-    # (two runs: found where they part, but which is wrong cannot be said).
-    for m in shows:
-        alike = [q for q in quiet if same_batch(m, q)]
-        if len(alike) >= 2 or (alike and not any(len([q for q in quiet if same_batch(x, q)]) >= 2 for x in shows)):
-            shows, quiet = [m], alike + [q for q in quiet if q not in alike]
-            break
-    quiet = quiet[:2] if len([q for q in quiet if same_batch(shows[0], q)]) >= 2 else quiet[:1] if shows else quiet
+    # A wrong mesh with two quiet meshes, of its batch first (runs of
+    # another batch compare on the samples they share).
+    if shows:
+        quiet = same_batch_first(shows[0], quiet)[:2]
     if not shows or not quiet:
         row["result"] = f"not testable at {a.ranks} ranks ({len(shows)} meshes show it, {len(quiet)} do not)"
         rows.append(row)

@@ -10,6 +10,9 @@ still catches, found by bisection on log A, per dtype:
                 comparison: the default must catch within 2x of it)
   derived       `--noise-floor off`: the rule from each tap's dtype and its
                 rounding counts (a user who captured no one-device run)
+  run vs run    no reference at all (issue 53): `--against` a clean run of
+                the example on another mesh (--against-n ranks), each
+                tolerance the sum of both runs' derived bounds
 
 Caught means exit 1 with the first divergence at attn.out (where the bug
 is). Each A is one run of the example; the three judgements read its files.
@@ -30,15 +33,17 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "tp_block.py")
-WAYS = {"default": (), "noise floor": ("--noise-floor", "{floor}"), "derived": ("--noise-floor", "off")}
+WAYS = {"default": (), "noise floor": ("--noise-floor", "{floor}"), "derived": ("--noise-floor", "off"),
+        "run vs run": ("--against", "{clean}")}
 
 
-def judged(exe, out, way):
+def judged(exe, out, way, clean):
     """(caught, first divergence) of the files in `out` under `way`."""
-    extra = [x.format(floor=os.path.join(out, "ref.one_device")) for x in WAYS[way]]
+    extra = [x.format(floor=os.path.join(out, "ref.one_device"), clean=os.path.join(clean, "tp")) for x in WAYS[way]]
     report = os.path.join(out, "report.json")
-    res = subprocess.run([exe, "compare", os.path.join(out, "tp"), "--reference", os.path.join(out, "ref.h5"),
-                          "--json", report, *extra], capture_output=True, text=True)
+    reference = [] if way == "run vs run" else ["--reference", os.path.join(out, "ref.h5")]
+    res = subprocess.run([exe, "compare", os.path.join(out, "tp"), *reference, "--json", report, *extra],
+                         capture_output=True, text=True)
     if res.returncode not in (0, 1):
         raise RuntimeError(f"compare ({way}) exited {res.returncode}: {res.stderr.strip()}")
     with open(report) as f:
@@ -46,10 +51,12 @@ def judged(exe, out, way):
     return res.returncode == 1 and first == "attn.out", first
 
 
-def run(a, env, dtype, scale, out):
+def run(a, env, dtype, scale, out, n=None):
+    """The example with the bug at `scale` (None: clean) on `n` ranks (default -n)."""
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, EXAMPLE, "-n", str(a.n), "--out", out, "--tokens", str(a.tokens), "--dim", str(a.dim),
-           "--dtype", dtype, "--bug", "--bug-scale", repr(scale)]
+    bug = [] if scale is None else ["--bug", "--bug-scale", repr(scale)]
+    cmd = [sys.executable, EXAMPLE, "-n", str(n or a.n), "--out", out, "--tokens", str(a.tokens), "--dim", str(a.dim),
+           "--dtype", dtype, *bug]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
     if not os.path.exists(os.path.join(out, "ref.h5")):
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stderr[-1000:]}")
@@ -58,12 +65,14 @@ def run(a, env, dtype, scale, out):
 def smallest_caught(a, env, dtype, work):
     """{way: smallest A caught} by bisection on log A between --low and --high."""
     cache = {}
+    clean = os.path.join(work, "clean")
+    run(a, env, dtype, None, clean, a.against_n)
 
     def verdicts(scale):
         if scale not in cache:
             out = os.path.join(work, "run")
             run(a, env, dtype, scale, out)
-            cache[scale] = {way: judged(a.exe, out, way)[0] for way in WAYS}
+            cache[scale] = {way: judged(a.exe, out, way, clean)[0] for way in WAYS}
         return cache[scale]
 
     result = {}
@@ -93,6 +102,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("-n", type=int, default=2, help="ranks (tp)")
+    ap.add_argument("--against-n", type=int, default=4, help="ranks of the clean run the run vs run way compares with")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--low", type=float, default=1e-6)
     ap.add_argument("--high", type=float, default=1.0)
@@ -103,15 +113,18 @@ def main():
                OMP_NUM_THREADS="1")
     t0 = time.monotonic()
     print(f"tp_block, {a.tokens} tokens, D {a.dim}, tp={a.n}: smallest bug scale A caught at attn.out\n")
-    print("| dtype | default (one-device found) | --noise-floor ONE_DEVICE | derived (--noise-floor off) | "
-          "default / noise floor | runs |")
-    print("|---|---|---|---|---|---|")
+    print(f"| dtype | default (one-device found) | --noise-floor ONE_DEVICE | derived (--noise-floor off) | "
+          f"run vs run (tp={a.against_n}, no reference) | default / noise floor | run vs run / derived | "
+          f"run vs run / default | runs |")
+    print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="dc_detect_") as work:
         for dtype in a.dtypes:
             r, runs = smallest_caught(a, env, dtype, work)
-            ratio = r["default"] / r["noise floor"] if math.isfinite(r["noise floor"]) else math.nan
-            print(f"| {dtype} | {r['default']:.3g} | {r['noise floor']:.3g} | {r['derived']:.3g} | {ratio:.2f} | "
-                  f"{runs} |", flush=True)
+            def ratio(x, y):
+                return r[x] / r[y] if math.isfinite(r[y]) and r[y] > 0 else math.nan
+            print(f"| {dtype} | {r['default']:.3g} | {r['noise floor']:.3g} | {r['derived']:.3g} | "
+                  f"{r['run vs run']:.3g} | {ratio('default', 'noise floor'):.2f} | {ratio('run vs run', 'derived'):.2f} "
+                  f"| {ratio('run vs run', 'default'):.2f} | {runs} |", flush=True)
     print(f"\n{time.monotonic() - t0:.0f} s")
 
 
