@@ -11,10 +11,12 @@ comes from the parameters' placements (docs/torch.md, "DTensor plans"). The
 reference is the same checkpoint unsharded in float64, in one process.
 --train: a training step (backward=True, SGD) instead of a forward.
 
-No fault is injected here yet: the one tried (transformers' RowwiseParallel
-keeping its bias in the local forward) did not change this model's result
-on the CPU, so it proves nothing; examples/dtensor_block.py and
-fsdp_tp_train.py carry the faults in torch's own parallel code.
+--bug missing_allreduce breaks transformers' own RowwiseParallel
+(monkeypatched here): each rank's partial sum of o_proj and down_proj is
+handed on as if it were the reduced output. diffcheck names the first
+row-parallel layer, `model.layers.0.self_attn.o_proj`. (A fault tried
+before, the row-parallel bias kept in the local forward, did not change this
+model's result on the CPU: transformers hides the bias there.)
 
 The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
 """
@@ -34,6 +36,21 @@ import diffcheck.torch as dct  # noqa: E402  # diffcheck
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def break_rowwise():
+    """The fault: transformers' RowwiseParallel skips its reduction (forward and training paths alike)."""
+    from torch.distributed.tensor import DTensor, Replicate
+    from transformers.distributed import tensor_parallel as tp
+
+    def unreduced(self, module, output, mesh):
+        local = output.to_local() if isinstance(output, DTensor) else output
+        bias = module._parameters.get("bias")
+        if bias is not None and self.should_use_local_tensors(module):
+            local = local + (bias.to_local() if isinstance(bias, DTensor) else bias)
+        return local if self.use_local_output else DTensor.from_local(local, mesh, [Replicate()], run_check=False)
+
+    tp.RowwiseParallel.transform_output_post_forward = unreduced
+
+
 def save_model(path):
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
@@ -51,6 +68,8 @@ def work(rank, world, args):
     # transformers applies tp_plan only where these say there are several
     # processes; without them it loads the whole model on every rank, silently.
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    if args.bug == "missing_allreduce":
+        break_rowwise()
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     model = LlamaForCausalLM.from_pretrained(args.checkpoint, tp_plan="auto", device_mesh=mesh,
                                              dtype=DTYPES[args.dtype])
@@ -88,6 +107,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=2, help="processes to start when not under mpirun (default 2)")
     ap.add_argument("--train", action="store_true", help="a training step (backward=True) instead of a forward")
+    ap.add_argument("--bug", choices=["missing_allreduce"], help="break transformers' RowwiseParallel")
     ap.add_argument("--out", default="dumps/llama_tp", help="directory of the activation files")
     ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")

@@ -125,6 +125,25 @@ TEST(Against, TheToleranceIsTheSumOfBothRunsBounds) {
   EXPECT_FALSE(compare(match_runs(a, beyond, {}).set, {}).pass());
 }
 
+TEST(Against, NormWiseLimitsAddInQuadrature) {
+  // With rounding counts each run has a derived rel L2 limit; two runs'
+  // rounding errors are never opposed, so their norm-wise limits add in
+  // quadrature, where the element-wise bounds add.
+  ActivationSet a = run_of("a.h5", "tp=2", "-,tp", "", {kRows, kCols / 2}, 8);
+  ActivationSet b = run_of("b.h5", "dp=2", "dp,-", "", {kRows / 2, kCols}, 4096);
+  a.taps[0].rounding_steps = 3;
+  b.taps[0].rounding_steps = 40;
+  const CompareResult res = compare(match_runs(a, b, {}).set, {});
+  ToleranceInputs ia{"float32", 8}, ib{"float32", 4096};
+  ia.rounding_steps = 3;
+  ib.rounding_steps = 40;
+  const Tolerance ta = derive_tolerance(ia), tb = derive_tolerance(ib);
+  ASSERT_TRUE(ta.rel_l2_limit && tb.rel_l2_limit);
+  ASSERT_TRUE(res.taps[0].reference.tol.rel_l2_limit);
+  EXPECT_NEAR(*res.taps[0].reference.tol.rel_l2_limit, std::hypot(*ta.rel_l2_limit, *tb.rel_l2_limit), 1e-18);
+  EXPECT_NEAR(res.taps[0].reference.tol.rtol, ta.rtol + tb.rtol, 1e-18);
+}
+
 TEST(Against, ExactModeWantsEveryBit) {
   const ActivationSet same = columns_over_tp();
   EXPECT_TRUE(compare(match_runs(columns_over_tp(), same, {.exact = true}).set, {}).pass());

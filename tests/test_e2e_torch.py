@@ -132,7 +132,8 @@ class TorchE2E(E2ETest):
         """Forward, gradients, parameter gradients and parameters of two SGD steps: clean passes; a
         LayerNorm gradient left unreduced is named at step0/param_grad/ln1.weight with its replicas
         differing, one averaged twice there with its replicas equal; every forward tap of step 0
-        passes in both. Nightly: 1, 2 and 4 ranks in float32 and bfloat16."""
+        passes in both. By default 2 ranks, float32, clean and the first bug; nightly: both bugs at 1, 2
+        and 4 ranks in float32 and bfloat16."""
         first = r"^step0/param_grad/ln1\.weight$"
         for n, dtype in [(2, "float32")] + ([(1, "float32"), (1, "bfloat16"), (2, "bfloat16"), (4, "float32"),
                                               (4, "bfloat16")] if FULL else []):
@@ -143,6 +144,8 @@ class TorchE2E(E2ETest):
                 continue
             p = self.run_example("tp_train", n, "ln_grad_not_reduced", extra=extra)
             self.assertVerdict(p.returncode, p.stdout, first, "replicas DIFFER across tp")
+            if not FULL:  # the suite's time: the second bug nightly (its check is the same tap's reference)
+                continue
             p = self.run_example("tp_train", n, "grad_averaged_twice", extra=extra)
             self.assertVerdict(p.returncode, p.stdout, first)
             self.assertIn("replicas agree (bitwise)\n  reference DISAGREES", p.stdout)

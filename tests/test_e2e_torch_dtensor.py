@@ -7,7 +7,9 @@ default use_local_output=True and with DTensor outputs; RowwiseParallel with
 its all-reduce skipped is found at attn.out, whole and sketched. FSDP2 and
 tp together (examples/fsdp_tp_train.py): a training step passes, and
 FSDP2's gradient average lost is found at the first parameter gradient.
-transformers' own plan on a small Llama (examples/llama_tp.py) passes clean.
+transformers' own plan on a small Llama (examples/llama_tp.py) passes clean,
+and its RowwiseParallel with the reduction skipped is found at the first
+row-parallel layer, o_proj.
 Nightly (DIFFCHECK_E2E_FULL=1): 2 and 4 ranks, float32 and bfloat16, each output mode."""
 import os
 import re
@@ -93,3 +95,15 @@ class DTensorPlanE2E(E2ETest):
                 seen = self.layouts(p.stdout)
                 self.assertEqual((seen["model.layers.0.self_attn.q_proj"], seen["model.layers.0.mlp.up_proj"],
                                   seen["model.layers.0.mlp.down_proj"]), ("-,-,tp", "-,-,tp", "replicated"))
+
+    def test_transformers_rowwise_without_its_reduction_is_found(self):
+        """examples/llama_tp.py --bug missing_allreduce: transformers' RowwiseParallel hands its
+        partial sums on as reduced: the first row-parallel layer is named, its replicas
+        differing; every tap before it passes. Nightly also the training step."""
+        for args in [()] + ([("--train",)] if FULL else []):
+            with self.subTest(args=args):
+                p = self.example(2, "--bug", "missing_allreduce", *args, script=LLAMA)
+                self.assertEqual(p.returncode, 1, p.stdout[-3000:] + p.stderr[-2000:])
+                first = re.search(r"First divergence: tap '([^']+)'", p.stdout)
+                self.assertEqual(first and first.group(1), "model.layers.0.self_attn.o_proj", p.stdout[-3000:])
+                self.assertIn("replicas DIFFER", p.stdout)

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "harness/check/tap_plan.h"
@@ -101,11 +102,20 @@ void add_other_runs_bound(const ActivationSet& set, const TapData& t, const Comp
   ToleranceInputs other = tap_tolerance_inputs(set, *t.against, opts);
   other.reference_rms = rms;
   const Tolerance b = derive_tolerance(other);
+  // Element-wise, one element of each run may be off by its whole bound, in
+  // opposite directions: the bounds add. Norm-wise (rel L2, column means) the
+  // figures are sums over many elements, and the two runs' rounding errors
+  // are independent (other reduction orders) or alike (the same roundings),
+  // never opposed: ||e_a - e_b||^2 = ||e_a||^2 + ||e_b||^2 - 2 <e_a, e_b>
+  // is at most the sum of the squares, so the limits add in quadrature
+  // (a bias fault is caught at 1.5x rather than 2x the reference's scale).
   tol.atol += b.atol;
   tol.rtol += b.rtol;
-  if (tol.rel_l2_limit && b.rel_l2_limit) *tol.rel_l2_limit += *b.rel_l2_limit;
+  const auto quadrature = [](double x, double y) { return std::sqrt(x * x + y * y); };
+  if (tol.rel_l2_limit && b.rel_l2_limit) *tol.rel_l2_limit = quadrature(*tol.rel_l2_limit, *b.rel_l2_limit);
   else tol.rel_l2_limit.reset();  // a norm-wise limit only where both runs have one
-  if (tol.column_mean_limit && b.column_mean_limit) *tol.column_mean_limit += *b.column_mean_limit;
+  if (tol.column_mean_limit && b.column_mean_limit)
+    *tol.column_mean_limit = quadrature(*tol.column_mean_limit, *b.column_mean_limit);
   else tol.column_mean_limit.reset();
   tol.yardstick = fmt::format("this run {} + the other run {}", tol.yardstick.empty() ? "-" : tol.yardstick,
                               b.yardstick.empty() ? "-" : b.yardstick);

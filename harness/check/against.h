@@ -55,8 +55,9 @@ void read_global(const ActivationSet& b, const TapData& t, const Slab& slab, dou
 // The same set with no references: each run's own checks (NaN/Inf, replicas).
 ActivationSet without_references(const ActivationSet& set);
 
-// The other run's bound on a tap added to this run's (a tap held to
-// exactness stays exact); nothing for a tap with no other run.
+// The other run's bound on a tap added to this run's: element-wise summed,
+// norm-wise (rel L2, column means) in quadrature (a tap held to exactness
+// stays exact); nothing for a tap with no other run.
 void add_other_runs_bound(const ActivationSet& set, const TapData& t, const CompareOptions& opts, double rms,
                           Tolerance& tol);
 
