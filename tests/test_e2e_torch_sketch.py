@@ -32,7 +32,10 @@ class TorchSketchE2E(E2ETest):
         return m.group(1) if m else None
 
     def test_examples_in_sketch_mode(self):
-        for script, bug_first in (("tp_block", r"^attn\.out$"), ("cfg_denoise", r"^step1/time_embed")):
+        # cfg_denoise's pair nightly (the suite's time): sketch mode across its steps is also
+        # checked there by scripts/studies/sketch_agreement.py and torch_against_meshes.py.
+        examples = (("tp_block", r"^attn\.out$"),) + ((("cfg_denoise", r"^step1/time_embed"),) if FULL else ())
+        for script, bug_first in examples:
             with self.subTest(script=script, bug=False):
                 p = self.example(script, "--sketch")
                 self.assertEqual(p.returncode, 0, p.stdout)

@@ -155,6 +155,18 @@ class BackwardTest(unittest.TestCase):
         self.assertEqual(a["param_grad/bias"]["partial"], "tp")  # before its reduction, as the user says
         self.assertNotIn("spec", a["param/bias"])
 
+    def test_a_grad_pattern_names_a_gradients_own_layout(self):
+        # A replicated output each rank uses on its own tokens (sequence parallelism): its gradient
+        # is a partial sum over those ranks, which only the user can say.
+        net = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+        layouts = {"param*": None, "grad/0": (None, "sp"), "0": None, "*": "sp,-"}
+        with dct.capture(net, out=self.out(), mesh="sp=2", rank=0, world_size=2, layouts=layouts, backward=True):
+            net(self.x[:2]).sum().backward()
+        a = {n: v[1] for n, v in taps(self.out() + ".rank0.h5").items()}
+        self.assertEqual(a["grad/0"].get("partial"), "sp")
+        self.assertNotIn("spec", a["0"])
+        self.assertEqual(a["grad/1"]["spec"], "sp,-")  # no grad/ pattern: the output's layout, not "*"'s
+
     def test_hooks_gone_and_optimizer_restored_after_an_exception_in_backward(self):
         net = Net()
         opt = torch.optim.SGD(net.parameters(), lr=0.1)

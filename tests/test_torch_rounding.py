@@ -55,6 +55,11 @@ class OpDepthTest(unittest.TestCase):
         self.assertEqual(counted(lambda t: t.mean(), q)[0], q.numel())
         if hasattr(F, "scaled_dot_product_attention"):  # torch >= 2.0
             self.assertEqual(counted(F.scaled_dot_product_attention, q, k, k), (8 + 12, 3))
+            # By keyword, as diffusers' native attention backend calls it (an IndexError once).
+            by_name = lambda q, k: F.scaled_dot_product_attention(query=q, key=k, value=k)  # noqa: E731
+            self.assertEqual(counted(by_name, q, k), (8 + 12, 3))
+        self.assertEqual(counted(lambda t: torch.softmax(input=t, dim=-1), q)[0], 8)
+        self.assertEqual(counted(lambda t: torch.matmul(input=t, other=k.transpose(-1, -2)), q)[0], 8)
 
     def test_views_copies_and_exact_ops_do_not_round(self):
         x = torch.randn(4, 6)

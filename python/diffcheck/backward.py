@@ -10,7 +10,11 @@ Names, under the step's prefix like every tap (`step<t>/`):
 
 Layouts. A module output's gradient has the output's layout, except that the
 gradient of a partial sum is replicated over its partial axes (each part's
-gradient is the sum's gradient). A parameter and its gradient are looked up
+gradient is the sum's gradient), and a layout pattern that begins with
+`grad/` names its own: a replicated output that each rank uses on its own
+tokens (sequence or context parallelism: a timestep embedding) has a
+gradient that is a partial sum over those ranks until someone reduces it
+(`{"grad/time_embed*": (None, "sp")}`). A parameter and its gradient are looked up
 in the capture's layouts by their tap names (`param/<name>`,
 `param_grad/<name>`: a pattern such as "param*/attn.q.weight" covers both);
 one no pattern matches is replicated. A gradient the user reduces after
@@ -48,7 +52,9 @@ class Gradients:
         c = self.capture
         step = c._step
         grad_name = step + GRAD + name[len(step):]
-        layout = {k: v for k, v in attrs.items() if k == "spec"}  # a partial sum's gradient is replicated
+        layout = self._grad_layout(grad_name[len(step):])
+        if layout is None:
+            layout = {k: v for k, v in attrs.items() if k == "spec"}  # a partial sum's gradient is replicated
         depth, steps = rounding.counts(tensor)
         rows = tensor.numel() // max(tensor.shape[-1], 1) if tensor.dim() else 1
         d, s, r = self._deepest
@@ -104,6 +110,13 @@ class Gradients:
                 continue
             name = kind + c._renamed(path)
             c._write_now(c._step + name, tensor, self._param_layout(name, tensor))
+
+    def _grad_layout(self, name):
+        """The layout a `grad/` pattern of the capture gives gradient tap `name`; None: none does."""
+        for pattern, attrs in self.capture.layouts:
+            if pattern.startswith(GRAD) and fnmatch.fnmatchcase(name, pattern):
+                return dict(attrs)
+        return None
 
     def _param_layout(self, name, tensor):
         c = self.capture

@@ -96,8 +96,11 @@ def op_depth(name, args, kwargs, out):
     """Terms summed into each element of `name`'s result."""
     if name == "linear":
         return _shape(_arg(args, kwargs, 1, "weight"), -1)
+    # Tensors are read by position or by keyword: libraries call F.* both ways
+    # (diffusers: scaled_dot_product_attention(query=..., key=..., value=...)).
+    first = _arg(args, kwargs, 0, "input")
     if name in ("matmul", "__matmul__", "mm", "bmm", "dot", "inner", "mv"):
-        return _shape(args[0], -1)
+        return _shape(first, -1)
     if name == "__rmatmul__":
         return _shape(args[1], -1) if len(args) > 1 else 1
     if name in ("addmm", "baddbmm", "addbmm", "addmv"):
@@ -112,13 +115,13 @@ def op_depth(name, args, kwargs, out):
         shape = _arg(args, kwargs, 1, "normalized_shape")
         return math.prod(shape) if shape else 1
     if name == "group_norm":
-        x, groups = args[0], _arg(args, kwargs, 1, "num_groups") or 1
+        x, groups = first, _arg(args, kwargs, 1, "num_groups") or 1
         return max(x.numel() // max(x.shape[0] * groups, 1), 1)
     if name in ("softmax", "log_softmax", "_softmax", "cumsum", "cumprod", "logcumsumexp"):
         dim = _arg(args, kwargs, 1, "dim")
-        return _shape(args[0], dim if isinstance(dim, int) else -1)
+        return _shape(first, dim if isinstance(dim, int) else -1)
     if name == "scaled_dot_product_attention":  # q k^T over the head size, then p v over the keys
-        return _shape(args[0], -1) + _shape(args[1], -2)
+        return _shape(_arg(args, kwargs, 0, "query"), -1) + _shape(_arg(args, kwargs, 1, "key"), -2)
     if name == "multi_head_attention_forward":  # in-projection, q k^T, p v over the keys, out-projection
         embed, heads, key = _arg(args, kwargs, 3, "embed_dim_to_check"), _arg(args, kwargs, 4, "num_heads"), args[1]
         return 2 * embed + embed // max(heads, 1) + _shape(key, 0)

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""diffusers' own context parallelism on a small FluxTransformer2DModel
+(random weights, a tiny config), checked by diffcheck.
+
+    python3 examples/flux_ulysses.py [-n 2] [--train] [--bug key_all_to_all_skipped] [--dtype bfloat16]
+
+Every rank builds the same model and hands it to diffusers:
+`model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=N))`.
+diffusers' plan for FLUX splits the image and text tokens over the ranks at
+the model's input and gathers them at proj_out; inside each attention,
+Ulysses all-to-alls trade the sequence split for a head split and back.
+The reference is the same model unsharded in float64, in one process.
+
+On the CPU only diffusers' native attention backend supports context
+parallelism, and it returns no log-sum-exp, so ring attention (which merges
+blocks by their LSE) cannot run here: Ulysses only. diffusers asks
+torch.accelerator for a device count, 0 on the CPU build; the example says 1.
+
+--bug key_all_to_all_skipped breaks diffusers' Ulysses attention
+(monkeypatched here): the keys' all-to-all is skipped, so each rank's heads
+attend to the wrong keys. diffcheck names the first attention's output.
+--train: a training step (backward=True, SGD) instead of a forward.
+
+The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
+"""
+import argparse
+import itertools
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _launch import launch  # noqa: E402
+
+import diffcheck.torch as dct  # noqa: E402  # diffcheck
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+B, IMG, TXT = 1, 32, 8  # tokens: divisible by the ranks (diffusers splits both streams)
+# Sequence-split activations are [batch, tokens, ...]; what every rank holds whole is replicated,
+# and its gradient a partial sum over the ranks' tokens. Not laid out by blocks: the rotary tables,
+# and inside a single-stream block the tokens each rank holds as [its text, its image] (the block's
+# outputs, split back, are checked).
+WHOLE = ["time_text_embed*", "*.norm*/[1-9]", "*.linear", "*.silu"]  # diffcheck
+LAYOUTS = {"param*": None, "proj_out": None, "model*": None, "grad/proj_out": None, "grad/model*": None,  # diffcheck
+           **{"grad/" + w: (None, "sp") for w in WHOLE}, **{w: None for w in WHOLE},  # diffcheck
+           "*norm*_[qk]": "-,sp,-,-", "*": "-,sp,-"}  # diffcheck
+EXCLUDE = ["pos_embed*", "single_transformer_blocks.*.*"]  # diffcheck
+
+
+def build(dtype):
+    from diffusers import FluxTransformer2DModel
+    torch.manual_seed(0)
+    model = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                   attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32,
+                                   pooled_projection_dim=32, axes_dims_rope=(4, 6, 6))
+    g = torch.Generator().manual_seed(1)
+    inputs = {"hidden_states": torch.randn(B, IMG, 16, generator=g),
+              "encoder_hidden_states": torch.randn(B, TXT, 32, generator=g),
+              "pooled_projections": torch.randn(B, 32, generator=g), "timestep": torch.tensor([0.5] * B),
+              "img_ids": torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(4.0), torch.arange(8.0),
+                                                    indexing="ij"), -1).reshape(IMG, 3),
+              "txt_ids": torch.zeros(TXT, 3), "return_dict": False}  # diffusers' CP hooks want a tuple out
+    return model.to(dtype), {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                             for k, v in inputs.items()}
+
+
+def break_ulysses():
+    """The fault: every fourth all-to-all of diffusers' Ulysses attention (q, k, v, out: the keys') not made."""
+    from diffusers.models import attention_dispatch as ad
+    original, calls = ad._all_to_all_single, itertools.count()
+    ad._all_to_all_single = lambda x, group: x if next(calls) % 4 == 1 else original(x, group)
+
+
+def step(model, inputs, opt, sharded=False):
+    if opt is None:
+        with torch.no_grad():
+            return model(**inputs)
+    model(**inputs)[0].square().mean().backward()
+    if sharded:  # each rank's parameter gradients cover its own tokens: summed, as DDP or FSDP would
+        for p in model.parameters():
+            if p.grad is not None:
+                torch.distributed.all_reduce(p.grad)
+    opt.step()
+
+
+def work(rank, world, args):
+    from diffusers import ContextParallelConfig
+    from diffusers.utils import logging
+    logging.set_verbosity_error()
+    if args.bug:
+        break_ulysses()
+    model, inputs = build(DTYPES[args.dtype])
+    one_device, dev_inputs = build(DTYPES[args.dtype])
+    reference, ref_inputs = build(torch.float64)
+    torch.accelerator.device_count = lambda: 1  # the CPU build says 0 (see above)
+    model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+    sgd = [torch.optim.SGD(m.parameters(), lr=0.1) if args.train else None for m in (model, one_device, reference)]
+    common = {"exclude": EXCLUDE, "backward": args.train}  # diffcheck
+    with dct.capture(model, f"{args.out}/sp", f"sp={world}", layouts=LAYOUTS, optimizer=sgd[0], **common):  # diffcheck
+        step(model, inputs, sgd[0], sharded=True)
+    if rank == 0:  # the unsharded model in float64, and in the run's dtype (each tap's yardstick)
+        with dct.capture(reference, f"{args.out}/ref", reference=True, optimizer=sgd[2], **common):  # diffcheck
+            step(reference, ref_inputs, sgd[2])
+        with dct.capture(one_device, f"{args.out}/ref", one_device=True, optimizer=sgd[1], **common):  # diffcheck
+            step(one_device, dev_inputs, sgd[1])
+
+
+def after(args):
+    report = dct.compare(f"{args.out}/sp", reference=f"{args.out}/ref.h5", check=False)  # diffcheck
+    print(report["console"], end="")  # diffcheck
+    return 0 if report["pass"] else 1
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=2, help="processes to start when not under mpirun (default 2)")
+    ap.add_argument("--train", action="store_true", help="a training step (backward=True) instead of a forward")
+    ap.add_argument("--bug", choices=["key_all_to_all_skipped"], help="break diffusers' Ulysses attention")
+    ap.add_argument("--out", default="dumps/flux_ulysses", help="directory of the activation files")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
+    a = ap.parse_args()
+    launch(work, after, a, a.n)
