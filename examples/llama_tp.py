@@ -55,7 +55,7 @@ def save_model(path):
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=64,  # 4 ranks: 4 KV heads
                          mlp_bias=True)  # no attention bias: k's would have a zero gradient (docs/torch.md, Limits)
     LlamaForCausalLM(config).save_pretrained(path)
 

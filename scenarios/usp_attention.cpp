@@ -173,7 +173,9 @@ class UspAttention final : public Scenario {
     ctx.taps.tap("attn/k", ref::with_batch_dim(pre.k), {.layout = tokens_l, .reduction_depth = dl});
     ctx.taps.tap("attn/v", ref::with_batch_dim(pre.v), {.layout = tokens_l, .reduction_depth = dl});
 
-    const auto [attn_atol, lse_atol] = attention_atols(ctx, pre.v, z);
+    // Not a structured binding: clang 14 (the sanitized tree's compiler) cannot capture one.
+    const std::pair<double, double> atols = attention_atols(ctx, pre.v, z);
+    const double attn_atol = atols.first, lse_atol = atols.second;
 
     opt.attend = [&](std::size_t c, const Tensor& q, const Tensor& k, const Tensor& v) {
       const std::string p = fmt::format("ring/chunk{}/", c);

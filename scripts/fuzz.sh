@@ -3,7 +3,7 @@
 # (Debian's clang, with AddressSanitizer and UndefinedBehaviorSanitizer).
 #
 #   scripts/fuzz.sh [--seconds S] [--merge]
-#       build build-fuzz/ (clang) and run every target for S seconds (default
+#       build build-sanitize/ (clang) and run every target for S seconds (default
 #       60) from tests/fuzz/corpus/<target>; --merge adds the inputs that found
 #       new coverage to that corpus (minimised), for committing.
 #   scripts/fuzz.sh --binary B --corpus DIR [--seconds S] [--merge]
@@ -80,8 +80,8 @@ if [[ -n $binary ]]; then
 fi
 
 bash "$root/scripts/setup.sh" --packages-only --test-tools  # clang
-build=${FUZZ_BUILD_DIR:-$root/build-fuzz}
-CC=clang CXX=clang++ bash "$root/scripts/configure.sh" "$build" -DDIFFCHECK_FUZZ=ON -DDIFFCHECK_BENCH=OFF
+build=${FUZZ_BUILD_DIR:-$root/build-sanitize}
+bash "$root/scripts/configure_sanitized.sh" "$build"
 cmake --build "$build" -j "$(nproc)" --target fuzz_parsers fuzz_reader
 status=0
 for t in parsers reader; do

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: set up (if needed), build, run ctest — in three trees:
 #   build/           everything (unit, MPI at 1-16 ranks, end-to-end drivers)
-#   build-sanitize/  the unit tests and the MPI tests at 1, 4 and 16 ranks under
-#                    ASan+UBSan (DIFFCHECK_SANITIZE)
-#   build-fuzz/      30 s of libFuzzer per target (clang; scripts/fuzz.sh)
+#   build-sanitize/  clang, ASan+UBSan: the unit tests, the MPI tests at 1, 4
+#                    and 16 ranks, and 30 s of libFuzzer per target
+#                    (DIFFCHECK_FUZZ; scripts/fuzz.sh)
 # The full nightly matrix (ctest label nightly, scripts/nightly.sh) is left out.
 # With arguments, only build/'s ctest runs, with them (e.g. -L nightly, -R flux).
 set -euo pipefail
@@ -29,23 +29,15 @@ step() {  # name command...
 
 step "tests (build/)" bash -c "cd '${BUILD_DIR:-build}' && ctest --output-on-failure -j $jobs -LE nightly"
 
-# -O0 -g1: the sanitizers need no optimisation and their stack traces only
-# line tables; the tree builds in 200 s instead of 317 s at -O1 -g (2 cores),
-# and its tests take 30 s instead of 24.
+# One tree for the sanitized tests and the fuzzers (scripts/configure_sanitized.sh),
+# each library compiled once: 238 s to build where the two trees took 231 + 135 s,
+# and its tests 72 s where they took 71 + 31 (2 cores, docs/development.md).
 sanitized() {
-  bash scripts/configure.sh build-sanitize -DDIFFCHECK_SANITIZE=ON -DDIFFCHECK_BENCH=OFF \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1" &&
-    cmake --build build-sanitize -j "$jobs" --target unit_tests mpi_tests >/dev/null &&
+  bash scripts/configure_sanitized.sh build-sanitize &&
+    cmake --build build-sanitize -j "$jobs" --target unit_tests mpi_tests fuzz_parsers fuzz_reader >/dev/null &&
     (cd build-sanitize && ctest --output-on-failure -j "$jobs")
 }
-step "unit tests and MPI tests (1, 4, 16 ranks) under ASan+UBSan (build-sanitize/)" sanitized
-
-fuzzed() {
-  CC=clang CXX=clang++ bash scripts/configure.sh build-fuzz -DDIFFCHECK_FUZZ=ON -DDIFFCHECK_BENCH=OFF &&
-    cmake --build build-fuzz -j "$jobs" --target fuzz_parsers fuzz_reader >/dev/null &&
-    (cd build-fuzz && ctest --output-on-failure -j "$jobs" -L fuzz)
-}
-step "fuzzing, 30 s per target (build-fuzz/)" fuzzed
+step "unit and MPI tests (1, 4, 16 ranks) under ASan+UBSan, and 30 s of fuzzing per target (build-sanitize/, clang)" sanitized
 
 if ((${#failed[@]})); then
   echo "test.sh: FAILED: ${failed[*]}"

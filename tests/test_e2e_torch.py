@@ -153,7 +153,8 @@ class TorchE2E(E2ETest):
             self.assertEqual(steps.group(1), "param_grad/ln1.weight", p.stdout)  # no forward tap of step 0 failed
 
     def test_examples_add_at_most_twelve_lines(self):
-        for script in ("tp_block", "cfg_denoise", "tp_train", "tp_block_sketch", "flux_ulysses"):
+        for script in ("tp_block", "cfg_denoise", "tp_train", "tp_block_sketch", "flux_context_parallel",
+                       "wan_context_parallel", "llama_tp"):
             with open(os.path.join(EXAMPLES, f"{script}.py")) as f:
                 lines = [line for line in f if line.rstrip().endswith("# diffcheck")]
             with self.subTest(script=script):

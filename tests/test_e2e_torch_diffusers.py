@@ -1,12 +1,15 @@
-"""diffusers' own context parallelism, checked by diffcheck.torch
-(examples/flux_ulysses.py): a small FluxTransformer2DModel with
-`enable_parallelism(ContextParallelConfig(ulysses_degree=N))` on gloo ranks,
-against the unsharded model in float64 with the one-device yardstick. A clean
-forward passes; diffusers' Ulysses attention with the keys' all-to-all skipped
-is found at the first attention's output projection, every tap before it
-passing. Nightly (DIFFCHECK_E2E_FULL=1): 4 ranks, bfloat16 and the training
-step (backward=True), clean and with the fault. Ring attention cannot run on
-the CPU (diffusers' native backend returns no LSE): docs/torch.md."""
+"""diffusers' own context parallelism, checked by diffcheck.torch: a small
+FluxTransformer2DModel (examples/flux_context_parallel.py) and a small
+WanTransformer3DModel (examples/wan_context_parallel.py) with
+`enable_parallelism(ContextParallelConfig(ulysses_degree=U, ring_degree=R))`
+on gloo ranks, against the unsharded model in float64 with the one-device
+yardstick. Clean runs pass; each injected fault in diffusers' attention (the
+keys' all-to-all skipped in Ulysses, the ring's LSE merge skipped) is found at
+the first attention's output projection, every tap before it passing.
+Default run: 2 ranks, forward, float32: FLUX on Ulysses, Wan on a ring.
+Nightly (DIFFCHECK_E2E_FULL=1), both models: 2 and 4 ranks (Ulysses, ring,
+Ulysses 2 x ring 2), float32 and bfloat16, forward and training step
+(backward=True)."""
 import os
 import re
 import subprocess
@@ -15,33 +18,49 @@ import sys
 from e2e import E2ETest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLE = os.path.join(HERE, "..", "examples", "flux_ulysses.py")
+EXAMPLES = {model: os.path.join(HERE, "..", "examples", f"{model}_context_parallel.py") for model in ("flux", "wan")}
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
-FIRST = "transformer_blocks.0.attn.to_out.0"
+FIRST = {"flux": "transformer_blocks.0.attn.to_out.0", "wan": "blocks.0.attn1.to_out.0"}
 
 
-class DiffusersUlyssesE2E(E2ETest):
-    def example(self, n, *args):
-        out = self.path(f"flux-{n}-{'-'.join(a.strip('-') for a in args)}")
-        p = subprocess.run([sys.executable, EXAMPLE, "-n", str(n), "--out", out, *args],
+def faults(n, ring):
+    """The faults whose attention runs at this mesh."""
+    return [bug for bug, runs in (("key_all_to_all_skipped", ring < n), ("ring_merge_skipped", ring > 1)) if runs]
+
+
+class DiffusersContextParallelE2E(E2ETest):
+    def example(self, model, n, *args):
+        out = self.path(f"{model}-{n}-{'-'.join(a.strip('-') for a in args)}")
+        p = subprocess.run([sys.executable, EXAMPLES[model], "-n", str(n), "--out", out, *args],
                            capture_output=True, text=True, timeout=600)
         self.assertIn(p.returncode, (0, 1), p.stderr[-3000:])
         return p
 
     def configurations(self):
+        """(model, ranks, ring degree, further arguments)."""
         if not FULL:
-            return [(2, ())]
-        return [(n, (*train, "--dtype", d)) for n in (2, 4) for d in ("float32", "bfloat16")
-                for train in ((), ("--train",))]
+            return [("flux", 2, 1, ()), ("wan", 2, 2, ())]
+        return [(model, n, ring, (*train, "--dtype", d)) for model in ("flux", "wan")
+                for n, ring in ((2, 1), (2, 2), (4, 1), (4, 2), (4, 4))
+                for d in ("float32", "bfloat16") for train in ((), ("--train",))]
 
-    def test_clean_runs_pass_and_the_skipped_all_to_all_is_found(self):
-        for n, args in self.configurations():
-            with self.subTest(ranks=n, args=args):
-                p = self.example(n, *args)
+    def test_clean_runs_pass_and_each_fault_is_found_at_the_first_attention(self):
+        for model, n, ring, args in self.configurations():
+            args = ("--ring", str(ring), *args)
+            with self.subTest(model=model, ranks=n, args=args):
+                p = self.example(model, n, *args)
                 self.assertEqual(p.returncode, 0, p.stdout[-3000:])
                 self.assertRegex(p.stdout, r"PASS: all \d+ taps pass")
-                self.assertRegex(p.stdout, r"transformer_blocks\.0\.attn\.to_q\s+-,sp,-")
-                p = self.example(n, *args, "--bug", "key_all_to_all_skipped")
-                self.assertEqual(p.returncode, 1, p.stdout[-3000:])
-                first = re.search(r"First divergence: tap '([^']+)'", p.stdout)
-                self.assertEqual(first and first.group(1), FIRST, p.stdout[-3000:])
+                query = FIRST[model].replace("to_out.0", "to_q")
+                self.assertRegex(p.stdout, re.escape(query) + r"\s+-,sp,-")
+                for bug in faults(n, ring):
+                    p = self.example(model, n, *args, "--bug", bug)
+                    self.assertEqual(p.returncode, 1, p.stdout[-3000:])
+                    first = re.search(r"First divergence: tap '([^']+)'", p.stdout)
+                    self.assertEqual(first and first.group(1), FIRST[model], f"{bug}: {p.stdout[-3000:]}")
+
+    def test_a_fault_whose_attention_does_not_run_is_refused(self):
+        p = subprocess.run([sys.executable, EXAMPLES["wan"], "-n", "2", "--bug", "ring_merge_skipped"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("ring_merge_skipped", p.stderr)

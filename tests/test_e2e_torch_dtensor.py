@@ -10,7 +10,8 @@ FSDP2's gradient average lost is found at the first parameter gradient.
 transformers' own plan on a small Llama (examples/llama_tp.py) passes clean,
 and its RowwiseParallel with the reduction skipped is found at the first
 row-parallel layer, o_proj.
-Nightly (DIFFCHECK_E2E_FULL=1): 2 and 4 ranks, float32 and bfloat16, each output mode."""
+Nightly (DIFFCHECK_E2E_FULL=1): 2 and 4 ranks, float32 and bfloat16, each output mode;
+the Llama also training."""
 import os
 import re
 import subprocess
@@ -85,11 +86,15 @@ class DTensorPlanE2E(E2ETest):
     def test_transformers_llama_on_its_own_plan(self):
         """examples/llama_tp.py: transformers' tp_plan="auto" on 2 ranks, no layouts=: the
         column-parallel projections' taps are sharded, the rest replicated, and a forward
-        (and, nightly, a training step and bfloat16) passes against the float64 reference."""
-        runs = [()] + ([("--train",), ("--dtype", "bfloat16"), ("--sketch",)] if FULL else [])
-        for args in runs:
-            with self.subTest(args=args):
-                p = self.example(2, *args, script=LLAMA)
+        passes against the float64 reference. Nightly: 2 and 4 ranks (8 heads, 4 of keys and
+        values), float32 and bfloat16, forward and training step, and sketched."""
+        runs = [(2, ())]
+        if FULL:
+            runs = [(n, (*train, "--dtype", d)) for n in (2, 4) for d in ("float32", "bfloat16")
+                    for train in ((), ("--train",))] + [(2, ("--sketch",))]
+        for n, args in runs:
+            with self.subTest(ranks=n, args=args):
+                p = self.example(n, *args, script=LLAMA)
                 self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-2000:])
                 self.assertRegex(p.stdout, r"PASS: all \d+ taps pass")
                 seen = self.layouts(p.stdout)
@@ -99,10 +104,10 @@ class DTensorPlanE2E(E2ETest):
     def test_transformers_rowwise_without_its_reduction_is_found(self):
         """examples/llama_tp.py --bug missing_allreduce: transformers' RowwiseParallel hands its
         partial sums on as reduced: the first row-parallel layer is named, its replicas
-        differing; every tap before it passes. Nightly also the training step."""
-        for args in [()] + ([("--train",)] if FULL else []):
-            with self.subTest(args=args):
-                p = self.example(2, "--bug", "missing_allreduce", *args, script=LLAMA)
+        differing; every tap before it passes. Nightly also 4 ranks and the training step."""
+        for n, args in [(2, ())] + ([(2, ("--train",)), (4, ()), (4, ("--train",))] if FULL else []):
+            with self.subTest(ranks=n, args=args):
+                p = self.example(n, "--bug", "missing_allreduce", *args, script=LLAMA)
                 self.assertEqual(p.returncode, 1, p.stdout[-3000:] + p.stderr[-2000:])
                 first = re.search(r"First divergence: tap '([^']+)'", p.stdout)
                 self.assertEqual(first and first.group(1), "model.layers.0.self_attn.o_proj", p.stdout[-3000:])

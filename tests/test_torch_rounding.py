@@ -82,6 +82,20 @@ class OpDepthTest(unittest.TestCase):
         self.assertEqual(counted(unrelated, x), (16, 1))
 
 
+    def test_roundings_are_counted_in_the_results_own_dtype(self):
+        """A float32 value computed from bfloat16 ones carries their roundings, each worth
+        2^32 float32 ones (the square of the units' ratio): a float32 loss of bfloat16
+        logits was held to float32 rounding (llama_tp's bfloat16 training step failed)."""
+        lin = nn.Linear(16, 16).bfloat16()
+        x = torch.randn(3, 16).bfloat16()
+        depth, steps = counted(lambda t: lin(t).float().square().mean(), x)
+        self.assertEqual(depth, 16 + 48)
+        self.assertEqual(steps, 1 * 2.0 ** 32 + 2)  # the bfloat16 linear, then square and mean in float32
+        # Narrowing the other way: the float32 history is all but lost in the bfloat16 rounding.
+        depth, steps = counted(lambda t: (t * 3).bfloat16(), torch.randn(4))
+        self.assertEqual(steps, 1 + 2.0 ** -32)
+
+
 class Row(nn.Module):
     """A row-parallel layer's partial sum (its matmul is tapped with partial=tp)."""
 

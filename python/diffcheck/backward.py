@@ -23,6 +23,7 @@ tapped after that reduction when the optimizer steps, so a layout need not
 say `partial` for it.
 """
 import fnmatch
+import math
 import warnings
 
 import torch
@@ -56,6 +57,7 @@ class Gradients:
         if layout is None:
             layout = {k: v for k, v in attrs.items() if k == "spec"}  # a partial sum's gradient is replicated
         depth, steps = rounding.counts(tensor)
+        steps = rounding.in_units_of(steps, tensor.dtype, torch.float64)  # one unit for every dtype
         rows = tensor.numel() // max(tensor.shape[-1], 1) if tensor.dim() else 1
         d, s, r = self._deepest
         self._deepest = (max(d, depth), max(s, steps), max(r, rows))
@@ -63,17 +65,19 @@ class Gradients:
         def hook(grad):
             self._grads_seen = True
             if c._thread is not None:  # a backward after the capture closed writes nothing
-                c._write_now(grad_name, grad, self._with_counts(layout))
+                c._write_now(grad_name, grad, self._with_counts(layout, grad.dtype))
         tensor.register_hook(hook)
 
-    def _with_counts(self, layout):
+    def _with_counts(self, layout, dtype):
         """A gradient's counts are not seen (the autograd engine runs in C++):
         it is held as deep as the deepest forward value plus a sum over the
-        tokens (a weight's gradient sums over every row)."""
+        tokens (a weight's gradient sums over every row), its roundings those
+        of the forward twice over, in units of its own dtype."""
         if not self.capture.derive_depths or "reduction_depth" in layout:
             return layout
         depth, steps, rows = self._deepest
-        return {**layout, "reduction_depth": max(depth + rows, 1), "rounding_steps": max(2 * steps, 1)}
+        steps = rounding.in_units_of(2 * steps, torch.float64, dtype)
+        return {**layout, "reduction_depth": max(depth + rows, 1), "rounding_steps": max(math.ceil(steps), 1)}
 
     # -- parameters ---------------------------------------------------------
 
@@ -124,7 +128,7 @@ class Gradients:
             if fnmatch.fnmatchcase(name, pattern):
                 return dict(attrs)
         layout = {}
-        return self._with_counts(layout) if name.startswith(PARAM_GRAD) else layout
+        return self._with_counts(layout, tensor.dtype) if name.startswith(PARAM_GRAD) else layout
 
     # -- the optimizer ------------------------------------------------------
 

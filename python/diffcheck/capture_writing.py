@@ -3,6 +3,7 @@ layout checked, its rounding counts added, and its values handed to the
 writer thread — whole (copied if the model may change them; a device
 tensor's through host staging, staging.py), or as a sketch
 (sketch_capture.py). A mixin: the state it uses is the Capture's."""
+import math
 import numpy as np
 import torch
 
@@ -93,7 +94,7 @@ class TapWriting:
             for axis in partial.split("*"):
                 ranks *= self.axis_sizes.get(axis, 1)
             depth += own * (ranks - 1)
-        return {**attrs, "reduction_depth": max(int(depth), 1), "rounding_steps": max(int(steps), 1)}
+        return {**attrs, "reduction_depth": max(int(depth), 1), "rounding_steps": max(math.ceil(steps), 1)}
 
     def _staged(self, array):
         """A copy of `array` in the capture's one staging buffer: the writer

@@ -11,7 +11,12 @@ path from the capture's inputs to it:
           a norm its normalized size, softmax and reductions the reduced
           size, attention its head size plus its keys;
   steps   the ops that rounded it to its dtype (element-wise ops count one,
-          views, copies and exact ops such as relu none).
+          views, copies and exact ops such as relu none), counted in units
+          of the result's own dtype: a rounding to another dtype on the way
+          counts (u_other / u)^2 of them, the roundings of equal error. A
+          float32 loss of bfloat16 logits carries the bfloat16 roundings
+          (2^32 float32 ones each), not those of its own last op alone; a
+          bfloat16 cast of a float32 value, hardly more than its own one.
 
 Rounding errors of independent ops add in quadrature, so the error of a
 value is ~ u sqrt(steps) + u_acc sqrt(depth) relative to its scale: the
@@ -50,6 +55,18 @@ _CASTS = frozenset("to type float double half bfloat16".split())
 # Ops that are several rounded ops in one call.
 _ROUNDINGS = {"scaled_dot_product_attention": 3, "multi_head_attention_forward": 5}
 _WIDTH = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
+
+
+def _unit(dtype):
+    """Unit roundoff of a float dtype, None for others."""
+    bits = _WIDTH.get(dtype)
+    return 2.0 ** -bits if bits else None
+
+
+def in_units_of(steps, source, target):
+    """`steps` roundings of dtype `source`, as roundings of dtype `target` of the same error."""
+    a, b = _unit(source), _unit(target)
+    return steps * (a / b) ** 2 if a and b else steps
 
 
 def counts(tensor):
@@ -166,9 +183,10 @@ class RoundingLedger(TorchFunctionMode):
             return out
         name = getattr(func, "__name__", "")
         depth = steps = 0
+        dtype = results[0].dtype
         for t in _tensors((args, kwargs)):
             d, s = counts(t)
-            depth, steps = max(depth, d), max(steps, s)
+            depth, steps = max(depth, d), max(steps, in_units_of(s, t.dtype, dtype))
         own = op_depth(name, args, kwargs, out)
         mark = (depth + own, steps + roundings(name, args, out), own)
         for t in results:

@@ -2,29 +2,32 @@
 """diffusers' own context parallelism on a small FluxTransformer2DModel
 (random weights, a tiny config), checked by diffcheck.
 
-    python3 examples/flux_ulysses.py [-n 2] [--train] [--bug key_all_to_all_skipped] [--dtype bfloat16]
+    python3 examples/flux_context_parallel.py [-n 2] [--ring R] [--train] [--dtype bfloat16]
+                                              [--bug key_all_to_all_skipped|ring_merge_skipped]
 
 Every rank builds the same model and hands it to diffusers:
-`model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=N))`.
+`model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=N/R, ring_degree=R))`.
 diffusers' plan for FLUX splits the image and text tokens over the ranks at
-the model's input and gathers them at proj_out; inside each attention,
-Ulysses all-to-alls trade the sequence split for a head split and back.
-The reference is the same model unsharded in float64, in one process.
+the model's input and gathers them at proj_out. Inside each attention,
+Ulysses all-to-alls trade the sequence split for a head split and back, and
+ring attention gathers the other ranks' keys and values and merges the
+blocks by their log-sum-exp (LSE). The reference is the same model
+unsharded in float64, in one process.
 
-On the CPU only diffusers' native attention backend supports context
-parallelism, and it returns no log-sum-exp, so ring attention (which merges
-blocks by their LSE) cannot run here: Ulysses only. diffusers asks
-torch.accelerator for a device count, 0 on the CPU build; the example says 1.
+On the CPU, Ulysses runs on diffusers' `native` attention backend and ring
+attention on `_native_flash` (_diffusers_cp.py says why).
 
---bug key_all_to_all_skipped breaks diffusers' Ulysses attention
-(monkeypatched here): the keys' all-to-all is skipped, so each rank's heads
-attend to the wrong keys. diffcheck names the first attention's output.
+Faults in diffusers' attention (monkeypatched here); diffcheck names the
+first attention's output:
+  key_all_to_all_skipped  Ulysses: the keys' all-to-all is skipped, so each
+                          rank's heads attend to the wrong keys.
+  ring_merge_skipped      ring: each block's output replaces the running one
+                          instead of merging with it by the LSE, so each
+                          rank's queries see one block of keys.
 --train: a training step (backward=True, SGD) instead of a forward.
 
 The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
 """
-import argparse
-import itertools
 import os
 import sys
 
@@ -32,10 +35,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _launch import launch  # noqa: E402
+from _diffusers_cp import DTYPES, arguments, parallelize, step  # noqa: E402
 
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 B, IMG, TXT = 1, 32, 8  # tokens: divisible by the ranks (diffusers splits both streams)
 # Sequence-split activations are [batch, tokens, ...]; what every rank holds whole is replicated,
 # and its gradient a partial sum over the ranks' tokens. Not laid out by blocks: the rotary tables,
@@ -65,36 +68,11 @@ def build(dtype):
                              for k, v in inputs.items()}
 
 
-def break_ulysses():
-    """The fault: every fourth all-to-all of diffusers' Ulysses attention (q, k, v, out: the keys') not made."""
-    from diffusers.models import attention_dispatch as ad
-    original, calls = ad._all_to_all_single, itertools.count()
-    ad._all_to_all_single = lambda x, group: x if next(calls) % 4 == 1 else original(x, group)
-
-
-def step(model, inputs, opt, sharded=False):
-    if opt is None:
-        with torch.no_grad():
-            return model(**inputs)
-    model(**inputs)[0].square().mean().backward()
-    if sharded:  # each rank's parameter gradients cover its own tokens: summed, as DDP or FSDP would
-        for p in model.parameters():
-            if p.grad is not None:
-                torch.distributed.all_reduce(p.grad)
-    opt.step()
-
-
 def work(rank, world, args):
-    from diffusers import ContextParallelConfig
-    from diffusers.utils import logging
-    logging.set_verbosity_error()
-    if args.bug:
-        break_ulysses()
     model, inputs = build(DTYPES[args.dtype])
     one_device, dev_inputs = build(DTYPES[args.dtype])
     reference, ref_inputs = build(torch.float64)
-    torch.accelerator.device_count = lambda: 1  # the CPU build says 0 (see above)
-    model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+    parallelize(model, world, args.ring, args.bug)
     sgd = [torch.optim.SGD(m.parameters(), lr=0.1) if args.train else None for m in (model, one_device, reference)]
     common = {"exclude": EXCLUDE, "backward": args.train}  # diffcheck
     with dct.capture(model, f"{args.out}/sp", f"sp={world}", layouts=LAYOUTS, optimizer=sgd[0], **common):  # diffcheck
@@ -113,11 +91,5 @@ def after(args):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=2, help="processes to start when not under mpirun (default 2)")
-    ap.add_argument("--train", action="store_true", help="a training step (backward=True) instead of a forward")
-    ap.add_argument("--bug", choices=["key_all_to_all_skipped"], help="break diffusers' Ulysses attention")
-    ap.add_argument("--out", default="dumps/flux_ulysses", help="directory of the activation files")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
-    a = ap.parse_args()
+    a = arguments(__doc__, "dumps/flux_context_parallel")
     launch(work, after, a, a.n)

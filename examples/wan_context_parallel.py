@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""diffusers' own context parallelism on a small WanTransformer3DModel (the
+video DiT of Wan 2.1; random weights, a tiny config), checked by diffcheck.
+
+    python3 examples/wan_context_parallel.py [-n 2] [--ring R] [--train] [--dtype bfloat16]
+                                             [--bug key_all_to_all_skipped|ring_merge_skipped]
+
+Every rank builds the same model and hands it to diffusers, as
+flux_context_parallel.py does. diffusers' plan for Wan splits the video
+tokens at the first block's input and the rotary tables alike, leaves the
+text whole (each rank's cross-attention sees all of it) and gathers the
+tokens at proj_out. The self-attention runs Ulysses, ring or both; the
+cross-attention runs unsharded. The reference is the same model unsharded
+in float64, in one process. On the CPU, Ulysses runs on diffusers' `native`
+attention backend and ring attention on `_native_flash` (_diffusers_cp.py).
+
+Faults in diffusers' attention (monkeypatched), found at the first
+self-attention's output, blocks.0.attn1.to_out.0:
+  key_all_to_all_skipped  Ulysses: the keys' all-to-all is skipped.
+  ring_merge_skipped      ring: the blocks of keys not merged by their LSE.
+--train: a training step (backward=True, SGD) instead of a forward.
+
+The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _launch import launch  # noqa: E402
+from _diffusers_cp import DTYPES, arguments, parallelize, step  # noqa: E402
+
+import diffcheck.torch as dct  # noqa: E402  # diffcheck
+
+FRAMES, SIDE, TXT = 2, 8, 8  # 2 x 4 x 4 = 32 video tokens after the 1x2x2 patches: divisible by the ranks
+# Video tokens after the first block's input are split, [batch, tokens, ...]; what comes before it
+# and the text side of the cross-attention are whole on every rank (replicated), and their
+# gradients partial sums over the ranks' tokens.
+WHOLE = ["patch_embedding", "condition_embedder*", "*.attn2.to_[kv]", "*.attn2.norm_k"]  # diffcheck
+LAYOUTS = {"param*": None, "proj_out": None, "model*": None, "grad/proj_out": None, "grad/model*": None,  # diffcheck
+           **{"grad/" + w: (None, "sp") for w in WHOLE}, **{w: None for w in WHOLE},  # diffcheck
+           "rope*": "-,sp,-,-", "*": "-,sp,-"}  # diffcheck
+
+
+def build(dtype):
+    from diffusers import WanTransformer3DModel
+    torch.manual_seed(0)
+    model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16,
+                                  in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=128,
+                                  num_layers=2, rope_max_seq_len=64)
+    g = torch.Generator().manual_seed(1)
+    inputs = {"hidden_states": torch.randn(1, 4, FRAMES, SIDE, SIDE, generator=g),
+              "encoder_hidden_states": torch.randn(1, TXT, 32, generator=g),
+              "timestep": torch.tensor([500]), "return_dict": False}  # diffusers' CP hooks want a tuple out
+    return model.to(dtype), {k: v.to(dtype) if v.is_floating_point() else v
+                             for k, v in inputs.items() if isinstance(v, torch.Tensor)} | {"return_dict": False}
+
+
+def work(rank, world, args):
+    model, inputs = build(DTYPES[args.dtype])
+    one_device, dev_inputs = build(DTYPES[args.dtype])
+    reference, ref_inputs = build(torch.float64)
+    parallelize(model, world, args.ring, args.bug)
+    sgd = [torch.optim.SGD(m.parameters(), lr=0.1) if args.train else None for m in (model, one_device, reference)]
+    with dct.capture(model, f"{args.out}/sp", f"sp={world}", layouts=LAYOUTS, backward=args.train,  # diffcheck
+                     optimizer=sgd[0]):  # diffcheck
+        step(model, inputs, sgd[0], sharded=True)
+    if rank == 0:  # the unsharded model in float64, and in the run's dtype (each tap's yardstick)
+        with dct.capture(reference, f"{args.out}/ref", reference=True, backward=args.train, optimizer=sgd[2]):  # diffcheck
+            step(reference, ref_inputs, sgd[2])
+        with dct.capture(one_device, f"{args.out}/ref", one_device=True, backward=args.train, optimizer=sgd[1]):  # diffcheck
+            step(one_device, dev_inputs, sgd[1])
+
+
+def after(args):
+    report = dct.compare(f"{args.out}/sp", reference=f"{args.out}/ref.h5", check=False)  # diffcheck
+    print(report["console"], end="")  # diffcheck
+    return 0 if report["pass"] else 1
+
+
+if __name__ == "__main__":
+    a = arguments(__doc__, "dumps/wan_context_parallel")
+    launch(work, after, a, a.n)
