@@ -39,17 +39,39 @@ def break_ring():
     ad._native_flash_attention_forward_op = last_block_wins
 
 
+def mend_ring_backward():
+    """diffusers' ring attention backward (0.42.1), mended: gradients of the keys and values come out
+    wrong beyond 2 ring ranks, silently (found by these examples, docs/torch.md). At step i rank r adds
+    its gradients for the key/value chunk of rank r+i to an accumulator and hands it to rank r+1, whose
+    step i+1 works on chunk r+i+2: the same chunk only when there are 2 ranks. Handed to rank r-1 (in
+    the loop and in the final hop home), each accumulator follows its chunk."""
+    from diffusers.models import attention_dispatch as ad
+    funcol = ad.funcol
+
+    class BackwardsRing:
+        def __getattr__(self, name):
+            return getattr(funcol, name)
+
+        @staticmethod
+        def permute_tensor(tensor, src_dst, group):  # diffusers' ring backward is its only caller
+            return funcol.permute_tensor(tensor, [(r - 1) % len(src_dst) for r in range(len(src_dst))], group)
+    ad.funcol = BackwardsRing()
+
+
 # fault: (what breaks, the attention it needs: "ulysses" or "ring")
 FAULTS = {"key_all_to_all_skipped": (break_ulysses, "ulysses"), "ring_merge_skipped": (break_ring, "ring")}
 
 
-def parallelize(model, world, ring, bug=None):
-    """diffusers' ContextParallelConfig on `model` (ring x Ulysses = the ranks), with the fault in."""
+def parallelize(model, world, ring, bug=None, mend=False):
+    """diffusers' ContextParallelConfig on `model` (ring x Ulysses = the ranks), with the fault in;
+    mend: with diffusers' ring backward mended."""
     from diffusers import ContextParallelConfig
     from diffusers.utils import logging
     logging.set_verbosity_error()
     if bug:
         FAULTS[bug][0]()
+    if mend:
+        mend_ring_backward()
     torch.accelerator.device_count = lambda: 1  # the CPU build says 0 (see above)
     if ring > 1:
         _cpu_flash_attention.install()
@@ -78,6 +100,9 @@ def arguments(doc, out):
                     help="ring degree (default 1); the Ulysses degree is the rest: ranks / R")
     ap.add_argument("--train", action="store_true", help="a training step (backward=True) instead of a forward")
     ap.add_argument("--bug", choices=sorted(FAULTS), help="break diffusers' Ulysses or ring attention (see above)")
+    ap.add_argument("--mend-ring-backward", action="store_true",
+                    help="mend diffusers' ring attention backward, whose key and value gradients are wrong "
+                         "beyond 2 ring ranks (docs/torch.md)")
     ap.add_argument("--out", default=out, help=f"directory of the activation files (default {out})")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
     a = ap.parse_args()

@@ -72,7 +72,7 @@ def work(rank, world, args):
     model, inputs = build(DTYPES[args.dtype])
     one_device, dev_inputs = build(DTYPES[args.dtype])
     reference, ref_inputs = build(torch.float64)
-    parallelize(model, world, args.ring, args.bug)
+    parallelize(model, world, args.ring, args.bug, args.mend_ring_backward)
     sgd = [torch.optim.SGD(m.parameters(), lr=0.1) if args.train else None for m in (model, one_device, reference)]
     common = {"exclude": EXCLUDE, "backward": args.train}  # diffcheck
     with dct.capture(model, f"{args.out}/sp", f"sp={world}", layouts=LAYOUTS, optimizer=sgd[0], **common):  # diffcheck
