@@ -33,13 +33,14 @@ import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
 B, S, D, HEADS, FFN = 2, 16, 64, 8, 256  # as shipped; --tokens, --dim, --heads, --ffn change them
 SEED = 0  # --seed: of the weights and the input
+SDPA = False  # --sdpa: the attention core is torch's F.scaled_dot_product_attention
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def set_size(args):
     """The block's size from the command line (every process: spawned ones import this file afresh)."""
-    global S, D, HEADS, FFN, SEED
-    SEED = args.seed
+    global S, D, HEADS, FFN, SEED, SDPA
+    SEED, SDPA = args.seed, args.sdpa
     if args.tokens % B or args.dim % args.heads or args.heads % max(args.world, 1) or args.ffn % max(args.world, 1):
         raise SystemExit(f"tp_block: --tokens must be a multiple of {B}, --dim of --heads, and --heads and --ffn "
                          f"of the ranks{f' ({args.world})' if args.world else ''}")
@@ -118,7 +119,10 @@ class CoreAttention(nn.Module):
     def forward(self, q, k, v):
         def split(t):
             return t.view(t.shape[0], t.shape[1], self.heads, -1).transpose(1, 2)
-        o = torch.softmax(split(q) @ split(k).transpose(-1, -2) / (D // HEADS) ** 0.5, dim=-1) @ split(v)
+        if SDPA:
+            o = F.scaled_dot_product_attention(split(q), split(k), split(v), scale=(D // HEADS) ** -0.5)
+        else:
+            o = torch.softmax(split(q) @ split(k).transpose(-1, -2) / (D // HEADS) ** 0.5, dim=-1) @ split(v)
         return o.transpose(1, 2).reshape(q.shape)
 
 
@@ -199,6 +203,8 @@ if __name__ == "__main__":
     ap.add_argument("--heads", type=int, default=HEADS, help=f"attention heads (default {HEADS})")
     ap.add_argument("--ffn", type=int, default=None, help=f"MLP width (default 4 D; {FFN} as shipped)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
+    ap.add_argument("--sdpa", action="store_true", help="the attention core as F.scaled_dot_product_attention "
+                                                        "(default: softmax and matrix products written out)")
     a = ap.parse_args()
     require_dtype(ap, a.dtype, DTYPES[a.dtype])
     a.ffn = a.ffn or 4 * a.dim
