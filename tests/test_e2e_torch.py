@@ -155,7 +155,7 @@ class TorchE2E(E2ETest):
 
     def test_examples_add_at_most_twelve_lines(self):
         for script in ("tp_block", "cfg_denoise", "tp_train", "tp_block_sketch", "flux_context_parallel",
-                       "wan_context_parallel", "llama_tp"):
+                       "wan_context_parallel", "flux_tensor_parallel", "llama_tp"):
             with open(os.path.join(EXAMPLES, f"{script}.py")) as f:
                 lines = [line for line in f if line.rstrip().endswith("# diffcheck")]
             with self.subTest(script=script):

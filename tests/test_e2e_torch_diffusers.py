@@ -20,11 +20,13 @@ import os
 import re
 import subprocess
 import sys
+import unittest
 
 from e2e import E2ETest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = {model: os.path.join(HERE, "..", "examples", f"{model}_context_parallel.py") for model in ("flux", "wan")}
+TENSOR_PARALLEL = os.path.join(HERE, "..", "examples", "flux_tensor_parallel.py")
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
 FIRST = {"flux": "transformer_blocks.0.attn.to_out.0", "wan": "blocks.0.attn1.to_out.0"}
 
@@ -37,7 +39,8 @@ def faults(n, ring):
 class DiffusersContextParallelE2E(E2ETest):
     def example(self, model, n, *args):
         out = self.path(f"{model}-{n}-{'-'.join(a.strip('-') for a in args)}")
-        p = subprocess.run([sys.executable, EXAMPLES[model], "-n", str(n), "--out", out, *args],
+        script = TENSOR_PARALLEL if model == "flux_tp" else EXAMPLES[model]
+        p = subprocess.run([sys.executable, script, "-n", str(n), "--out", out, *args],
                            capture_output=True, text=True, timeout=600)
         self.assertIn(p.returncode, (0, 1), p.stderr[-3000:])
         return p
@@ -78,6 +81,37 @@ class DiffusersContextParallelE2E(E2ETest):
                 self.assertEqual(found and found.group(1), first[model], p.stdout[-3000:])
                 failed = re.findall(r"^\s*\d+\s+(\S+)\s.*FAIL", p.stdout, re.M)
                 self.assertTrue(failed and all(t.startswith(("grad/", "param")) for t in failed), failed)
+
+    def test_tensor_parallelism_passes_clean_and_the_packed_split_fault_is_found(self):
+        """examples/flux_tensor_parallel.py: diffusers' TensorParallelConfig (FLUX's _tp_plan through
+        parallelize_module) at 2 ranks, float32 (nightly also 4 ranks and bfloat16): the layouts
+        come from the plan but four; the fused projection split in plain halves is found there."""
+        runs = [(2, ())] + ([(4, ()), (2, ("--dtype", "bfloat16")), (4, ("--dtype", "bfloat16"))] if FULL else [])
+        for n, args in runs:
+            with self.subTest(ranks=n, args=args):
+                p = self.example("flux_tp", n, *args)
+                self.assertEqual(p.returncode, 0, p.stdout[-3000:])
+                self.assertRegex(p.stdout, r"transformer_blocks\.0\.attn\.to_q\s+-,-,tp")
+                self.assertRegex(p.stdout, r"transformer_blocks\.0\.attn\.to_out\.0\s+replicated")
+                p = self.example("flux_tp", n, *args, "--bug", "packed_rows_split_plainly")
+                self.assertEqual(p.returncode, 1, p.stdout[-3000:])
+                first = re.search(r"First divergence: tap '([^']+)'", p.stdout)
+                self.assertEqual(first and first.group(1), "single_transformer_blocks.0.proj_out", p.stdout[-3000:])
+
+    @unittest.skipUnless(FULL, "nightly (DIFFCHECK_E2E_FULL=1)")
+    def test_tensor_parallel_training_leaves_the_norm_gradients_unreduced(self):
+        """Not injected: under diffusers' tensor parallelism the q/k norms' weights are plain
+        parameters applied to each rank's heads, and nothing reduces their gradients: their replicas
+        differ, and only they (and those weights after the update) fail."""
+        p = self.example("flux_tp", 2, "--train")
+        self.assertEqual(p.returncode, 1, p.stdout[-3000:])
+        first = re.search(r"First divergence: tap '([^']+)'", p.stdout)
+        self.assertEqual(first and first.group(1), "param_grad/transformer_blocks.0.attn.norm_q.weight")
+        self.assertIn("replicas DIFFER across tp", p.stdout)
+        failed = re.findall(r"^\s*\d+\s+(\S+)\s.*FAIL", p.stdout, re.M)
+        # the six q/k norm weights (two per attention of each block), their gradients and after the update
+        self.assertEqual(len(failed), 12, failed)
+        self.assertTrue(all(t.startswith("param") for t in failed), failed)
 
     def test_a_fault_whose_attention_does_not_run_is_refused(self):
         p = subprocess.run([sys.executable, EXAMPLES["wan"], "-n", "2", "--bug", "ring_merge_skipped"],

@@ -119,6 +119,21 @@ class BackwardTest(unittest.TestCase):
                         p.grad = None
         self.assertFalse(any(n.startswith("param_grad/") for n in taps(self.out("cleared") + ".rank0.h5")))
 
+    def test_an_exclude_glob_on_parameter_taps_leaves_them_out(self):
+        """A weight whose layout no spec describes (diffusers' packed row-parallel projection) is
+        left out by its tap names; module-path globs leave parameters alone, as before."""
+        net = Net()
+        with dct.capture(net, out=self.out(), backward=True, exclude=["param*/shared.weight", "inner.1"]):
+            net(self.x).sum().backward()
+            dct.grads()
+            dct.params()
+        names = list(taps(self.out() + ".rank0.h5"))
+        self.assertNotIn("param_grad/shared.weight", names)
+        self.assertNotIn("param/shared.weight", names)
+        self.assertNotIn("inner.1", names)
+        self.assertIn("param_grad/shared.bias", names)
+        self.assertIn("param/inner.0.weight", names)
+
     def test_no_backward_taps_unless_asked_and_no_optimizer_alone(self):
         net = Net()
         with dct.capture(net, out=self.out()):

@@ -113,6 +113,8 @@ class Gradients:
             if tensor is None:
                 continue
             name = kind + c._renamed(path)
+            if any(fnmatch.fnmatchcase(name, glob) for glob in c.exclude if glob.startswith("param")):
+                continue  # exclude= names parameter taps by their tap names (param/..., param_grad/...)
             c._write_now(c._step + name, tensor, self._param_layout(name, tensor))
 
     def _grad_layout(self, name):

@@ -292,7 +292,9 @@ def capture(model, out, mesh=None, **kwargs):
     mesh      "cfg=2,sp=2": named axes whose product is the world size
               (needed with more than one rank)
     layouts   {glob on tap names: spec | (spec, partial) | {attrs}}
-    include, exclude   globs on module paths (default: every module)
+    include, exclude   globs on module paths (default: every module);
+              an exclude glob starting with "param" leaves out the
+              parameter taps it matches ("param*/blocks.*.weight")
     inputs    also tap each module's positional tensor inputs (`<path>:in/<i>`)
     reference write the global tensors as /reference/<name> (one process,
               the unsharded model, best in float64)

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""diffusers' own tensor parallelism on a small FluxTransformer2DModel (random
+weights, a tiny config), checked by diffcheck.
+
+    python3 examples/flux_tensor_parallel.py [-n 2] [--train] [--dtype bfloat16]
+                                             [--bug packed_rows_split_plainly]
+
+Every rank builds the same model and hands it to diffusers:
+`model.enable_parallelism(config=TensorParallelConfig(tp_degree=N))`, which
+applies FLUX's `_tp_plan` with torch's parallelize_module: q, k, v and the
+MLPs' first layers column-parallel, the attention outputs and the MLPs'
+second layers row-parallel, and a single-stream block's fused output
+projection (its input is [attention, MLP]) row-parallel block by block
+(diffusers' PackedRowwiseParallel). The layouts come from the plan; the four
+given below are the outputs of modules that hold a column-parallel layer or
+reshape one. The reference is the same model unsharded in float64.
+
+diffusers refuses tensor parallelism on a CPU device (its supported list is
+cuda, neuron, tpu, xpu); the example adds "cpu" to that list, and, as for
+context parallelism, says torch.accelerator has 1 device.
+
+--bug packed_rows_split_plainly: the fused projection's weight split in
+plain halves of its columns rather than block by block (diffusers' packed
+blocks ignored), so each rank multiplies its [attention, MLP] pieces by the
+wrong columns. diffcheck names single_transformer_blocks.0.proj_out.
+--train: a training step (backward=True, SGD) instead of a forward. It does
+not pass, and not for a fault of diffcheck's: the q/k norms' weights are
+plain (replicated) parameters applied to each rank's heads, so each rank's
+gradient of them is a partial sum, which nothing in diffusers' plan reduces;
+diffcheck names param_grad/transformer_blocks.0.attn.norm_q.weight, its
+replicas differing, and after the update the replicas of those weights have
+drifted apart (docs/torch.md).
+
+The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _launch import launch  # noqa: E402
+from _diffusers_cp import DTYPES, step  # noqa: E402
+from flux_context_parallel import build  # noqa: E402
+
+import diffcheck.torch as dct  # noqa: E402  # diffcheck
+
+# Head-split outputs of modules the plan does not name (q/k norms, a single block's attention)
+# and the MLPs' activations: column-parallel. The rest comes from the plan.
+LAYOUTS = {"*norm*_[qk]": "-,-,tp,-", "*.net.[01]": "-,-,tp", "*.act_mlp": "-,-,tp",  # diffcheck
+           "single_transformer_blocks.*.attn": "-,-,tp"}  # diffcheck
+# The fused projection's weight: its DTensor says Shard(1), but its pieces are block by block.
+EXCLUDE = ["pos_embed*", "param*/single_transformer_blocks.*.proj_out.weight"]  # diffcheck
+
+
+def parallelize(model, world, bug):
+    from diffusers import TensorParallelConfig
+    from diffusers.hooks import tensor_parallel
+    from diffusers.utils import logging
+    logging.set_verbosity_error()
+    tensor_parallel._SUPPORTED_TP_DEVICES += ("cpu",)  # see above
+    torch.accelerator.device_count = lambda: 1  # the CPU build says 0
+    if bug:  # every packed projection split as one block
+        tensor_parallel._packed_blocks = lambda style, module, path: [1]
+    model.enable_parallelism(config=TensorParallelConfig(tp_degree=world))
+
+
+def work(rank, world, args):
+    model, inputs = build(DTYPES[args.dtype])
+    one_device, dev_inputs = build(DTYPES[args.dtype])
+    reference, ref_inputs = build(torch.float64)
+    parallelize(model, world, args.bug)
+    sgd = [torch.optim.SGD(m.parameters(), lr=0.1) if args.train else None for m in (model, one_device, reference)]
+    common = {"exclude": EXCLUDE, "backward": args.train}  # diffcheck
+    with dct.capture(model, f"{args.out}/tp", f"tp={world}", layouts=LAYOUTS, optimizer=sgd[0], **common):  # diffcheck
+        step(model, inputs, sgd[0])
+    if rank == 0:  # the unsharded model in float64, and in the run's dtype (each tap's yardstick)
+        with dct.capture(reference, f"{args.out}/ref", reference=True, optimizer=sgd[2], **common):  # diffcheck
+            step(reference, ref_inputs, sgd[2])
+        with dct.capture(one_device, f"{args.out}/ref", one_device=True, optimizer=sgd[1], **common):  # diffcheck
+            step(one_device, dev_inputs, sgd[1])
+
+
+def after(args):
+    report = dct.compare(f"{args.out}/tp", reference=f"{args.out}/ref.h5", check=False)  # diffcheck
+    print(report["console"], end="")  # diffcheck
+    return 0 if report["pass"] else 1
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=2, help="processes to start when not under mpirun (default 2)")
+    ap.add_argument("--train", action="store_true", help="a training step (backward=True) instead of a forward")
+    ap.add_argument("--bug", choices=["packed_rows_split_plainly"], help="break diffusers' packed row split")
+    ap.add_argument("--out", default="dumps/flux_tensor_parallel", help="directory of the activation files")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
+    a = ap.parse_args()
+    launch(work, after, a, a.n)
