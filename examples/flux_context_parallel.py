@@ -15,7 +15,7 @@ blocks by their log-sum-exp (LSE). The reference is the same model
 unsharded in float64, in one process.
 
 On the CPU, Ulysses runs on diffusers' `native` attention backend and ring
-attention on `_native_flash` (_diffusers_cp.py says why).
+attention on `_native_flash` (_diffusers_parallel.py says why).
 
 Faults in diffusers' attention (monkeypatched here); diffcheck names the
 first attention's output:
@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _launch import launch  # noqa: E402
-from _diffusers_cp import DTYPES, arguments, parallelize, step  # noqa: E402
+from _diffusers_parallel import DTYPES, arguments, parallelize, step  # noqa: E402
 
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 

@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _launch import launch  # noqa: E402
-from _diffusers_cp import DTYPES, step  # noqa: E402
+from _diffusers_parallel import DTYPES, step  # noqa: E402
 from flux_context_parallel import build  # noqa: E402
 
 import diffcheck.torch as dct  # noqa: E402  # diffcheck

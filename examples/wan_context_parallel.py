@@ -12,7 +12,7 @@ text whole (each rank's cross-attention sees all of it) and gathers the
 tokens at proj_out. The self-attention runs Ulysses, ring or both; the
 cross-attention runs unsharded. The reference is the same model unsharded
 in float64, in one process. On the CPU, Ulysses runs on diffusers' `native`
-attention backend and ring attention on `_native_flash` (_diffusers_cp.py).
+attention backend and ring attention on `_native_flash` (_diffusers_parallel.py).
 
 Faults in diffusers' attention (monkeypatched), found at the first
 self-attention's output, blocks.0.attn1.to_out.0:
@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _launch import launch  # noqa: E402
-from _diffusers_cp import DTYPES, arguments, parallelize, step  # noqa: E402
+from _diffusers_parallel import DTYPES, arguments, parallelize, step  # noqa: E402
 
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
@@ -52,9 +52,9 @@ def build(dtype):
     g = torch.Generator().manual_seed(1)
     inputs = {"hidden_states": torch.randn(1, 4, FRAMES, SIDE, SIDE, generator=g),
               "encoder_hidden_states": torch.randn(1, TXT, 32, generator=g),
-              "timestep": torch.tensor([500]), "return_dict": False}  # diffusers' CP hooks want a tuple out
-    return model.to(dtype), {k: v.to(dtype) if v.is_floating_point() else v
-                             for k, v in inputs.items() if isinstance(v, torch.Tensor)} | {"return_dict": False}
+              "timestep": torch.tensor([500])}
+    return model.to(dtype), {**{k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()},
+                             "return_dict": False}  # diffusers' CP hooks want a tuple out
 
 
 def work(rank, world, args):

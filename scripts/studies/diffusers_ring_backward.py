@@ -2,7 +2,7 @@
 """diffusers' ring attention (TemplatedRingAttention on the `_native_flash`
 backend, examples/_cpu_flash_attention.py's CPU kernel) against plain
 attention in float64, forward and gradients, at ring degrees 2, 3 and 4,
-as diffusers ships it and with examples/_diffusers_cp.py's
+as diffusers ships it and with examples/_diffusers_parallel.py's
 mend_ring_backward(). The figures behind docs/torch.md's "A defect of
 diffusers found": the key and value gradients are wrong beyond 2 ring ranks
 and right after the mend. No diffcheck in it: the check of the finding.
@@ -34,14 +34,14 @@ def ring_errors(rank, world, init, mend, results):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         import _cpu_flash_attention
-        import _diffusers_cp
+        import _diffusers_parallel
         from diffusers import ContextParallelConfig
         from diffusers.models import attention_dispatch as ad
         from diffusers.models._modeling_parallel import ParallelConfig
         from torch.distributed.device_mesh import init_device_mesh
         _cpu_flash_attention.install()
         if mend:
-            _diffusers_cp.mend_ring_backward()
+            _diffusers_parallel.mend_ring_backward()
         torch.accelerator.device_count = lambda: 1  # the CPU build says 0
         config = ContextParallelConfig(ring_degree=world)
         config.setup(rank, world, torch.device("cpu"),

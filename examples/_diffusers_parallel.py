@@ -1,5 +1,6 @@
-"""What the diffusers context-parallel examples share (flux_context_parallel.py,
-wan_context_parallel.py), none of it diffcheck's: the command line, diffusers'
+"""What the diffusers examples share (flux_context_parallel.py,
+wan_context_parallel.py; flux_tensor_parallel.py takes the dtypes and the
+step), none of it diffcheck's: the command line, diffusers' context
 parallelism switched on, a step, and the faults monkeypatched into diffusers'
 attention.
 
