@@ -377,5 +377,67 @@ class WriterTest(unittest.TestCase):
         self.assertIn("writer thread has ended", outcome[0])
 
 
+class DumpWritesAsH5pyDoes(unittest.TestCase):
+    """diffcheck.dump writes datasets and attributes through HDF5's C
+    functions or h5py's low-level API (h5py's high-level calls cost a sketch
+    capture most of its writing, diffcheck/hdf5_writes.py): either way, the
+    file must read back exactly as h5py's own calls write it."""
+
+    ARRAYS = {"f32": np.arange(6, dtype=np.float32).reshape(2, 3), "f64": np.linspace(0, 1, 5),
+              "f16": np.ones((2, 2), np.float16), "i64": np.arange(4), "u8": np.ones(3, np.uint8),
+              "empty": np.zeros((0, 4), np.float32), "scalar": np.array(2.5),
+              "strided": np.arange(12.0).reshape(3, 4)[:, ::2], "big_endian": np.arange(3, dtype=">f4"),
+              "nested/deep/grüße": np.ones(2, np.float32)}
+    TAP_ATTRS = {"spec": "-,tp", "order": 3, "reduction_depth": np.int64(7), "atol": 1e-3, "text": "ünï"}
+    ROOT_ATTRS = {"flag": True, "counts": np.arange(3), "seed": 5, "producer": "x"}
+
+    def written(self, path, low_level):
+        from diffcheck import h5_direct, hdf5_writes
+        saved = dict(h5_direct._state)
+        if low_level:
+            h5_direct._state.update(lib=None, tried=True)
+        try:
+            self.assertEqual(h5_direct.available(), not low_level)
+            with h5py.File(path, "w", track_order=True) as f:
+                for name, a in self.ARRAYS.items():
+                    hdf5_writes.write_dataset(f, name, a, self.TAP_ATTRS)
+                hdf5_writes.set_attrs(f["/"], self.ROOT_ATTRS)
+                with self.assertRaisesRegex(ValueError, "name already exists"):
+                    hdf5_writes.write_dataset(f, "f32", self.ARRAYS["f32"], {})
+        finally:
+            h5_direct._state.update(saved)
+
+    def test_datasets_and_attributes_match_h5pys_high_level_calls(self):
+        with tempfile.TemporaryDirectory() as d:
+            high = os.path.join(d, "high.h5")
+            with h5py.File(high, "w", track_order=True) as f:
+                for name, a in self.ARRAYS.items():
+                    f.create_dataset(name, data=a).attrs.update(self.TAP_ATTRS)
+                f.attrs.update(self.ROOT_ATTRS)
+            for low_level in (False, True):
+                path = os.path.join(d, f"low{int(low_level)}.h5")
+                self.written(path, low_level)
+                with h5py.File(path, "r") as a, h5py.File(high, "r") as b:
+                    objects, other = [], []
+                    a.visit(objects.append)
+                    b.visit(other.append)
+                    self.assertEqual(objects, other)
+                    for name in objects + ["/"]:
+                        x, y = a[name], b[name]
+                        self.assertEqual(type(x), type(y), name)
+                        self.assertEqual(list(x.attrs), list(y.attrs), name)
+                        for k in y.attrs:
+                            self.assertEqual(x.attrs.get_id(k).get_type(), y.attrs.get_id(k).get_type(), (name, k))
+                            np.testing.assert_array_equal(x.attrs[k], y.attrs[k])
+                        if isinstance(y, h5py.Dataset):
+                            self.assertEqual((x.shape, x.dtype), (y.shape, y.dtype), name)
+                            self.assertEqual(x.id.get_type(), y.id.get_type(), name)
+                            self.assertEqual(x.id.get_create_plist().get_layout(), y.id.get_create_plist().get_layout())
+                            np.testing.assert_array_equal(x[()], y[()])
+                            np.testing.assert_array_equal(x[()], self.ARRAYS[name])
+                    # The same names; a non-ASCII one is marked UTF-8 (h5py's create_dataset marks it ASCII).
+                    group = a["nested/deep"]  # held: a link proxy does not hold its group
+                    self.assertEqual(group.id.links.get_info("grüße".encode()).cset, h5py.h5t.CSET_UTF8)
+
 if __name__ == "__main__":
     unittest.main()

@@ -112,7 +112,7 @@ class TapWriting:
         if self.reference_mode:
             self._guarded(name, lambda: self._writer.reference(name, array))
         else:
-            self._guarded(name, lambda: self._writer.tap(name, array, dtype=logical, **attrs))
+            self._guarded(name, lambda: self._writer.write_tap(name, array, dtype=logical, **attrs))
 
     def _guarded(self, name, store):
         """A write on the writer thread; an h5py error names the rank, tap and file."""

@@ -28,6 +28,8 @@ import os
 import h5py
 import numpy as np
 
+from diffcheck import hdf5_writes
+
 SCHEMA_VERSION = 1
 
 
@@ -88,52 +90,26 @@ def mesh_axes(mesh):
     return [part.split("=")[0].strip() for part in mesh.split(",")]
 
 
-_SCALAR = None
-_TYPES = {}
-
-
-def _set_attrs(ds, attrs):
-    """Writes scalar attributes exactly as h5py's `ds.attrs[k] = v` would
-    (variable-length UTF-8 strings, int64, float64), through the low-level
-    API: a tap has a dozen attributes, and h5py's high-level path costs some
-    45 us each (a sketch tap's writing was mostly that). `ds` is a dataset
-    just made, without any of these attributes: they are created, never
-    rewritten."""
-    global _SCALAR
-    if _SCALAR is None:
-        _SCALAR = h5py.h5s.create(h5py.h5s.SCALAR)
-        text = h5py.string_dtype("utf-8")  # the file's type is h5py's logical one, memory's its object type
-        _TYPES.update({str: (h5py.h5t.py_create(text, logical=True), text, h5py.h5t.py_create(text)),
-                       int: (h5py.h5t.py_create(np.dtype(np.int64)), np.int64, None),
-                       float: (h5py.h5t.py_create(np.dtype(np.float64)), np.float64, None)})
-    for name, value in attrs.items():
-        kind = bool if isinstance(value, (bool, np.bool_)) else int if isinstance(value, (int, np.integer)) \
-            else float if isinstance(value, (float, np.floating)) else str if isinstance(value, str) else None
-        if kind in (None, bool):
-            ds.attrs[name] = value  # anything else: h5py's own way
-            continue
-        tid, dtype, memory = _TYPES[kind]
-        h5py.h5a.create(ds.id, name.encode(), tid, _SCALAR).write(np.asarray(value, dtype=dtype), mtype=memory)
-
-
 class _AtomicH5:
     """An HDF5 file written as PATH.tmp and renamed to PATH when it closed
     cleanly (all data and metadata written); otherwise removed."""
 
-    def __init__(self, path, root_attrs):
+    def __init__(self, path, root_attrs, own_attrs):
+        """own_attrs: the root attributes the file's kind sets (after the user's)."""
         self.path = path
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._tmp = path + ".tmp"
         self.f = h5py.File(self._tmp, "w", track_order=True)
-        self.f.attrs["diffcheck_schema"] = SCHEMA_VERSION
-        for k, v in root_attrs.items():  # scenario, flags, dtype, seed, producer
-            if v is not None:
-                self.f.attrs[k] = v
-        self.f.attrs.setdefault("producer", "diffcheck.dump")
+        attrs = {"diffcheck_schema": SCHEMA_VERSION}
+        attrs.update((k, v) for k, v in root_attrs.items() if v is not None)  # scenario, flags, dtype, seed, producer
+        attrs.setdefault("producer", "diffcheck.dump")
+        hdf5_writes.set_attrs(self.f["/"], {**attrs, **own_attrs})
 
-    def _dataset(self, path, data, dtype=None):
+    def _dataset(self, path, data, dtype=None, attrs=None):
+        """The dataset at `path` holding `data` (as `dtype`), with scalar attributes `attrs`."""
+        data = np.asarray(data, dtype=dtype)
         try:
-            return self.f.create_dataset(path, data=data, dtype=dtype)
+            hdf5_writes.write_dataset(self.f, path, data, attrs or {})
         except (ValueError, TypeError) as e:
             # h5py's "name already exists" / "unable to create group" say neither file nor tap.
             raise ValueError(f"{self.path}: cannot write '{path}' (shape {getattr(data, 'shape', '?')}): {e}. "
@@ -200,30 +176,33 @@ class RankDump(_AtomicH5):
         n = mesh_size(mesh)
         if world_size is not None and world_size != n:
             raise ValueError(f"mesh '{mesh}' has {n} ranks but the world size is {world_size}")
-        super().__init__(f"{prefix}.rank{rank}.h5", root_attrs)
-        self.f.attrs["mesh"] = mesh
-        self.f.attrs["world_size"] = n
-        self.f.attrs["rank"] = rank
+        super().__init__(f"{prefix}.rank{rank}.h5", root_attrs, {"mesh": mesh, "world_size": n, "rank": rank})
         self.f.create_group("taps", track_order=True)
         self._order = 0
 
     def tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None, dtype=None,
             rounding_steps=None, order=None):
-        """`dtype`: the logical dtype when `x` holds another one's values (a
+        """Writes this rank's piece `x` of tap `name` (returns its h5py Dataset).
+        `dtype`: the logical dtype when `x` holds another one's values (a
         bfloat16 tensor already turned into float32); found by itself otherwise.
         `order`: the tap's place in execution order when taps are written in
         another order (default: the order of writing)."""
+        self.write_tap(name, x, spec=spec, partial=partial, reduction_depth=reduction_depth, atol=atol, rtol=rtol,
+                       dtype=dtype, rounding_steps=rounding_steps, order=order)
+        return self.f[f"taps/{name}"]
+
+    def write_tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None, dtype=None,
+                  rounding_steps=None, order=None, more=None):
+        """tap() without opening the dataset again (a capture's way); `more`: further scalar attributes."""
         a, logical = to_numpy(x)
         logical = dtype or logical
-        ds = self._dataset(f"taps/{name}", a)
         attrs = {"spec": spec or None, "partial": partial or None,
                  "order": self._order if order is None else int(order), "dtype": logical or None,
                  "reduction_depth": None if reduction_depth is None else int(reduction_depth),
                  "rounding_steps": None if rounding_steps is None else int(rounding_steps),
                  "atol": None if atol is None else float(atol), "rtol": None if rtol is None else float(rtol)}
+        self._dataset(f"taps/{name}", a, attrs={**{k: v for k, v in attrs.items() if v is not None}, **(more or {})})
         self._order += 1
-        _set_attrs(ds, {k: v for k, v in attrs.items() if v is not None})
-        return ds
 
     def sketch(self, name, values, *, tokens, seed, nan, inf, bits_hash, dtype, spec=None, partial=None,
                shared=None, **attrs):
@@ -233,14 +212,14 @@ class RankDump(_AtomicH5):
         spec, partial and the other attributes describe the sketched tensor;
         `shared`: the replica axes whose ranks each sketched a share of the
         tokens (their sketches add up, docs/FORMAT.md)."""
-        ds = self.tap(name, values, spec=spec, partial=partial, dtype=dtype, **attrs)
-        _sketch_attrs(ds, seed, tokens, nan_count=int(nan), inf_count=int(inf), bits_hash=str(bits_hash),
-                      **({"sketch_shared": shared} if shared else {}))
+        more = _sketch_attrs(seed, tokens, nan_count=int(nan), inf_count=int(inf), bits_hash=str(bits_hash),
+                             **({"sketch_shared": shared} if shared else {}))
+        self.write_tap(name, values, spec=spec, partial=partial, dtype=dtype, more=more, **attrs)
 
 
-def _sketch_attrs(ds, seed, tokens, **more):
+def _sketch_attrs(seed, tokens, **more):
     from diffcheck.sketch import KIND
-    _set_attrs(ds, {"sketch": KIND, "sketch_seed": int(seed), "sketch_tokens": int(tokens), **more})
+    return {"sketch": KIND, "sketch_seed": int(seed), "sketch_tokens": int(tokens), **more}
 
 
 class ReferenceDump(_AtomicH5):
@@ -248,12 +227,10 @@ class ReferenceDump(_AtomicH5):
     tensors under /reference, world_size 1, no mesh."""
 
     def __init__(self, path, **root_attrs):
-        super().__init__(path, root_attrs)
-        self.f.attrs["world_size"] = 1
+        super().__init__(path, root_attrs, {"world_size": 1})
 
     def reference_sketch(self, name, values, *, tokens, seed):
         """The sketch of a tap's global reference tensor ([lead..., k+1,
         width], float64), computed with the run's seed over `tokens` global
         tokens (diffcheck.sketch)."""
-        ds = self._dataset(f"reference/{name}", values, dtype=np.float64)
-        _sketch_attrs(ds, seed, tokens)
+        self._dataset(f"reference/{name}", values, dtype=np.float64, attrs=_sketch_attrs(seed, tokens))

@@ -5,11 +5,14 @@ or the capture closes: a device's summaries come home in one copy (no
 synchronisation in a hook), and the writes of a step go to the writer thread
 together rather than one per hook, between the forward's collectives (a
 write that holds the interpreter lock while a rank's peers wait in an
-all-reduce costs every rank). CPU summaries are written sooner if those held
+all-reduce costs every rank); those of the last step are written by the
+closing thread itself, once the writer thread is done. CPU summaries are written sooner if those held
 pass CPU_HELD_BYTES. A tap too small to sketch (a vector, a scalar, fewer
 tokens than the sketch has rows, an integer tensor) is written whole as
 before: it costs no more.
 """
+import functools
+
 from diffcheck import sketch
 from diffcheck.layouts import block_index, replica_axes, spec_entry
 
@@ -54,12 +57,14 @@ class SketchTaps:
             self.pending.flush(self._emit)
         return True
 
-    def flush(self):
-        """Every pending summary home and onto the writer thread; the step's summaries are not reused after."""
-        self.pending.flush(self._emit)
+    def flush(self, inline=False):
+        """Every pending summary home and onto the writer thread (inline:
+        written here, the capture's close); the step's summaries are not
+        reused after."""
+        self.pending.flush(functools.partial(self._emit, inline=inline))
         self.sketcher.forget()
 
-    def _emit(self, name, values, nan, inf, bits_hash, extra):
+    def _emit(self, name, values, nan, inf, bits_hash, extra, inline=False):
         c = self.capture
         seed = self.sketcher.seed
         attrs, logical, tokens, shared = extra
@@ -70,4 +75,7 @@ class SketchTaps:
             def store():
                 c._writer.sketch(name, values, tokens=tokens, seed=seed, nan=nan, inf=inf, bits_hash=bits_hash,
                                  dtype=logical, shared=shared, **attrs)
-        c._thread.submit_small(lambda: c._guarded(name, store))
+        if inline:
+            c._guarded(name, store)
+        else:
+            c._thread.submit_small(lambda: c._guarded(name, store))

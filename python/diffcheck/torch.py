@@ -242,20 +242,21 @@ class Capture(ModuleHooks, TapWriting):
             rounding.release()
         if self in _active:
             _active.remove(self)
-        flush_error = None
-        if self.sketches is not None and self._thread is not None and not failed:
-            try:
-                self.sketches.flush()
-            except BaseException as e:
-                flush_error = e
         thread, self._thread = self._thread, None
         error = None
         if thread is not None:
             try:
-                thread.close()  # the last tap written, or the failed write's error
+                thread.close()  # the last whole tap written, or the failed write's error
             except BaseException as e:
                 error = e
-        error = error or flush_error
+            # The sketches still held are written here, the writer thread done:
+            # handed to it, each write would wait for the interpreter lock
+            # this thread holds (a few ms per capture).
+            if self.sketches is not None and not failed and error is None:
+                try:
+                    self.sketches.flush(inline=True)
+                except BaseException as e:
+                    error = e
         writer, self._writer, self._staging = self._writer, None, None
         if writer is not None:
             writer.abandon() if failed or error else writer.close()
