@@ -18,8 +18,6 @@ writes the same file (the suite compares both with h5py's high-level calls).
 """
 import ctypes
 
-import h5py
-
 H5P_DEFAULT = 0  # hid_t 0 in every HDF5 since 1.8, as H5S_ALL
 H5S_ALL = 0
 _state = {"lib": None, "tried": False}
