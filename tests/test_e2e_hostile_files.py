@@ -192,6 +192,21 @@ class DumpNeverLeavesAPartialFile(E2ETest):
         self.assertEqual(os.listdir(self.dir), ["job.rank0.h5"])
         self.assertExit(self.diffcheck("compare", prefix), 0)
 
+    def test_a_dump_replaces_an_earlier_file_and_a_failed_one_leaves_none_of_it(self):
+        """An earlier run's file goes when a dump of its name starts (on a
+        thread, while the dump is written): a clean dump takes its place; a
+        failed one leaves nothing that compare could take for this run's."""
+        prefix = self.path("job")
+        for value in (1, 2):
+            with RankDump(prefix, "dp=1", 0) as d:
+                d.tap("a", np.full(3, value, "f4"))
+        with h5py.File(prefix + ".rank0.h5", "r") as f:
+            self.assertEqual(f["taps/a"][0], 2)
+        with self.assertRaises(RuntimeError):
+            with RankDump(prefix, "dp=1", 0) as d:
+                raise RuntimeError("the training step died")
+        self.assertEqual(os.listdir(self.dir), [])
+
 
 if __name__ == "__main__":
     import unittest

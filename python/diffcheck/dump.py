@@ -21,9 +21,10 @@ Tensors may be numpy arrays, torch tensors (moved to CPU; bfloat16 is stored
 as float32 with the same values and tagged dtype="bfloat16") or jax arrays.
 Taps are numbered in the order they are written (the `order` attribute).
 A file gets its name only when it closed whole: an error while dumping leaves
-no file under that name.
+no file under that name (an earlier file of that name goes when the dump starts).
 """
 import os
+import threading
 
 import h5py
 import numpy as np
@@ -90,6 +91,37 @@ def mesh_axes(mesh):
     return [part.split("=")[0].strip() for part in mesh.split(",")]
 
 
+class _Removal:
+    """An earlier file of a dump's name, removed on a thread while the dump
+    is written (unlinking some MiB takes milliseconds). So a dump that fails
+    leaves no file under its name, not even an earlier run's; and one that
+    closes is renamed to a free name: renaming over an existing file makes
+    ext4 (auto_da_alloc) write the new one's data out before the rename
+    returns, 50-100 ms for a few hundred MiB."""
+
+    def __init__(self, path):
+        self._error, self._thread = None, None
+        if os.path.lexists(path):
+            self._thread = threading.Thread(target=self._remove, args=(path,), name="diffcheck-remove", daemon=True)
+            self._thread.start()
+
+    def _remove(self, path):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            self._error = e
+
+    def wait(self, raising=True):
+        """The file is gone (an error removing it raised, unless not `raising`)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if raising and self._error is not None:
+            raise self._error
+
+
 class _AtomicH5:
     """An HDF5 file written as PATH.tmp and renamed to PATH when it closed
     cleanly (all data and metadata written); otherwise removed."""
@@ -99,6 +131,7 @@ class _AtomicH5:
         self.path = path
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._tmp = path + ".tmp"
+        self._earlier = _Removal(path)
         self.f = h5py.File(self._tmp, "w", track_order=True)
         attrs = {"diffcheck_schema": SCHEMA_VERSION}
         attrs.update((k, v) for k, v in root_attrs.items() if v is not None)  # scenario, flags, dtype, seed, producer
@@ -131,18 +164,11 @@ class _AtomicH5:
             f, self.f = self.f, None
             try:
                 f.close()
+                self._earlier.wait()
             except BaseException:
                 self._discard()
                 raise
-            # Whole or absent. The earlier file goes first: renaming over an
-            # existing file makes ext4 (auto_da_alloc) write this one's data
-            # out before the rename returns, 50-100 ms for a few hundred MiB,
-            # where a rename to a free name costs nothing.
-            try:
-                os.remove(self.path)
-            except FileNotFoundError:
-                pass
-            os.replace(self._tmp, self.path)
+            os.replace(self._tmp, self.path)  # whole or absent
 
     def abandon(self):
         """Drops a file that is not complete (an error while dumping)."""
@@ -152,6 +178,7 @@ class _AtomicH5:
                 f.close()
             finally:
                 self._discard()
+                self._earlier.wait(raising=False)
 
     def _discard(self):
         try:
