@@ -193,9 +193,9 @@ class DumpNeverLeavesAPartialFile(E2ETest):
         self.assertExit(self.diffcheck("compare", prefix), 0)
 
     def test_a_dump_replaces_an_earlier_file_and_a_failed_one_leaves_none_of_it(self):
-        """An earlier run's file goes when a dump of its name starts (on a
-        thread, while the dump is written): a clean dump takes its place; a
-        failed one leaves nothing that compare could take for this run's."""
+        """An earlier run's file goes when a dump of its name starts: a clean
+        dump takes its place; a failed one leaves nothing that compare could
+        take for this run's."""
         prefix = self.path("job")
         for value in (1, 2):
             with RankDump(prefix, "dp=1", 0) as d:
