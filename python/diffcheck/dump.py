@@ -103,9 +103,10 @@ class _AtomicH5:
         # file under its name, not even an earlier run's; and one that closes
         # is renamed to a free name (renaming over an existing file makes ext4,
         # auto_da_alloc, write the new one's data out before the rename
-        # returns: 50-100 ms for a few hundred MiB). Not on a thread: one that
-        # takes the interpreter lock back during the forward costs it more
-        # (some 5 ms a capture, measured) than the removal (under 2 ms).
+        # returns: 50-100 ms for a few hundred MiB). Here, not on a thread: a
+        # thread taking the interpreter lock back mid-forward stalls the
+        # forward's own Python, and where the ranks fill the cores, moving
+        # the removal's work (under 2 ms for a sketch file) gains nothing.
         try:
             os.remove(path)
         except FileNotFoundError:
