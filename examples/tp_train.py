@@ -37,7 +37,6 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _launch import launch  # noqa: E402

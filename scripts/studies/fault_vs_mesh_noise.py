@@ -102,7 +102,7 @@ def main():
         names.sort(key=lambda n: clean1["taps/" + n].attrs.get("order", 0))
         print(f"{a.scenario} {a.dtype} seed {a.seed}: {a.fault} x {a.scale:g} on {clean1.attrs['mesh']}, "
               f"against a clean run on {clean2.attrs['mesh']}")
-        print(f"| tap | err | fault | mesh | fault / mesh |\n|---|---|---|---|---|")
+        print("| tap | err | fault | mesh | fault / mesh |\n|---|---|---|---|---|")
         worst = 0.0
         for n in names:
             if "reference/" + n not in clean1 or n not in clean2["taps"]:

@@ -45,8 +45,8 @@ def run(example, n, bug, sketch_mode, out):
     if p.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(args)}: exit {p.returncode}\n{p.stderr[-2000:]}")
     m = re.search(r"First divergence: tap '([^']+)'", p.stdout)
-    report = subprocess.run([os.environ.get("DIFFCHECK_EXE", "diffcheck"), "compare", f"{out}/{PREFIX[example]}",
-                             "--reference", f"{out}/ref.h5", "--json", f"{out}/report.json"], capture_output=True)
+    subprocess.run([os.environ.get("DIFFCHECK_EXE", "diffcheck"), "compare", f"{out}/{PREFIX[example]}",
+                    "--reference", f"{out}/ref.h5", "--json", f"{out}/report.json"], capture_output=True)
     with open(f"{out}/report.json") as f:
         taps = {t["name"]: t["reference"].get("rel_l2") for t in json.load(f)["taps"] if t["reference"]["present"]}
     return p.returncode, m.group(1) if m else "-", taps
@@ -54,7 +54,6 @@ def run(example, n, bug, sketch_mode, out):
 
 def synthetic(rng, k=8, trials=200):
     kinds = ["random", "one token", "shared bias", "per-token scale", "rank one"]
-    sk = sketch.Sketcher(k, 0)
     within = dict.fromkeys(kinds, 0)
     for _ in range(trials):
         tokens, width = int(rng.integers(16, 300)), int(rng.integers(4, 200))

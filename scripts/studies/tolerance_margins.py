@@ -65,7 +65,7 @@ def main():
     ap.add_argument("--tolerance", default="derived", choices=["derived", "calibrated"])
     ap.add_argument("scenarios", nargs="*", default=["timestep_broadcast"])
     a = ap.parse_args()
-    print(f"| scenario | dtype | clean: worst err/tol (tap) | fault | exit | first divergence | checks | err/tol there |")
+    print("| scenario | dtype | clean: worst err/tol (tap) | fault | exit | first divergence | checks | err/tol there |")
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for sc in a.scenarios:
