@@ -21,8 +21,9 @@ root=$PWD
 venv=${DIFFCHECK_VENV:-$root/.venv}
 # What is tested (README "Supported torch"): keep the pins together.
 REQUIREMENTS=(torch==2.13.0 h5py numpy transformers==5.24.0 diffusers==0.42.1 accelerate
-  junitparser lizard==1.24.3)  # junitparser: the suite reads its JUnit reports as a dashboard would;
-# lizard: the house rules (tests/test_house_rules.py) measure functions with it
+  junitparser lizard==1.24.3 pyflakes==4.1.0)  # junitparser: the suite reads its JUnit reports as a
+# dashboard would; lizard and pyflakes: the house rules (tests/test_house_rules.py) measure functions
+# with the one and look for unused imports and undefined names with the other
 
 python_311() {
   local cand

@@ -12,7 +12,7 @@ import os
 import subprocess
 import unittest
 
-from e2e import E2ETest, EXE, MPIEXEC
+from e2e import E2ETest, EXE
 
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
 

@@ -1,7 +1,5 @@
 """`diffcheck compare` under mpirun, and with tiny memory budgets, gives the
 serial report: same stdout, exit status and JSON; errors are agreed and said once."""
-import json
-import os
 import unittest
 
 import h5py

@@ -112,7 +112,7 @@ class DitUlysses(E2ETest):
     def test_rope_local_positions(self):
         res = self.mpirun(16, "--scenario", "dit_ulysses", "--inject", "rope_local_positions")
         self.assertExit(res, 1)
-        fd = self.assertFirstDivergence(res, "attn/q", ["reference"])
+        self.assertFirstDivergence(res, "attn/q", ["reference"])
         # sp rank 0 owns the first tokens, whose local and global positions agree
         q = next(t for t in res.report["taps"] if t["name"] == "attn/q")["reference"]
         self.assertNotIn(0, q["worst_ranks"])

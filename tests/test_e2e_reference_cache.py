@@ -7,7 +7,6 @@ work exactly."""
 import glob
 import json
 import os
-import shutil
 import subprocess
 import unittest
 

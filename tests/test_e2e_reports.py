@@ -1,13 +1,12 @@
 """Reports for CI systems: --junit on a run and on compare, parsed with
 Debian's python3-junitparser as a CI dashboard would, and the per-rank
 statistics of the JSON report."""
-import os
 import unittest
 import xml.etree.ElementTree as ET
 
-from junitparser import Error, Failure, JUnitXml
+from junitparser import Failure, JUnitXml
 
-from e2e import CHROMIUM, Dom, E2ETest
+from e2e import CHROMIUM, E2ETest
 
 
 class JUnitReports(E2ETest):
