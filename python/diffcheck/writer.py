@@ -1,5 +1,6 @@
 """Writes on a thread of their own, so that the forward goes on while a tap
-goes to disk (h5py lets go of the GIL while it writes). A whole tap's write
+goes to disk (HDF5's C calls, made through ctypes by h5_direct.py, let go of
+the interpreter lock while they write). A whole tap's write
 is prepared only when a slot is free (by default one: a new one is prepared
 only when the previous one has finished, so at most one tap's copy exists
 beyond what the model itself holds); a small job (a sketch's few rows) is
