@@ -111,7 +111,8 @@ class RunAgainstRun(E2ETest):
         # patch: 2 of the 6 meshes of 4 ranks. Their own checks pass; the
         # other meshes' runs name them at conv_in.
         res = self.diffcheck("sweep-mesh", "--scenario", "vae_patch_decode", "-n", "4", "--no-reference",
-                             "--inject", "halo_wrong_peer", "--flag", "halo=p2p", "--json", self.path("sweep.json"))
+                             "--inject", "halo_wrong_peer", "--flag", "halo=p2p", "--json", self.path("sweep.json"),
+                             "--html", self.path("sweep.html"))
         self.assertExit(res, 1)
         self.assertIn("every mesh as documented", res.out)
         import json
@@ -122,6 +123,17 @@ class RunAgainstRun(E2ETest):
         for m in wrong:
             self.assertEqual(rows[m]["first_divergence"], "conv_in")
             self.assertIn("LEAVES the consensus", rows[m]["against"])
+        # The heatmap draws each mesh's err/tol against another mesh's run: no
+        # cell is the grey "no reference"; the odd meshes' conv_in is red, the
+        # consensus meshes' green.
+        import re
+        with open(self.path("sweep.html")) as f:
+            cells = {(m, t): k for k, m, t in re.findall(
+                r'<rect class="cell (\w+)[^"]*" data-mesh="([^"]+)" data-tap="([^"]+)"', f.read())}
+        self.assertEqual(sorted({m for m, _ in cells}), sorted(rows), msg="a mesh without cells")
+        self.assertNotIn("noref", set(cells.values()))
+        for m in rows:
+            self.assertEqual(cells[(m, "conv_in")], "fail" if m in wrong else "pass", msg=m)
         clean = self.diffcheck("sweep-mesh", "--scenario", "vae_patch_decode", "-n", "4", "--no-reference",
                                "--flag", "halo=p2p")
         self.assertExit(clean, 0)

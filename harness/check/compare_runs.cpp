@@ -8,9 +8,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "harness/check/against.h"
 #include "harness/check/compare_command.h"
@@ -90,8 +93,43 @@ std::pair<std::size_t, std::size_t> shown_pair(const Consensus& c, const std::ve
   return best;
 }
 
+// As the JSON report writes a number (check/report_json.cpp): NaN and the
+// infinities as strings, which JSON lacks.
+nlohmann::json number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+// Each matched tap's err/tol (its largest ratio) in one pair's comparison.
+using TapMargins = std::vector<std::pair<std::string, double>>;
+
+TapMargins margins_of(const CompareResult& res) {
+  TapMargins out;
+  for (const auto& t : res.taps)
+    if (t.reference.present) out.emplace_back(t.name, t.reference.margin());
+  return out;
+}
+
+// The run a run's own figures are measured against: for one that leaves the
+// consensus, a run of the consensus it disagrees with; for the others,
+// another run that stays (else any other run).
+std::size_t yardstick_of(const Consensus& c, std::size_t r) {
+  if (c.runs[r].leaves_at && !c.runs[r].disagrees_with.empty()) return c.runs[r].disagrees_with.front();
+  std::optional<std::size_t> any;
+  for (std::size_t s = 0; s < c.runs.size(); ++s) {
+    if (s == r) continue;
+    if (!c.runs[s].leaves_at) return s;
+    if (!any) any = s;
+  }
+  return any.value_or(r);
+}
+
+// `margins[{a, b}]` (a < b): the pair's per-tap err/tol, for each run's row
+// of figures (sweep-mesh's heatmap draws them).
 nlohmann::json consensus_json(const std::vector<ActivationSet>& runs, const Consensus& c, const TapOrder& order,
-                              const std::vector<std::string>& own_failures) {
+                              const std::vector<std::string>& own_failures,
+                              const std::map<std::pair<std::size_t, std::size_t>, TapMargins>& margins) {
   nlohmann::json j{{"runs", nlohmann::json::array()}, {"undecided", c.undecided}};
   for (std::size_t r = 0; r < runs.size(); ++r) {
     nlohmann::json run{{"source", runs[r].source}, {"mesh", runs[r].mesh.str()}};
@@ -100,6 +138,14 @@ nlohmann::json consensus_json(const std::vector<ActivationSet>& runs, const Cons
       run["disagrees_with"] = c.runs[r].disagrees_with;
     }
     if (!own_failures[r].empty()) run["own_checks"] = own_failures[r];
+    const std::size_t y = yardstick_of(c, r);
+    const auto pair = margins.find({std::min(r, y), std::max(r, y)});
+    if (pair != margins.end()) {
+      run["against_run"] = y;
+      run["taps"] = nlohmann::json::array();
+      for (const auto& [name, margin] : pair->second)
+        run["taps"].push_back({{"name", name}, {"err_over_tol", number(margin)}});
+    }
     j["runs"].push_back(run);
   }
   return j;
@@ -113,6 +159,7 @@ int compare_runs_and_report(const std::vector<std::string>& sources, bool exact,
   for (const auto& s : sources) runs.push_back(read_everywhere(s, "", opts.compare.processes));
   TapOrder order(runs.front());
   std::vector<PairVerdict> pairs;
+  std::map<std::pair<std::size_t, std::size_t>, TapMargins> margins;
   for (std::size_t a = 0; a < runs.size(); ++a)
     for (std::size_t b = a + 1; b < runs.size(); ++b) {
       const bool flip = batch_larger(runs[a], runs[b]);  // the smaller batch is checked, on its samples
@@ -121,6 +168,7 @@ int compare_runs_and_report(const std::vector<std::string>& sources, bool exact,
       PairVerdict p{a, b, {}};
       if (res.first_divergence) p.first_divergence = order.index_of(res.taps[*res.first_divergence].name);
       pairs.push_back(p);
+      margins[{a, b}] = margins_of(res);
     }
   std::vector<std::string> own_failures(runs.size());
   for (std::size_t r = 0; r < runs.size(); ++r) {
@@ -142,7 +190,7 @@ int compare_runs_and_report(const std::vector<std::string>& sources, bool exact,
     // The pair's report, with the consensus beside it.
     nlohmann::json j;
     std::ifstream(opts.json_path) >> j;
-    j["consensus"] = consensus_json(runs, c, order, own_failures);
+    j["consensus"] = consensus_json(runs, c, order, own_failures, margins);
     j["pass"] = j["pass"].get<bool>() && !c.first_split &&
                 std::all_of(own_failures.begin(), own_failures.end(), [](const auto& f) { return f.empty(); });
     write_whole_file(opts.json_path, j.dump(1) + "\n", "JSON report");

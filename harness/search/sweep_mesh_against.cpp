@@ -31,6 +31,14 @@ void mark(MeshRow& row, const std::string& tap, const std::string& why) {
   row.detail = "against the others";
 }
 
+// The row's heatmap cells take the comparison's err/tol (a mesh's own run,
+// with no reference, has none): a tap the row lacks is added.
+void set_ratio(MeshRow& row, const std::string& tap, double ratio) {
+  auto it = std::find_if(row.taps.begin(), row.taps.end(), [&](const auto& t) { return t.first == tap; });
+  if (it == row.taps.end()) it = row.taps.insert(row.taps.end(), {tap, html::CellState{}});
+  it->second.ratio = ratio;
+}
+
 // Three or more runs: the consensus the compare's JSON holds.
 void read_consensus(const nlohmann::json& consensus, const std::vector<std::size_t>& which,
                     std::vector<MeshRow>& rows) {
@@ -38,6 +46,10 @@ void read_consensus(const nlohmann::json& consensus, const std::vector<std::size
   for (std::size_t k = 0; k < which.size() && k < runs.size(); ++k) {
     MeshRow& row = rows[which[k]];
     const auto& run = runs[k];
+    if (run.contains("taps")) {  // its err/tol against a run of the consensus
+      row.against_mesh = rows[which.at(run["against_run"].get<std::size_t>())].mesh;
+      for (const auto& t : run["taps"]) set_ratio(row, t["name"].get<std::string>(), report_number(t["err_over_tol"]));
+    }
     if (!run.contains("leaves_at")) {
       row.against = consensus["undecided"].get<bool>() ? "no consensus" : "in the consensus";
       continue;
@@ -83,7 +95,15 @@ std::string compare_meshes(const SweepMeshOptions& opts, const std::vector<std::
   nlohmann::json j;
   std::ifstream(json_path) >> j;
   const bool consensus = j.contains("consensus");
-  if (consensus) read_consensus(j["consensus"], which, rows);
+  if (consensus) {
+    read_consensus(j["consensus"], which, rows);
+  } else {  // two runs: the pair's figures are both rows'
+    for (const auto& t : j["taps"])
+      if (t["reference"]["present"].get<bool>())
+        for (std::size_t r : which) set_ratio(rows[r], t["name"].get<std::string>(), report_margin(t["reference"]));
+    rows[which[0]].against_mesh = rows[which[1]].mesh;
+    rows[which[1]].against_mesh = rows[which[0]].mesh;
+  }
   if (!consensus || j["consensus"]["undecided"].get<bool>()) mark_split(j, which, rows, !consensus);
   return fmt::format("no reference: the {} meshes that ran compared with each other (diffcheck compare --against; "
                      "each tolerance the sum of both runs' bounds; a smaller batch against the first samples of a "

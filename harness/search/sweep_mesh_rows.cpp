@@ -16,20 +16,30 @@
 #include "harness/search/launcher.h"
 
 namespace dc {
-namespace {
 
-// A JSON number the report may have written as "nan" / "inf".
-double json_number(const nlohmann::json& v) {
+double report_number(const nlohmann::json& v) {
   if (v.is_number()) return v.get<double>();
   if (v.is_string()) return std::strtod(v.get<std::string>().c_str(), nullptr);
   return -1;
 }
 
+double report_margin(const nlohmann::json& reference) {
+  double m = report_number(reference["worst_ratio"]);
+  for (const char* key : {"l2_ratio", "column_ratio"})
+    if (reference.contains(key)) {
+      const double r = report_number(reference[key]);
+      if (!(r <= m)) m = r;  // NaN wins, as it fails
+    }
+  return m;
+}
+
+namespace {
+
 html::CellState cell_of(const nlohmann::json& tap) {
   html::CellState c;
   c.nonfinite = tap["nonfinite"]["nan"].get<long long>() + tap["nonfinite"]["inf"].get<long long>();
-  if (!tap["replica"]["pass"].get<bool>()) c.replica = json_number(tap["replica"]["max_abs"]);
-  if (tap["reference"]["present"].get<bool>()) c.ratio = json_number(tap["reference"]["worst_ratio"]);
+  if (!tap["replica"]["pass"].get<bool>()) c.replica = report_number(tap["replica"]["max_abs"]);
+  if (tap["reference"]["present"].get<bool>()) c.ratio = report_margin(tap["reference"]);
   return c;
 }
 
@@ -210,7 +220,11 @@ void write_mesh_html(const std::string& path, const SweepMeshOptions& opts, cons
                    html::esc(title), html::verdict_badge(failed == 0 && !rows.empty(), failed ? "FAIL" : "PASS"),
                    rows.size(), failed, skipped.size(),
                    opts.flags.empty() ? "" : fmt::format(" &middot; flags {}", html::esc(fmt::format("{}", fmt::join(opts.flags, " ")))));
-  s += "<h2>Worst error over tolerance, per mesh and tap</h2>\n" + html::legend();
+  s += "<h2>Worst error over tolerance, per mesh and tap</h2>\n";
+  if (opts.no_reference)
+    s += "<div class=\"meta\">No reference: each mesh's err/tol is against another mesh's run (one of the "
+         "consensus, or the other of two), each tolerance the sum of both runs' bounds</div>\n";
+  s += html::legend();
   s += fmt::format("<svg id=\"heatmap\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\">\n", width,
                    height);
   for (std::size_t k = 0; k < taps.size(); ++k)
@@ -233,7 +247,10 @@ void write_mesh_html(const std::string& path, const SweepMeshOptions& opts, cons
       const bool first = r.first_tap == taps[k];
       std::string tip = fmt::format("mesh {}, tap {}", r.mesh, taps[k]);
       if (c.error) tip += "\n" + r.verdict + (r.detail.empty() ? "" : ": " + r.detail);
-      else tip += c.ratio >= 0 || std::isnan(c.ratio) ? "\nerr/tol " + html::num(c.ratio) : "\nno reference";
+      else if (c.ratio >= 0 || std::isnan(c.ratio))
+        tip += "\nerr/tol " + html::num(c.ratio) + (r.against_mesh.empty() ? "" : " against mesh " + r.against_mesh);
+      else
+        tip += "\nno reference";
       if (c.replica != 0) tip += "\nreplica difference " + html::num(c.replica);
       if (c.nonfinite) tip += fmt::format("\n{} NaN/Inf", c.nonfinite);
       if (first) tip += "\nfirst divergence of this mesh";

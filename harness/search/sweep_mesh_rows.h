@@ -1,6 +1,7 @@
 // sweep-mesh's rows: one mesh's verdict read from its run's exit and JSON
 // report, and the table, JSON, JUnit and HTML the sweep reports them in.
 #pragma once
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,11 +19,18 @@ struct MeshRow {
   std::string expected;      // with a fault: "PASS" or "FAIL at 'tap'"
   bool as_expected = true;
   std::string against;       // --no-reference: where the mesh stands among the others
+  std::string against_mesh;  // --no-reference: the mesh whose run its cells' err/tol are measured against
   std::string report_stem;   // with --reports: <dir>/<stem>.json and .html
   std::vector<std::pair<std::string, html::CellState>> taps;  // for the HTML heatmap
 };
 
 using SkippedMeshes = std::vector<std::pair<std::string, std::string>>;  // mesh, why
+
+// A number of a JSON report, which writes NaN and the infinities as strings.
+double report_number(const nlohmann::json& v);
+// A tap's err/tol in a JSON report: the largest of its "reference" ratios
+// (element-wise, norm-wise, column means), as ReferenceCheck::margin() is.
+double report_margin(const nlohmann::json& reference);
 
 // The row of one mesh's trial: its verdict, first divergent tap and cells.
 MeshRow judge_mesh(const std::string& mesh, const TrialOutcome& t, const std::string& json_file);
