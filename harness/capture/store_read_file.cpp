@@ -12,6 +12,7 @@
 #include "harness/capture/h5_data.h"
 #include "harness/capture/read_guard.h"
 #include "harness/capture/store.h"
+#include "harness/capture/store_sketch.h"
 #include "harness/core/error.h"
 
 namespace dc::read {

@@ -1,0 +1,251 @@
+"""Capture a JAX program's taps as diffcheck files, their layouts read from
+the shardings the arrays have (never written by hand).
+
+    import diffcheck.jax as dcj
+
+    def block(params, x):                   # a plain, jitted or shard_map'd function, or an nnx.Module
+        h = dcj.tap("h", x @ params["w1"])  # anywhere in the function's own trace; x when no capture runs
+        return h @ params["w2"]
+
+    report = dcj.check(jax.jit(block), params, x, out="dumps/block", mesh=mesh)
+
+check() runs the function on the mesh (one rank file per device,
+`<out>.rank<R>.h5`, R the device's place in the mesh), then on one device in
+float64 (the reference, `<out>.reference.h5`) and in the run's dtype (the
+one-device yardstick beside it), and returns `diffcheck compare`'s report
+(a Divergence, an AssertionError, when a check fails). The function takes
+its mesh from the context (`jax.set_mesh`, which the capture sets): the
+references run it on a mesh of the same axis names with every size 1.
+
+The three runs one at a time: `with dcj.capture(fn, out, mesh) as run:
+run(*args)`, with reference=True or one_device=True. An nnx.Module's
+submodule outputs are taps under their paths (`blocks.0.attn`). See
+docs/jax.md.
+"""
+import os
+
+import jax
+
+from diffcheck import __version__, jax_nnx, jax_taps
+from diffcheck import jax_one_device as one
+from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: F401
+from diffcheck.dump import RankDump, ReferenceDump
+from diffcheck.jax_layouts import LayoutError, array_layout, mesh_string  # noqa: F401
+from diffcheck.jax_rounding import output_depths
+from diffcheck.jax_taps import TapError  # noqa: F401
+from diffcheck.keywords import check_root_keywords, root_attributes
+
+ONE_DEVICE_SUFFIX = ".one_device"
+REFERENCE_SUFFIX = ".reference"
+_CAPTURE_PARAMETERS = ("out", "mesh", "reference", "one_device", "include", "exclude", "derive_depths", "jit",
+                       "attrs")
+
+
+def tap(name, x):
+    """Records `x` (an array or a pytree of them: `name/<key path>`) as tap
+    `name` in the capture running the function; returns `x`. Outside a
+    capture it does nothing, so the call can stay in code that runs unchecked."""
+    collector = jax_taps.current()
+    if collector is not None:
+        collector.add(name, x)
+    return x
+
+
+def xla_flags_attribute():
+    """XLA_FLAGS as the files' `flags` attribute (`name=value` separated by spaces)."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    return " ".join(f.lstrip("-") if "=" in f else f"{f.lstrip('-')}=true" for f in flags) or None
+
+
+def _context_mesh(where):
+    mesh = jax.sharding.get_mesh()
+    if not isinstance(mesh, jax.sharding.Mesh) or mesh.empty:
+        raise ValueError(f"{where}: no mesh: pass mesh= (a jax.sharding.Mesh) or capture inside "
+                         "`with jax.set_mesh(mesh):`")
+    return mesh
+
+
+def _unjitted(fn):
+    """(the Python function, whether it was jitted) of a jax.jit-wrapped function."""
+    if hasattr(fn, "lower") and hasattr(fn, "__wrapped__"):
+        return fn.__wrapped__, True
+    return fn, False
+
+
+class Capture:
+    """The context `capture()` returns: call it as the function. Files are
+    written as each call ends and get their names when the block ends
+    cleanly (none is left under its name when it raised)."""
+
+    def __init__(self, target, out, mesh=None, *, reference=False, one_device=False, include=None, exclude=None,
+                 derive_depths=True, jit=None, attrs=None, **root_attrs):
+        check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
+        extra = root_attributes("capture()", attrs)
+        if reference and one_device:
+            raise ValueError("capture(): reference=True (float64) and one_device=True (the run's dtype) are two "
+                             "captures: make one of each")
+        self.mesh = mesh if mesh is not None else _context_mesh("capture()")
+        if not isinstance(self.mesh, jax.sharding.Mesh):
+            raise TypeError(f"capture(): mesh is a {type(self.mesh).__name__}, not a jax.sharding.Mesh")
+        self.out, self.reference, self.one_device = os.fspath(out), reference, one_device
+        self.include = [include] if isinstance(include, str) else list(include or ["*"])
+        self.exclude = [exclude] if isinstance(exclude, str) else list(exclude or [])
+        self.derive_depths = derive_depths and not reference and not one_device
+        self.module = jax_nnx.is_module(target)
+        if self.module:
+            self.fn, self.state = jax_nnx.as_function(target)
+            jitted = True
+        else:
+            if not callable(target):
+                raise TypeError(f"capture(): {type(target).__name__} is neither a function nor an nnx.Module")
+            (self.fn, jitted), self.state = _unjitted(target), None
+        self.jitted = jitted if jit is None else bool(jit)
+        self._jit = jax.jit(self._traced)
+        self.root_attrs = {"producer": f"diffcheck.jax {__version__} (jax {jax.__version__})",
+                           "flags": xla_flags_attribute(), **extra, **root_attrs}
+        self._writers, self._calls, self._step, self._depths = None, 0, "", {}
+
+    # -- running --------------------------------------------------------------
+
+    def _traced(self, *args, **kwargs):
+        collector = jax_taps.Collector(self.include, self.exclude)
+        with jax_taps.collecting(collector):
+            result = self.fn(*args, **kwargs)
+        return result, collector.outputs()
+
+    def _run(self, mesh, args, kwargs):
+        with jax.set_mesh(mesh):
+            result, taps = (self._jit if self.jitted else self._traced)(*args, **kwargs)
+            taps = jax_taps.names_of(taps)
+            if self.derive_depths and any(n not in self._depths for n, _ in taps):
+                closed = jax.make_jaxpr(self._traced)(*args, **kwargs)
+                depths = output_depths(closed, dict(mesh.shape))[-len(taps):] if taps else []
+                self._depths.update((n, d) for (n, _), d in zip(taps, depths))
+        return result, taps
+
+    def __call__(self, *args, **kwargs):
+        """Runs the function once under the capture and returns its result."""
+        args = (self.state, *args) if self.module else args
+        if self.reference or self.one_device:
+            return self._call_one_device(args, kwargs)
+        result, taps = self._run(self.mesh, args, kwargs)
+        self._open(args)
+        for name, value in taps:
+            where = f"tap '{name}'"
+            spec, partial, pieces = array_layout(value, self.mesh, where)
+            depth, steps = self._depths.get(name, (None, None))
+            for rank, piece in pieces.items():
+                self._writer(rank).write_tap(self._named(name), piece, spec=spec, partial=partial,
+                                             reduction_depth=depth or None, rounding_steps=max(steps, 1)
+                                             if steps is not None else None)
+        self._calls += 1
+        return result
+
+    def _call_one_device(self, args, kwargs):
+        mesh1 = one.one_device_mesh(self.mesh)
+        if jax.process_index() != 0:  # the whole inputs are gathered by every process; one runs them
+            one.gather_everywhere((args, kwargs))
+            self._calls += 1
+            return None
+        with jax.enable_x64(bool(self.reference)):
+            args1, kwargs1 = one.to_one_device((args, kwargs), mesh1, widen=self.reference)
+            self._open(args)
+            result, taps = self._run(mesh1, args1, kwargs1)
+            for name, value in taps:
+                if self.reference:
+                    self._writer(0).reference(self._named(name), one.gathered(value))
+                else:
+                    self._writer(0).write_tap(self._named(name), one.gathered(value))
+        self._calls += 1
+        return result
+
+    def step(self, t):
+        """Later taps are named `step<t>/...` (t=None: no prefix)."""
+        self._step = "" if t is None else f"step{int(t)}/"
+
+    def _named(self, name):
+        if not self._step and self._calls:
+            return f"step{self._calls}/{name}"  # a later call of the capture: its own names
+        return self._step + name
+
+    # -- files ----------------------------------------------------------------
+
+    @property
+    def path(self):
+        """The reference file, or the first rank file's prefix."""
+        stem = self.out[:-3] if self.out.endswith(".h5") else self.out
+        if self.reference:
+            return stem + ".h5"
+        return stem + ONE_DEVICE_SUFFIX if self.one_device else self.out
+
+    def _open(self, args):
+        if self._writers is not None:
+            return
+        attrs = {"dtype": one.run_dtype(args), **self.root_attrs}
+        self._writers = {}
+        if self.reference:
+            self._writers[0] = ReferenceDump(self.path, **attrs)
+        elif self.one_device:
+            mesh1 = ",".join(f"{a}=1" for a in self.mesh.axis_names)
+            self._writers[0] = RankDump(self.path, mesh1, 0, **attrs)
+        else:
+            mesh, ranks = mesh_string(self.mesh), {d.id: r for r, d in enumerate(self.mesh.devices.flat)}
+            for d in self.mesh.devices.flat:
+                if d.process_index == jax.process_index():
+                    self._writers[ranks[d.id]] = RankDump(self.out, mesh, ranks[d.id], **attrs)
+
+    def _writer(self, rank):
+        return self._writers[rank]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        writers, self._writers = self._writers or {}, None
+        for w in writers.values():
+            w.abandon() if exc_type is not None else w.close()
+        return False
+
+
+def capture(target, out, mesh=None, **kwargs):
+    """The capture of one run of `target` (a function, jitted or not, or an
+    nnx.Module): `with capture(fn, out, mesh) as run: run(*args)`.
+
+    out        prefix of the rank files (`<out>.rank<R>.h5`); with
+               reference=True the reference file (`<out>.h5`), with
+               one_device=True `<out>.one_device.rank0.h5` beside it
+    mesh       the jax.sharding.Mesh the arrays live on (default: the
+               context's, jax.set_mesh); the references take its axis names
+    reference  the function on one device in float64: /reference/<tap>
+    one_device the function on one device in the run's dtype: the yardstick
+               compare holds each tap's error to
+    include, exclude   globs on tap names (without `@k`)
+    derive_depths      mark each tap with the sums and roundings the
+               program makes it with (read from its jaxpr)
+    jit        run jitted (default: when the target is jitted or a module)
+    scenario, flags, dtype, seed, producer, size; attrs={...}   root attributes
+    """
+    return Capture(target, out, mesh, **kwargs)
+
+
+def check(target, *args, out, mesh=None, kwargs=None, reference=True, one_device=True, compare_args=(), **capture_kwargs):
+    """Runs `target(*args, **kwargs)` on the mesh, on one device in float64
+    and in its own dtype, and compares: returns the JSON report of `diffcheck
+    compare`; raises Divergence (an AssertionError) when a check fails.
+    Every process of a multi-process job calls it; process 0 runs the
+    references and the compare (the others return None)."""
+    kwargs = kwargs or {}
+    with capture(target, out, mesh, **capture_kwargs) as run:
+        run(*args, **kwargs)
+    stem = out + REFERENCE_SUFFIX
+    shared = {k: v for k, v in capture_kwargs.items() if k in ("include", "exclude", "jit")}
+    mesh = run.mesh
+    if reference:
+        with capture(target, stem, mesh, reference=True, **shared) as ref:
+            ref(*args, **kwargs)
+    if one_device:
+        with capture(target, stem, mesh, one_device=True, **shared) as yardstick:
+            yardstick(*args, **kwargs)
+    if jax.process_index() != 0:
+        return None
+    return compare(out, reference=stem + ".h5" if reference else None, args=compare_args)

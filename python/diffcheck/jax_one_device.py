@@ -1,0 +1,65 @@
+"""The reference runs of a JAX capture: the same function on one device, on a
+mesh of the same axis names with every size 1 (so shard_map, reshard and
+out_sharding= in the function work unchanged), its inputs gathered whole and,
+for the float64 reference, widened."""
+import numpy as np
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+
+def one_device_mesh(mesh):
+    """A mesh of `mesh`'s axis names and types, every size 1, on this process's first device."""
+    device = jax.local_devices()[0]
+    shape = (1,) * len(mesh.axis_names)
+    kwargs = {"axis_types": mesh.axis_types} if getattr(mesh, "axis_types", None) is not None else {}
+    return Mesh(np.array([device]).reshape(shape), mesh.axis_names, **kwargs)
+
+
+def gathered(x):
+    """The whole value of an array as numpy (all processes take part when the
+    array spans processes: jax's process_allgather is collective)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def _spec_without_reductions(sharding, ndim):
+    if isinstance(sharding, NamedSharding):
+        spec = sharding.spec
+        return P(*list(getattr(spec, "partitions", spec))[:ndim])
+    return P()
+
+
+def is_array(x):
+    return isinstance(x, (jax.Array, np.ndarray))
+
+
+def to_one_device(tree, mesh1, widen):
+    """Every array leaf of `tree` whole on mesh1's device, with its
+    PartitionSpec (its axes have size 1 there); floating leaves as float64
+    when `widen` (call inside jax.enable_x64). Other leaves as they are."""
+    def move(x):
+        if not is_array(x):
+            return x
+        a = gathered(x)
+        if widen and np.issubdtype(a.dtype, np.floating) or widen and a.dtype.name == "bfloat16":
+            a = a.astype(np.float64)
+        return jax.device_put(a, NamedSharding(mesh1, _spec_without_reductions(getattr(x, "sharding", None),
+                                                                                a.ndim)))
+    return jax.tree_util.tree_map(move, tree)
+
+
+def gather_everywhere(tree):
+    """The array leaves as whole numpy arrays (collective across processes)."""
+    return jax.tree_util.tree_map(lambda x: gathered(x) if is_array(x) else x, tree)
+
+
+def run_dtype(tree):
+    """The first floating dtype among the array leaves ('float32', 'bfloat16'), else None."""
+    for leaf in jax.tree_util.tree_leaves(tree):
+        dt = getattr(leaf, "dtype", None)
+        if dt is not None and (np.issubdtype(dt, np.floating) or dt.name == "bfloat16"):
+            return dt.name
+    return None

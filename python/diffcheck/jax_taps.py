@@ -1,0 +1,107 @@
+"""Where `diffcheck.jax.tap(name, x)` puts its value while a capture runs the
+function: taps of the function's own trace (the jitted function's, or
+concrete arrays when it runs eagerly) become extra outputs of the compiled
+program, so they leave it with the result, with no host round trip per tap.
+
+A value of an inner trace (the body of a lax.scan, shard_map,
+jax.checkpoint or an inner jax.jit) cannot leave that way; such a tap is
+reported by name, never dropped in silence. A pytree is tapped leaf by
+leaf, `name/<key path>`."""
+import contextlib
+import fnmatch
+import re
+import threading
+
+import jax
+from jax._src import core as jax_core
+
+_state = threading.local()
+
+
+class TapError(ValueError):
+    """A tap the capture cannot take as asked (the message names it)."""
+
+
+def _key_name(key):
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def leaves_with_names(name, tree):
+    """[(tap name, leaf)] of a value: an array is itself, a pytree its leaves
+    under `name/a.b.0`."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    if len(flat) == 1 and not flat[0][0]:
+        return [(name, flat[0][1])]
+    return [(f"{name}/{'.'.join(_key_name(k) for k in path)}", leaf) for path, leaf in flat]
+
+
+class Collector:
+    """The taps of one traced (or eager) call, in the order they were made."""
+
+    def __init__(self, include, exclude):
+        self.include, self.exclude = include, exclude
+        self.values, self.names, self.unseen, self.calls = [], set(), [], {}
+        self.trace = None
+
+    def wanted(self, name):
+        base = re.sub(r"@\d+", "", name)
+        return (any(fnmatch.fnmatchcase(base, p) for p in self.include)
+                and not any(fnmatch.fnmatchcase(base, p) for p in self.exclude))
+
+    def add(self, name, x, numbered=False):
+        """numbered: a module's output, `name@k` when the name is taken (its k-th call)."""
+        if numbered:
+            self.calls[name] = k = self.calls.get(name, -1) + 1
+            name = f"{name}@{k}" if k else name
+        for leaf_name, leaf in leaves_with_names(name, x):
+            if leaf_name in self.names:
+                raise TapError(f"tap '{leaf_name}' is made twice in one call: tap names must be unique "
+                               "(a value in a loop: name it per step, e.g. f'block{i}/out')")
+            self.names.add(leaf_name)
+            if not self.wanted(leaf_name):
+                continue
+            if isinstance(leaf, jax_core.Tracer) and leaf._trace is not self.trace:
+                self.unseen.append(leaf_name)
+                continue
+            if not hasattr(leaf, "shape"):
+                raise TapError(f"tap '{leaf_name}' is a {type(leaf).__name__}, not an array")
+            self.values.append((leaf_name, leaf))
+
+    def outputs(self):
+        """The taps as one pytree output: keys sort in execution order (jax
+        flattens a dict by its sorted keys), and carry the names."""
+        if self.unseen:
+            raise TapError(
+                f"tap{'s' if len(self.unseen) > 1 else ''} {', '.join(repr(n) for n in self.unseen[:5])} "
+                f"{'are' if len(self.unseen) > 1 else 'is'} inside a body JAX traces on its own (lax.scan, "
+                "shard_map, jax.checkpoint, an inner jax.jit): this capture takes taps from the captured "
+                "function's own trace, where they leave the compiled program as outputs. Tap the value where "
+                "the body returns it (a shard_map's output has the layout its out_specs give)")
+        return {f"{i:06d}:{name}": v for i, (name, v) in enumerate(self.values)}
+
+
+def names_of(outputs):
+    """[(tap name, array)] of Collector.outputs() after the call, in order."""
+    return [(key.split(":", 1)[1], v) for key, v in sorted(outputs.items())]
+
+
+@contextlib.contextmanager
+def collecting(collector):
+    """Taps made while the block runs go to `collector`; its trace is the one current now."""
+    collector.trace = jax_core.trace_ctx.trace
+    stack = getattr(_state, "stack", None)
+    if stack is None:
+        stack = _state.stack = []
+    stack.append(collector)
+    try:
+        yield collector
+    finally:
+        stack.pop()
+
+
+def current():
+    stack = getattr(_state, "stack", None)
+    return stack[-1] if stack else None
