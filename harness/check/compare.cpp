@@ -68,6 +68,7 @@ ToleranceInputs tap_tolerance_inputs(const ActivationSet& set, const TapData& t,
     in.measured = opts.tolerances->find(t.name);
     in.measured_source = opts.tolerances->source;
     in.per_mesh = t.per_mesh;
+    for (const auto& axis : t.layout.partial) in.partial_pieces *= set.mesh.axis_size(axis);
   }
   return in;
 }

@@ -51,15 +51,19 @@ bool tolerance_needs_rms(const ToleranceInputs& in) {
 Tolerance derive_tolerance(const ToleranceInputs& in) {
   if (measured_applies(in)) {
     Tolerance t;
-    t.rtol = in.measured->rtol;
+    // A partial sum's element is g pieces, each rounded on its own rank where
+    // the one device rounded the whole once: independent roundings of
+    // like-sized values, whose worst element grows as sqrt(g).
+    t.rtol = in.measured->rtol * std::sqrt(static_cast<double>(std::max(1, in.partial_pieces)));
     t.atol = t.rtol * in.reference_rms;
     t.rel_l2_limit = in.measured->rel_l2_limit;
-    if (in.measured->rel_l2_limit_own_inputs && !in.per_mesh) {
+    const bool same_arithmetic = !in.per_mesh && in.partial_pieces <= 1;
+    if (in.measured->rel_l2_limit_own_inputs && same_arithmetic) {
       t.rel_l2_limit = in.measured->rel_l2_limit_own_inputs;
       t.own_inputs = true;
     }
     t.column_mean_limit = in.measured->column_mean_limit;
-    if (in.measured->column_mean_limit_own_inputs && !in.per_mesh) {
+    if (in.measured->column_mean_limit_own_inputs && same_arithmetic) {
       t.column_mean_limit = in.measured->column_mean_limit_own_inputs;
       t.column_own_inputs = true;
     }

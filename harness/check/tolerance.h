@@ -113,6 +113,10 @@ struct ToleranceInputs {
   const MeasuredTolerance* measured = nullptr;  // this tap's entry of a tolerance table
   ToleranceSource measured_source = ToleranceSource::file;
   bool per_mesh = false;  // the tap's `per_mesh` attribute: no same-input limit
+  // Pieces summed into each element (the size of the tap's partial group):
+  // above 1, each piece was rounded on its own rank, arithmetic the
+  // one-device run does not do, so no same-input limit either.
+  int partial_pieces = 1;
   std::optional<long> rounding_steps;  // the tap's `rounding_steps` attribute
   double math_roundoff = 0;  // what the run's math adds (check/math_mode.h); 0: the dtype's own
   std::string math_label;    // "TF32 matmuls", ...: said in the yardstick
