@@ -95,6 +95,18 @@ def _indices_without_partial(sharding, shape):
     return NamedSharding(sharding.mesh, PartitionSpec(*spec.partitions)).devices_indices_map(shape)
 
 
+def _this_process():
+    import jax
+    return jax.process_index()
+
+
+def _process_of(mesh, device_id):
+    for d in mesh.devices.flat:
+        if d.id == device_id:
+            return d.process_index
+    return None
+
+
 def array_layout(x, mesh, where):
     """(spec, partial, {rank: this device's piece}) of a jax.Array on `mesh`,
     for the devices this process holds. LayoutError naming `where` when its
@@ -131,6 +143,10 @@ def array_layout(x, mesh, where):
             raise LayoutError(f"{where}: rank {rank} (device {shard.device}) holds block {blocks}, but its "
                               f"layout '{spec}' puts block {want} there")
         pieces[rank] = shard.data
+    mine = [r for d, r in ranks.items() if _process_of(mesh, d) == _this_process()]
+    if sorted(pieces) != sorted(mine):
+        raise LayoutError(f"{where}: held by {len(pieces)} of the mesh's {len(mine)} devices (an array on one "
+                          "device, or on another mesh's): every device of the mesh must hold its piece")
     if local_shape is not None and spec:
         for d, entry in enumerate(spec.split(",")):
             n = int(np.prod([mesh.shape[a] for a in entry.split("*")])) if entry != "-" else 1

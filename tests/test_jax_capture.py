@@ -1,0 +1,192 @@
+"""diffcheck.jax in one process with 8 CPU devices: layouts read from
+shardings, taps of jitted and eager functions, NNX module names, and the
+errors a capture must give rather than a wrong file."""
+import os
+import tempfile
+import unittest
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import h5py  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+import diffcheck.jax as dcj  # noqa: E402
+from diffcheck.jax_layouts import LayoutError, array_layout, block_index, spec_strings  # noqa: E402
+from diffcheck.jax_taps import TapError  # noqa: E402
+
+AXES = ["dp", "fsdp", "tp"]
+
+
+class SpecToLayout(unittest.TestCase):
+    def test_entries(self):
+        self.assertEqual(spec_strings(P(), 3, AXES, "t"), ("", ""))
+        self.assertEqual(spec_strings(P(None, "tp"), 3, AXES, "t"), ("-,tp,-", ""))
+        self.assertEqual(spec_strings(P(("dp", "fsdp"), None, "tp"), 3, AXES, "t"), ("dp*fsdp,-,tp", ""))
+        self.assertEqual(spec_strings(P(None, "tp", unreduced={"fsdp", "dp"}), 2, AXES, "t"), ("-,tp", "dp*fsdp"))
+        self.assertEqual(spec_strings(P(unreduced={"tp"}), 2, AXES, "t"), ("", "tp"))
+
+    def test_what_is_not_a_layout(self):
+        with self.assertRaisesRegex(LayoutError, "tap 'x'.*not an axis of the mesh"):
+            spec_strings(P("sp"), 1, AXES, "tap 'x'")
+        with self.assertRaisesRegex(LayoutError, "3 entries for 2 dimensions"):
+            spec_strings(P("dp", None, None), 2, AXES, "tap 'x'")
+        with self.assertRaisesRegex(LayoutError, "not a mesh axis or None"):
+            spec_strings(P(P.UNCONSTRAINED), 1, AXES, "tap 'x'")
+
+    def test_block_index_is_the_mixed_radix_of_the_coordinates(self):
+        sizes = {"dp": 2, "fsdp": 2, "tp": 2}
+        # rank 6 = (dp 1, fsdp 1, tp 0): dp*fsdp block 3, tp block 0
+        self.assertEqual(block_index("dp*fsdp,tp", 6, sizes), [3, 0])
+        self.assertEqual(block_index("-,fsdp*dp", 6, sizes), [0, 3])
+        self.assertEqual(block_index("tp,-", 5, sizes), [1, 0])
+
+
+class ShardsToPieces(unittest.TestCase):
+    def setUp(self):
+        self.mesh = jax.make_mesh((2, 2, 2), tuple(AXES))
+        self.x = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+
+    def test_each_device_holds_its_block(self):
+        a = jax.device_put(self.x, NamedSharding(self.mesh, P(("dp", "fsdp"), "tp")))
+        spec, partial, pieces = array_layout(a, self.mesh, "tap 'a'")
+        self.assertEqual((spec, partial), ("dp*fsdp,tp", ""))
+        self.assertEqual(sorted(pieces), list(range(8)))
+        for rank, piece in pieces.items():
+            rows, cols = block_index(spec, rank, dict(self.mesh.shape))
+            np.testing.assert_array_equal(np.asarray(piece), self.x[rows * 2:rows * 2 + 2, cols * 3:cols * 3 + 3])
+
+    def test_an_array_not_on_every_device_of_the_mesh_is_refused(self):
+        a = jax.device_put(self.x, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+        with self.assertRaisesRegex(LayoutError, "tap 'a': held by 1 of the mesh's 8 devices"):
+            array_layout(a, self.mesh, "tap 'a'")
+
+    def test_another_mesh_is_refused(self):
+        other = jax.make_mesh((4, 2), ("dp", "tp"))
+        a = jax.device_put(self.x, NamedSharding(other, P("dp")))
+        with self.assertRaisesRegex(LayoutError, "tap 'a': sharded over the mesh dp=4,tp=2"):
+            array_layout(a, self.mesh, "tap 'a'")
+
+
+def _read(path):
+    """{tap name: (attributes, values)} of a rank file, in its order; {name: values} of a reference file."""
+    out = {}
+    with h5py.File(path) as f:
+        group = "taps" if "taps" in f else "reference"
+
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                out[name] = (dict(obj.attrs), obj[()]) if group == "taps" else obj[()]
+        f[group].visititems(visit)
+    if group == "taps":
+        return dict(sorted(out.items(), key=lambda kv: kv[1][0].get("order", 0)))
+    return out
+
+
+class Capture(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.mesh = jax.make_mesh((2, 4), ("dp", "tp"))
+        k1, k2 = jax.random.split(jax.random.key(0))
+        self.x = jax.device_put(jax.random.normal(k1, (8, 16)), NamedSharding(self.mesh, P("dp", None)))
+        self.w = jax.device_put(jax.random.normal(k2, (16, 32)), NamedSharding(self.mesh, P(None, "tp")))
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def out(self, name="run"):
+        return os.path.join(self.tmp.name, name)
+
+    def test_jitted_taps_with_their_layouts_and_depths(self):
+        def f(x, w):
+            h = dcj.tap("h", x @ w)
+            return dcj.tap("y", jnp.tanh(h).sum(axis=1))
+        with dcj.capture(jax.jit(f), self.out(), self.mesh) as run:
+            y = run(self.x, self.w)
+        np.testing.assert_allclose(np.asarray(y), np.tanh(np.asarray(self.x) @ np.asarray(self.w)).sum(1), rtol=1e-5)
+        taps = _read(self.out() + ".rank5.h5")  # dp 1, tp 1
+        self.assertEqual(list(taps), ["h", "y"])
+        attrs, h = taps["h"]
+        self.assertEqual((attrs["spec"], attrs["order"], attrs["reduction_depth"]), ("dp,tp", 0, 16))
+        np.testing.assert_allclose(h, (np.asarray(self.x) @ np.asarray(self.w))[4:8, 8:16], rtol=1e-5)
+        attrs, _ = taps["y"]
+        self.assertEqual((attrs["spec"], attrs["reduction_depth"]), ("dp", 16 + 32))
+        self.assertGreaterEqual(attrs["rounding_steps"], 3)
+
+    def test_eager_function_and_pytree_taps(self):
+        def f(x, w):
+            dcj.tap("params", {"w": w, "b": [jnp.tanh(x)]})
+            return x @ w
+        with dcj.capture(f, self.out(), self.mesh, derive_depths=False) as run:
+            run(self.x, self.w)
+        self.assertEqual(sorted(_read(self.out() + ".rank0.h5")), ["params/b.0", "params/w"])
+
+    def test_a_tap_inside_a_body_is_reported_not_dropped(self):
+        def scanned(x, w):
+            def body(c, _):
+                return dcj.tap("carry", c * 2), None
+            return jax.lax.scan(body, x, None, length=2)[0]
+
+        def remat(x, w):
+            return jax.checkpoint(lambda y: dcj.tap("inner", y * 2))(x)
+        for fn in (scanned, remat):
+            with self.subTest(fn.__name__):
+                with self.assertRaisesRegex(TapError, "'(carry|inner)' is inside a body JAX traces on its own"):
+                    with dcj.capture(jax.jit(fn), self.out(fn.__name__), self.mesh) as run:
+                        run(self.x, self.w)
+                self.assertFalse(os.path.exists(self.out(fn.__name__) + ".rank0.h5"))  # no partial file
+
+    def test_a_name_used_twice_is_refused(self):
+        def f(x, w):
+            dcj.tap("h", x)
+            return dcj.tap("h", x * 2)
+        with self.assertRaisesRegex(TapError, "tap 'h' is made twice"):
+            with dcj.capture(jax.jit(f), self.out(), self.mesh) as run:
+                run(self.x, self.w)
+
+    def test_no_mesh_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "no mesh: pass mesh="):
+            dcj.capture(lambda x: x, self.out())
+
+    def test_reference_and_one_device(self):
+        def f(x, w):
+            return dcj.tap("h", x @ w)
+        with dcj.capture(jax.jit(f), self.out("ref"), self.mesh, reference=True) as ref:
+            ref(self.x, self.w)
+        with dcj.capture(jax.jit(f), self.out("ref"), self.mesh, one_device=True) as one:
+            one(self.x, self.w)
+        whole = _read(self.out("ref") + ".h5")["h"]
+        self.assertEqual(whole.dtype, np.float64)
+        np.testing.assert_allclose(whole, np.asarray(self.x, np.float64) @ np.asarray(self.w, np.float64))
+        with h5py.File(self.out("ref") + ".one_device.rank0.h5") as f:
+            self.assertEqual((f.attrs["mesh"], f["taps/h"].dtype), ("dp=1,tp=1", np.float32))
+        self.assertFalse(jax.config.jax_enable_x64)  # the reference's float64 stays inside it
+
+
+class NnxModules(unittest.TestCase):
+    def test_submodule_outputs_under_their_paths(self):
+        from flax import nnx
+
+        class Block(nnx.Module):
+            def __init__(self, rngs):
+                self.up = nnx.Linear(8, 16, rngs=rngs)
+                self.down = nnx.Linear(16, 8, rngs=rngs)
+
+            def __call__(self, x):
+                return self.down(jax.nn.gelu(self.up(x))) + self.up(x)[:, :8]
+
+        original = nnx.Linear.__call__
+        mesh = jax.make_mesh((8,), ("dp",))
+        x = jax.device_put(jnp.ones((8, 8)), NamedSharding(mesh, P("dp")))
+        with tempfile.TemporaryDirectory() as tmp:
+            with dcj.capture(Block(nnx.Rngs(0)), os.path.join(tmp, "m"), mesh) as run:
+                run(x)
+            self.assertEqual(list(_read(os.path.join(tmp, "m.rank3.h5"))), ["up", "down", "up@1", "model"])
+        self.assertIs(nnx.Linear.__call__, original)  # the classes as they were
+
+
+if __name__ == "__main__":
+    unittest.main()
