@@ -41,3 +41,22 @@ def mesh_devices(argv, default):
                 n *= int(part.partition("=")[2] or 1)
             return n
     return default
+
+
+def apply_settings(argv):
+    """Takes the settings a flag bisect passes as words ({flags}) out of argv:
+    `--xla_...` ones join XLA_FLAGS, `NAME=VALUE` ones set the environment
+    (an opt-in such as ULYSSES_ATTENTION_CHUNKS=2). Returns the rest of argv.
+    Call before jax starts its backend."""
+    rest, xla = [], []
+    for a in argv:
+        if a.startswith("--xla_"):
+            xla.append(a)
+        elif re.fullmatch(r"[A-Z][A-Z0-9_]*=\S*", a):
+            name, _, value = a.partition("=")
+            os.environ[name] = value
+        else:
+            rest.append(a)
+    if xla:
+        os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *xla]).strip()
+    return rest

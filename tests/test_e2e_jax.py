@@ -68,9 +68,60 @@ class ReshardExample(unittest.TestCase):
         self.assertIn("result", p.stdout)
 
 
+class DitUlyssesExample(unittest.TestCase):
+    """A Flax NNX DiT block with Ulysses attention; the head-chunked path
+    (ULYSSES_ATTENTION_CHUNKS, as MaxDiffusion PR #428) and its fault."""
+
+    def expect(self, *args, first=None):
+        with tempfile.TemporaryDirectory() as tmp:
+            code, out = run_example("jax_dit_ulysses.py", "--out", tmp, *args)
+        if first is None:
+            self.assertEqual(code, 0, out)
+            self.assertRegex(out, r"PASS: all \d+ taps pass")
+        else:
+            self.assertEqual(code, 1, out)
+            self.assertIn(f"First divergence: tap '{first}'", out)
+        return out
+
+    def test_forward_clean_and_chunked_fault(self):
+        cases = [("dp=2,sp=2", "float32"), ("dp=2,sp=4", "bfloat16")]
+        if FULL:
+            cases = list(itertools.product(("dp=2,sp=2", "dp=1,sp=4", "dp=2,sp=4", "dp=1,sp=8"),
+                                           ("float32", "bfloat16")))
+        for mesh, dtype in cases:
+            with self.subTest(mesh=mesh, dtype=dtype):
+                out = self.expect("--mesh", mesh, "--dtype", dtype, "ULYSSES_ATTENTION_CHUNKS=2")
+                for module in ("norm1", "qkv", "attn", "proj", "fc1", "fc2", "model"):
+                    self.assertRegex(out, rf"\n\s+\d+\s+{module}\s")  # every submodule, by its path
+                self.expect("--mesh", mesh, "--dtype", dtype, "--bug")  # one pass: no fault to find
+                self.expect("--mesh", mesh, "--dtype", dtype, "--bug", "ULYSSES_ATTENTION_CHUNKS=2", first="attn")
+
+    def test_training_step(self):
+        cases = [("dp=2,sp=2", "float32", False)]
+        if FULL:
+            cases = list(itertools.product(("dp=2,sp=2", "dp=2,sp=4"), ("float32", "bfloat16"), (False, True)))
+        for mesh, dtype, bug in cases:
+            with self.subTest(mesh=mesh, dtype=dtype, bug=bug):
+                extra = ["--bug", "ULYSSES_ATTENTION_CHUNKS=2"] if bug else []
+                out = self.expect("--train", "--mesh", mesh, "--dtype", dtype, *extra, first="attn" if bug else None)
+                self.assertIn("param_grad/qkv.kernel", out)
+                self.assertIn("param/fc2.bias", out)
+
+    def test_bisect_names_the_setting(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            p = subprocess.run([EXE, "bisect", "--flags=ULYSSES_ATTENTION_CHUNKS=2,--xla_cpu_enable_fast_min_max=true,"
+                                "--xla_cpu_ftz=true", "--cache", "", "--work-dir", tmp, "--",
+                                sys.executable, os.path.join(ROOT, "examples", "jax_dit_ulysses.py"), "--bug",
+                                "--mesh", "dp=1,sp=4", "--out", tmp, "{flags}"],
+                               capture_output=True, text=True, timeout=600)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertRegex(p.stdout, r"[Mm]inimal.*ULYSSES_ATTENTION_CHUNKS=2")
+        self.assertNotRegex(p.stdout.split("inimal", 1)[1], r"xla_cpu_ftz")
+
+
 class ExampleLines(unittest.TestCase):
     def test_at_most_twelve_lines_and_no_layout_by_hand(self):
-        for script in ("jax_reshard",):
+        for script in ("jax_reshard", "jax_dit_ulysses"):
             with open(os.path.join(ROOT, "examples", f"{script}.py")) as f:
                 lines = f.readlines()
             ours = [line for line in lines if line.rstrip().endswith("# diffcheck")]

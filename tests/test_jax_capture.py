@@ -187,6 +187,37 @@ class NnxModules(unittest.TestCase):
             self.assertEqual(list(_read(os.path.join(tmp, "m.rank3.h5"))), ["up", "down", "up@1", "model"])
         self.assertIs(nnx.Linear.__call__, original)  # the classes as they were
 
+    def test_a_training_step_taps_the_forward_under_grad(self):
+        import optax
+        from flax import nnx
+
+        class Mlp(nnx.Module):
+            def __init__(self, rngs):
+                self.fc1 = nnx.Linear(8, 16, rngs=rngs)
+                self.fc2 = nnx.Linear(16, 8, rngs=rngs)
+
+            def __call__(self, x):
+                return self.fc2(jax.nn.relu(self.fc1(x)))
+
+        def step(model, x):
+            optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+            loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(model)
+            dcj.tap("param_grad", nnx.state(grads, nnx.Param))
+            optimizer.update(model, grads)
+            return loss
+
+        mesh = jax.make_mesh((8,), ("dp",))
+        x = jax.device_put(jnp.ones((8, 8)), NamedSharding(mesh, P("dp")))
+        model = Mlp(nnx.Rngs(0))
+        with tempfile.TemporaryDirectory() as tmp:
+            with dcj.capture(model, os.path.join(tmp, "m"), mesh, step=step) as run:
+                run(x)
+            taps = _read(os.path.join(tmp, "m.rank0.h5"))
+        self.assertEqual(list(taps), ["fc1", "fc2", "model", "param_grad/fc1.bias", "param_grad/fc1.kernel",
+                                      "param_grad/fc2.bias", "param_grad/fc2.kernel"])
+        self.assertEqual(taps["param_grad/fc1.kernel"][0].get("spec", ""), "")  # replicated over dp
+        self.assertFalse(hasattr(model.fc1, "_diffcheck_tap_path"))  # the user's module as it was
+
 
 if __name__ == "__main__":
     unittest.main()

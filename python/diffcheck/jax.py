@@ -38,7 +38,7 @@ from diffcheck.keywords import check_root_keywords, root_attributes
 ONE_DEVICE_SUFFIX = ".one_device"
 REFERENCE_SUFFIX = ".reference"
 _CAPTURE_PARAMETERS = ("out", "mesh", "reference", "one_device", "include", "exclude", "derive_depths", "jit",
-                       "attrs")
+                       "step", "attrs")
 
 
 def tap(name, x):
@@ -78,7 +78,7 @@ class Capture:
     cleanly (none is left under its name when it raised)."""
 
     def __init__(self, target, out, mesh=None, *, reference=False, one_device=False, include=None, exclude=None,
-                 derive_depths=True, jit=None, attrs=None, **root_attrs):
+                 derive_depths=True, jit=None, step=None, attrs=None, **root_attrs):
         check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
         extra = root_attributes("capture()", attrs)
         if reference and one_device:
@@ -93,9 +93,11 @@ class Capture:
         self.derive_depths = derive_depths and not reference and not one_device
         self.module = jax_nnx.is_module(target)
         if self.module:
-            self.fn, self.state = jax_nnx.as_function(target)
+            self.fn, self.state = jax_nnx.as_function(target, step)
             jitted = True
         else:
+            if step is not None:
+                raise ValueError("capture(step=...) is for an nnx.Module: a function is its own step")
             if not callable(target):
                 raise TypeError(f"capture(): {type(target).__name__} is neither a function nor an nnx.Module")
             (self.fn, jitted), self.state = _unjitted(target), None
@@ -223,6 +225,8 @@ def capture(target, out, mesh=None, **kwargs):
     derive_depths      mark each tap with the sums and roundings the
                program makes it with (read from its jaxpr)
     jit        run jitted (default: when the target is jitted or a module)
+    step       an nnx.Module's training step, step(model, *args): called
+               on the module instead of its __call__
     scenario, flags, dtype, seed, producer, size; attrs={...}   root attributes
     """
     return Capture(target, out, mesh, **kwargs)
@@ -238,7 +242,7 @@ def check(target, *args, out, mesh=None, kwargs=None, reference=True, one_device
     with capture(target, out, mesh, **capture_kwargs) as run:
         run(*args, **kwargs)
     stem = out + REFERENCE_SUFFIX
-    shared = {k: v for k, v in capture_kwargs.items() if k in ("include", "exclude", "jit")}
+    shared = {k: v for k, v in capture_kwargs.items() if k in ("include", "exclude", "jit", "step")}
     mesh = run.mesh
     if reference:
         with capture(target, stem, mesh, reference=True, **shared) as ref:

@@ -9,6 +9,7 @@ import threading
 from diffcheck import jax_taps
 
 _calls = threading.local()
+PATH_ATTRIBUTE = "_diffcheck_tap_path"
 
 
 def is_module(target):
@@ -30,7 +31,6 @@ def tapping_outputs(module):
     for the block only; a module's call inside its own (super().__call__)
     is tapped once."""
     from flax import nnx
-    names = {id(m): _path_name(p) for p, m in nnx.iter_modules(module)}
     classes = {type(m) for _, m in nnx.iter_modules(module)}
     saved = {}
 
@@ -39,8 +39,8 @@ def tapping_outputs(module):
             inside = getattr(_calls, "ids", None)
             if inside is None:
                 inside = _calls.ids = set()
-            key = id(self)
-            if key in inside or key not in names:
+            key, name = id(self), getattr(self, PATH_ATTRIBUTE, None)
+            if key in inside or name is None:
                 return original(self, *args, **kwargs)
             inside.add(key)
             try:
@@ -49,7 +49,7 @@ def tapping_outputs(module):
                 inside.discard(key)
             collector = jax_taps.current()
             if collector is not None:
-                collector.add(names[key], out, numbered=True)
+                collector.add(name, out, numbered=True)
             return out
         return __call__
 
@@ -70,14 +70,26 @@ def tapping_outputs(module):
                 cls.__call__ = original
 
 
-def as_function(module):
+def as_function(module, step=None):
     """(fn, state): fn(state, *args, **kwargs) calls a copy of `module` made
-    from `state`, its submodules' outputs tapped."""
+    from `state` (or step(copy, *args, **kwargs): a training step), its
+    submodules' outputs tapped."""
     from flax import nnx
-    graphdef, state = nnx.split(module)
+    # Each submodule carries its path as a static attribute in the graph
+    # definition, so copies that nnx transforms (value_and_grad, jit, scan)
+    # make inside the step still know their names; the user's objects are
+    # left as they were.
+    modules = list(nnx.iter_modules(module))
+    try:
+        for path, m in modules:
+            object.__setattr__(m, PATH_ATTRIBUTE, _path_name(path))
+        graphdef, state = nnx.split(module)
+    finally:
+        for _, m in modules:
+            object.__delattr__(m, PATH_ATTRIBUTE)
 
     def run(state, *args, **kwargs):
         m = nnx.merge(graphdef, state)
         with tapping_outputs(m):
-            return m(*args, **kwargs)
+            return step(m, *args, **kwargs) if step is not None else m(*args, **kwargs)
     return run, state

@@ -35,7 +35,13 @@ def leaves_with_names(name, tree):
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
     if len(flat) == 1 and not flat[0][0]:
         return [(name, flat[0][1])]
-    return [(f"{name}/{'.'.join(_key_name(k) for k in path)}", leaf) for path, leaf in flat]
+    out = []
+    for path, leaf in flat:
+        keys = [_key_name(k) for k in path]
+        if len(keys) > 1 and keys[-1] == "value":  # an nnx Variable's array: named as the variable
+            keys.pop()
+        out.append((f"{name}/{'.'.join(keys)}", leaf))
+    return out
 
 
 class Collector:
@@ -63,12 +69,20 @@ class Collector:
             self.names.add(leaf_name)
             if not self.wanted(leaf_name):
                 continue
+            leaf = self._primal(leaf)
             if isinstance(leaf, jax_core.Tracer) and leaf._trace is not self.trace:
                 self.unseen.append(leaf_name)
                 continue
             if not hasattr(leaf, "shape"):
                 raise TapError(f"tap '{leaf_name}' is a {type(leaf).__name__}, not an array")
             self.values.append((leaf_name, leaf))
+
+    def _primal(self, x):
+        """A value under jax.grad or jax.jvp inside the captured function:
+        its primal, the forward's value, when that belongs to the capture's trace."""
+        while isinstance(x, jax_core.Tracer) and x._trace is not self.trace and hasattr(x, "primal"):
+            x = x.primal
+        return x
 
     def outputs(self):
         """The taps as one pytree output: keys sort in execution order (jax
