@@ -119,9 +119,34 @@ class DitUlyssesExample(unittest.TestCase):
         self.assertNotRegex(p.stdout.split("inimal", 1)[1], r"xla_cpu_ftz")
 
 
+class FsdpTrainExample(unittest.TestCase):
+    """An optax Adam step on FSDP-sharded weights (Auto mesh axes), the
+    gradients' sum over dp left out by --bug."""
+
+    def test_clean_and_the_dp_sum_left_out(self):
+        cases = [("dp=2,fsdp=2", "float32"), ("dp=2,fsdp=4", "bfloat16")]
+        if FULL:
+            cases = list(itertools.product(("dp=2,fsdp=2", "dp=1,fsdp=4", "dp=4,fsdp=2", "dp=2,fsdp=4"),
+                                           ("float32", "bfloat16")))
+        for mesh, dtype in cases:
+            with self.subTest(mesh=mesh, dtype=dtype):
+                with tempfile.TemporaryDirectory() as tmp:
+                    code, out = run_example("jax_fsdp_train.py", "--mesh", mesh, "--dtype", dtype, "--out", tmp)
+                    self.assertEqual(code, 0, out)
+                    self.assertIn("PASS: all 5 taps pass", out)
+                    code, out = run_example("jax_fsdp_train.py", "--mesh", mesh, "--dtype", dtype, "--out", tmp,
+                                            "--bug")
+                if mesh.startswith("dp=1"):
+                    self.assertEqual(code, 0, out)  # no dp replicas: nothing was left out
+                    continue
+                self.assertEqual(code, 1, out)
+                self.assertIn("First divergence: tap 'param_grad/w1'", out)
+                self.assertIn("replicas DIFFER across dp", out)
+
+
 class ExampleLines(unittest.TestCase):
     def test_at_most_twelve_lines_and_no_layout_by_hand(self):
-        for script in ("jax_reshard", "jax_dit_ulysses"):
+        for script in ("jax_reshard", "jax_dit_ulysses", "jax_fsdp_train"):
             with open(os.path.join(ROOT, "examples", f"{script}.py")) as f:
                 lines = f.readlines()
             ours = [line for line in lines if line.rstrip().endswith("# diffcheck")]
