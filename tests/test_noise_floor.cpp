@@ -214,17 +214,18 @@ TEST(MeasuredTolerance, SameInputsTightenTheNormLimitToTheUnperturbedError) {
   const Tolerance ring_step = derive_tolerance(in);
   EXPECT_FALSE(ring_step.own_inputs);
   EXPECT_DOUBLE_EQ(*ring_step.rel_l2_limit, other_seed.rel_l2_limit);
-  // Nor to a partial sum's pieces: each was rounded to the dtype on its own
-  // rank before the sum, which the one device never does (a bfloat16 partial
-  // over 8 ranks carries about sqrt(8) of its roundings).
+  // A partial sum's pieces were each rounded to the dtype on its own rank
+  // before the sum, which the one device never does (a bfloat16 partial
+  // over 8 ranks carries about sqrt(8) of its roundings per element): its
+  // element-wise rtol grows by sqrt(8); its norm and column means, averages,
+  // keep the same-input limits.
   in.per_mesh = false;
   in.partial_pieces = 8;
   const Tolerance partial = derive_tolerance(in);
-  EXPECT_FALSE(partial.own_inputs);
-  EXPECT_DOUBLE_EQ(*partial.rel_l2_limit, other_seed.rel_l2_limit);
-  EXPECT_DOUBLE_EQ(partial.rtol, same.rtol * std::sqrt(8.0));  // and g roundings per element
+  EXPECT_TRUE(partial.own_inputs);
+  EXPECT_DOUBLE_EQ(*partial.rel_l2_limit, *same.rel_l2_limit_own_inputs);
+  EXPECT_DOUBLE_EQ(partial.rtol, same.rtol * std::sqrt(8.0));
   in.partial_pieces = 1;  // partial over axes of size 1: one piece, as on one device
-  EXPECT_TRUE(derive_tolerance(in).own_inputs);
   EXPECT_DOUBLE_EQ(derive_tolerance(in).rtol, same.rtol);
   // Run 0's figure survives merging with perturbed runs and the trip between ranks.
   Floors runs = {{"t", {0.01, 0.002, "bfloat16", 0.002}}};

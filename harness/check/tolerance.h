@@ -114,8 +114,8 @@ struct ToleranceInputs {
   ToleranceSource measured_source = ToleranceSource::file;
   bool per_mesh = false;  // the tap's `per_mesh` attribute: no same-input limit
   // Pieces summed into each element (the size of the tap's partial group):
-  // above 1, each piece was rounded on its own rank, arithmetic the
-  // one-device run does not do, so no same-input limit either.
+  // above 1, each piece was rounded on its own rank, which the one-device
+  // run does not do: a measured element-wise rtol grows by sqrt(pieces).
   int partial_pieces = 1;
   std::optional<long> rounding_steps;  // the tap's `rounding_steps` attribute
   double math_roundoff = 0;  // what the run's math adds (check/math_mode.h); 0: the dtype's own

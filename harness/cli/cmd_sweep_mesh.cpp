@@ -14,9 +14,18 @@
 namespace dc::cli {
 
 void SweepMeshCommand::add(CLI::App& app) {
-  sub = app.add_subcommand("sweep-mesh", "Run a scenario on every mesh shape N ranks can form over its axes (each a child mpirun with a time limit); exit 1 if any mesh fails");
-  sub->add_option("--scenario", options.scenario, "Scenario to sweep")->required();
-  sub->add_option("-n", options.ranks, "Number of ranks")->required()->check(CLI::PositiveNumber);
+  sub = app.add_subcommand("sweep-mesh", "Run a scenario, or any program, on every mesh shape N ranks or devices can form over its axes (each a child run with a time limit); exit 1 if any mesh fails");
+  sub->add_option("--scenario", options.scenario, "Scenario to sweep (or a command after --)");
+  sub->add_option("-n,--devices", options.ranks, "Number of ranks (a scenario) or devices (a command)")->required()->check(CLI::PositiveNumber);
+  // One word, split here: a list option just before -- would take the
+  // command's own options for the sweep's.
+  sub->add_option("--axes", axes_csv, "A command's mesh axes, in order, e.g. dp,fsdp,sp,tp (a scenario has its own)");
+  sub->add_option("command", options.command,
+                  "Any program after --, run once per mesh: {mesh} is replaced by the mesh (dp=2,tp=4), {out} by a "
+                  "directory of its own for its files. Its verdict: the JSON report diffcheck.compare writes to "
+                  "$DIFFCHECK_REPORT_JSON, else its exit status (0 pass, 1 fail). With --no-reference, the rank "
+                  "files it writes under {out} are compared with the other meshes'. E.g. sweep-mesh -n 8 --axes "
+                  "dp,fsdp,sp,tp -- python3 examples/jax_reshard.py --bug --mesh {mesh} --out {out}");
   sub->add_option("--inject", options.fault, "Fault to inject in every run");
   sub->add_option("--flag", options.flags, "Scenario flag name=value (repeatable)");
   sub->add_option("--dtype", options.dtype, "Compute dtype")->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
@@ -36,7 +45,9 @@ void SweepMeshCommand::add(CLI::App& app) {
   sub->add_option("--work-dir", options.work_dir,
                     "Directory for each mesh's run file and report (default: the system's temporary directory); "
                     "when the launcher starts rank 0 on another host, one that host and this one share");
-  sub->add_option("--mesh", options.only_meshes, "Run only this mesh (repeatable), written as the sweep lists it, e.g. dp=2,tp=8");
+  // One mesh per --mesh: a list option just before -- would take a command's options for the sweep's.
+  sub->add_option("--mesh", options.only_meshes, "Run only this mesh (repeatable), written as the sweep lists it, e.g. dp=2,tp=8")
+      ->allow_extra_args(false);
   sub->add_option("--reports", options.reports_dir,
                     "Keep each mesh's run report in DIR: <mesh>.json and <mesh>.html (e.g. dp2_tp8.html)");
   sub->add_option("--show-tap", options.show_taps, "Add a column with this tap's worst err/tol on each mesh (repeatable)");
@@ -72,9 +83,34 @@ void expect_fault(SweepMeshOptions& sw, const dc::Scenario& s) {
 
 }  // namespace
 
+int SweepMeshCommand::sweep_command() {
+  if (!options.scenario.empty()) dc::input_error("sweep-mesh: give --scenario or a command, not both");
+  for (std::size_t a = 0, b; a < axes_csv.size(); a = b + 1) {
+    b = axes_csv.find(',', a);
+    if (b == std::string::npos) b = axes_csv.size();
+    options.axes.push_back(axes_csv.substr(a, b - a));
+  }
+  if (options.axes.empty()) dc::input_error("sweep-mesh: a command needs its mesh axes: --axes dp,tp (for example)");
+  for (const auto& a : options.axes)
+    if (!dc::valid_axis_name(a)) dc::input_error("sweep-mesh: --axes: '{}' is not an axis name", a);
+  if (!options.fault.empty() || !options.flags.empty() || !options.tolerances_file.empty() || !options.tolerance.empty())
+    dc::input_error("sweep-mesh: --inject, --flag, --tolerances and --tolerance are a scenario's; pass the command its own");
+  bool has_mesh = false;
+  for (const auto& w : options.command) has_mesh = has_mesh || w.find("{mesh}") != std::string::npos;
+  if (!has_mesh) dc::input_error("sweep-mesh: the command must receive the mesh: put {{mesh}} in it (e.g. --mesh {{mesh}})");
+  const auto slash = options.command.size() > 1 ? options.command[1].find_last_of('/') : std::string::npos;
+  options.scenario = options.command.size() > 1 ? options.command[1].substr(slash == std::string::npos ? 0 : slash + 1)
+                                                : options.command[0];
+  options.check_mesh = [](const dc::Mesh&) {};
+  return dc::sweep_mesh(options);
+}
+
 int SweepMeshCommand::execute() {
   dc::setup_logging(-1);
   try {
+    if (!options.command.empty()) return sweep_command();
+    if (options.scenario.empty()) dc::input_error("sweep-mesh: give --scenario NAME or a command after --");
+    if (!axes_csv.empty()) dc::input_error("sweep-mesh: --axes is for a command; scenario '{}' has its own", options.scenario);
     const dc::Scenario* s = dc::find_scenario(options.scenario);
     if (!s) dc::input_error("unknown scenario '{}' (see 'diffcheck list')", options.scenario);
     options.axes = s->mesh_axes();

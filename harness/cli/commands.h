@@ -49,6 +49,8 @@ struct SweepMeshCommand {
   SweepMeshOptions options;
   void add(CLI::App& app);
   int execute();
+  std::string axes_csv;  // --axes, a command's
+  int sweep_command();   // a command instead of a scenario
 };
 
 // `bisect` and `sweep`: flag trials (a scenario or the user's command).

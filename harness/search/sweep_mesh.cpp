@@ -14,6 +14,7 @@
 #include "harness/core/error.h"
 #include "harness/search/launcher.h"
 #include "harness/search/sweep_mesh_against.h"
+#include "harness/search/sweep_mesh_command.h"
 #include "harness/search/sweep_mesh_rows.h"
 #include "harness/search/trial.h"
 
@@ -45,8 +46,9 @@ std::vector<std::string> only_meshes(const SweepMeshOptions& opts) {
     for (const auto& a : axes) ax.push_back({a, given.axis_index(a) < 0 ? 1 : given.axis_size(a)});
     for (const auto& a : given.axes())
       if (std::find(axes.begin(), axes.end(), a.name) == axes.end())
-        input_error("sweep-mesh: --mesh {}: scenario '{}' has no axis '{}'; its axes are {}", text, opts.scenario,
-                    a.name, fmt::join(axes, ", "));
+        input_error("sweep-mesh: --mesh {}: {} has no axis '{}'; its axes are {}", text,
+                    opts.command.empty() ? fmt::format("scenario '{}'", opts.scenario) : "the sweep", a.name,
+                    fmt::join(axes, ", "));
     only.push_back(Mesh(ax).str());
   }
   return only;
@@ -140,7 +142,8 @@ std::string mesh_file_stem(const std::string& mesh) {
 int sweep_mesh(const SweepMeshOptions& opts) {
   if (opts.ranks < 1) input_error("sweep-mesh: -n must be at least 1");
   if (opts.axes.empty() || !opts.check_mesh)
-    input_error("sweep-mesh: scenario '{}' gives no mesh axes", opts.scenario);
+    input_error("{}", opts.command.empty() ? fmt::format("sweep-mesh: scenario '{}' gives no mesh axes", opts.scenario)
+                                           : std::string("sweep-mesh: a command needs --axes (e.g. --axes dp,tp)"));
   SkippedMeshes skipped;
   const std::vector<Mesh> plan = plan_meshes(opts, skipped);
   if (!opts.reports_dir.empty()) std::filesystem::create_directories(opts.reports_dir);
@@ -159,10 +162,14 @@ int sweep_mesh(const SweepMeshOptions& opts) {
     const std::string kept = opts.reports_dir.empty() ? "" : (std::filesystem::path(opts.reports_dir) / stem).string();
     const std::string json = kept.empty() ? (dir / fmt::format("mesh{}.json", index)).string() : kept + ".json";
     ++index;
-    MeshRow row = opts.dry_run ? MeshRow{mesh.str(), "not run", "-", "", 0, false} : run_mesh(opts, mesh, out, json, kept);
+    std::string run_file = out;
+    MeshRow row = opts.dry_run            ? MeshRow{mesh.str(), "not run", "-", "", 0, false}
+                  : opts.command.empty() ? run_mesh(opts, mesh, out, json, kept)
+                                         : run_command_mesh(opts, mesh, (dir / stem).string(), json, run_file);
+    if (!opts.command.empty() && kept.empty()) std::filesystem::remove(json);
     if (opts.expected) hold_to_expectation(opts, mesh, row);
     rows.push_back(std::move(row));
-    files.push_back(out);
+    files.push_back(run_file);
   }
   std::string note;
   if (opts.no_reference && !opts.dry_run && !interrupted()) {

@@ -54,6 +54,9 @@ struct SweepMeshOptions {
   // (with the reason) for a mesh the scenario or its size cannot run on.
   std::vector<std::string> axes;
   std::function<void(const Mesh&)> check_mesh;
+  // Any program instead of a scenario (search/sweep_mesh_command.h): its
+  // words, {mesh} and {out} filled in per mesh; `axes` then come from --axes.
+  std::vector<std::string> command;
 };
 
 // "dp=2,tp=8" -> "dp2_tp8": a mesh as a file name.

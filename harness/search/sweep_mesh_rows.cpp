@@ -97,9 +97,12 @@ MeshRow judge_mesh(const std::string& mesh, const TrialOutcome& t, const std::st
   return row;
 }
 
+// A scenario's meshes are of MPI ranks, a command's (a JAX program) of devices.
+static const char* ranks_word(const SweepMeshOptions& opts) { return opts.command.empty() ? "ranks" : "devices"; }
+
 int print_mesh_table(const SweepMeshOptions& opts, const std::vector<MeshRow>& rows, const SkippedMeshes& skipped,
                      const std::string& note) {
-  std::cout << fmt::format("sweep-mesh: {} on {} ranks{}{}\n", opts.scenario, opts.ranks,
+  std::cout << fmt::format("sweep-mesh: {} on {} {}{}{}\n", opts.scenario, opts.ranks, ranks_word(opts),
                            opts.fault.empty() ? "" : ", inject " + opts.fault,
                            opts.flags.empty() ? "" : fmt::format(", flags {}", fmt::join(opts.flags, " ")));
   if (!note.empty()) std::cout << note << "\n";
@@ -163,7 +166,7 @@ void write_mesh_json(const SweepMeshOptions& opts, const std::vector<MeshRow>& r
 void write_mesh_junit(const SweepMeshOptions& opts, const std::vector<MeshRow>& rows, const SkippedMeshes& skipped) {
   if (!opts.junit_path.empty()) {
     JUnitSuite suite;
-    suite.name = fmt::format("sweep-mesh {} on {} ranks{}", opts.scenario, opts.ranks,
+    suite.name = fmt::format("sweep-mesh {} on {} {}{}", opts.scenario, opts.ranks, ranks_word(opts),
                              opts.fault.empty() ? "" : ", inject " + opts.fault);
     suite.properties = {{"scenario", opts.scenario}, {"ranks", std::to_string(opts.ranks)}, {"dtype", opts.dtype},
                         {"flags", fmt::format("{}", fmt::join(opts.flags, " "))}, {"inject", opts.fault}};
@@ -212,7 +215,7 @@ void write_mesh_html(const std::string& path, const SweepMeshOptions& opts, cons
   const int height = top + static_cast<int>(rows.size()) * ch + 10;
   int failed = 0;
   for (const auto& r : rows) failed += r.failed;
-  const std::string title = fmt::format("diffcheck sweep-mesh: {} on {} ranks{}", opts.scenario, opts.ranks,
+  const std::string title = fmt::format("diffcheck sweep-mesh: {} on {} {}{}", opts.scenario, opts.ranks, ranks_word(opts),
                                         opts.fault.empty() ? "" : ", inject " + opts.fault);
   std::string s = html::page_begin(title);
   s += fmt::format("<h1>{} {}</h1>\n<div class=\"meta\">{} meshes run, {} fail, {} skipped by the problem "
