@@ -121,7 +121,7 @@ def main():
         c = jax.device_put(jax.random.normal(keys[1], (B, D), dtype), NamedSharding(mesh, P("dp", None)))
         target = jax.device_put(jax.random.normal(keys[2], (B, S, D), dtype), NamedSharding(mesh, P("dp", "sp")))
     step = (lambda m, x, c, t: train_step(m, x, c, t)) if args.train else None
-    report = dcj.check(model, x, c, *((target,) if args.train else ()), out=os.path.join(args.out, "run"), mesh=mesh, step=step)  # noqa: E501  # diffcheck
+    report = dcj.check(model, x, c, *((target,) if args.train else ()), out=os.path.join(args.out, "run"), mesh=mesh, step=step, backward=args.train)  # noqa: E501  # diffcheck
     print(report["console"], end="")
     return 0
 

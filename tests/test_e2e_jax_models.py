@@ -54,6 +54,7 @@ class DitUlyssesExample(unittest.TestCase):
                 out = self.expect("--train", "--mesh", mesh, "--dtype", dtype, *extra, first="attn" if bug else None)
                 self.assertIn("param_grad/qkv.kernel", out)
                 self.assertIn("param/fc2.bias", out)
+                self.assertIn("grad/attn", out)  # backward=True: the gradients of the module taps
 
     def test_bisect_names_the_setting(self):
         with tempfile.TemporaryDirectory() as tmp:

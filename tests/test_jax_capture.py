@@ -139,6 +139,27 @@ class Capture(unittest.TestCase):
                         run(self.x, self.w)
                 self.assertFalse(os.path.exists(self.out(fn.__name__) + ".rank0.h5"))  # no partial file
 
+    def test_backward_taps_the_gradients_of_taps(self):
+        def step(x, w):
+            def loss(w):
+                h = dcj.tap("h", x @ w)
+                return jnp.sum(jnp.tanh(h) ** 2)
+            value, g = jax.value_and_grad(loss)(w)
+            dcj.tap("param_grad", {"w": g})
+            return value
+        with dcj.capture(jax.jit(step), self.out(), self.mesh, backward=True) as run:
+            run(self.x, self.w)
+        taps = _read(self.out() + ".rank0.h5")  # dp 0, tp 0
+        self.assertEqual(list(taps), ["h", "grad/h", "param_grad/w"])
+        h = np.asarray(self.x, np.float64) @ np.asarray(self.w, np.float64)
+        want = 2 * np.tanh(h) * (1 - np.tanh(h) ** 2)  # d/dh sum(tanh(h)^2)
+        attrs, got = taps["grad/h"]
+        self.assertEqual(attrs["spec"], "dp,tp")
+        np.testing.assert_allclose(got, want[:4, :8], rtol=1e-4, atol=1e-6)
+        with dcj.capture(jax.jit(step), self.out("plain"), self.mesh) as run:  # backward=False: no grad/ taps
+            run(self.x, self.w)
+        self.assertEqual(list(_read(self.out("plain") + ".rank0.h5")), ["h", "param_grad/w"])
+
     def test_a_name_used_twice_is_refused(self):
         def f(x, w):
             dcj.tap("h", x)

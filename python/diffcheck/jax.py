@@ -38,7 +38,7 @@ from diffcheck.keywords import check_root_keywords, root_attributes
 ONE_DEVICE_SUFFIX = ".one_device"
 REFERENCE_SUFFIX = ".reference"
 _CAPTURE_PARAMETERS = ("out", "mesh", "reference", "one_device", "include", "exclude", "derive_depths", "jit",
-                       "step", "attrs")
+                       "step", "backward", "attrs")
 
 
 def tap(name, x):
@@ -46,9 +46,7 @@ def tap(name, x):
     `name` in the capture running the function; returns `x`. Outside a
     capture it does nothing, so the call can stay in code that runs unchecked."""
     collector = jax_taps.current()
-    if collector is not None:
-        collector.add(name, x)
-    return x
+    return x if collector is None else collector.add(name, x)
 
 
 def xla_flags_attribute():
@@ -78,7 +76,7 @@ class Capture:
     cleanly (none is left under its name when it raised)."""
 
     def __init__(self, target, out, mesh=None, *, reference=False, one_device=False, include=None, exclude=None,
-                 derive_depths=True, jit=None, step=None, attrs=None, **root_attrs):
+                 derive_depths=True, jit=None, step=None, backward=False, attrs=None, **root_attrs):
         check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
         extra = root_attributes("capture()", attrs)
         if reference and one_device:
@@ -91,6 +89,7 @@ class Capture:
         self.include = [include] if isinstance(include, str) else list(include or ["*"])
         self.exclude = [exclude] if isinstance(exclude, str) else list(exclude or [])
         self.derive_depths = derive_depths and not reference and not one_device
+        self.backward = bool(backward)
         self.module = jax_nnx.is_module(target)
         if self.module:
             self.fn, self.state = jax_nnx.as_function(target, step)
@@ -110,7 +109,7 @@ class Capture:
     # -- running --------------------------------------------------------------
 
     def _traced(self, *args, **kwargs):
-        collector = jax_taps.Collector(self.include, self.exclude)
+        collector = jax_taps.Collector(self.include, self.exclude, self.backward)
         with jax_taps.collecting(collector):
             result = self.fn(*args, **kwargs)
         return result, collector.outputs()
@@ -227,6 +226,10 @@ def capture(target, out, mesh=None, **kwargs):
     jit        run jitted (default: when the target is jitted or a module)
     step       an nnx.Module's training step, step(model, *args): called
                on the module instead of its __call__
+    backward   also tap the gradient of each tap that a jax.grad (or
+               nnx.value_and_grad) inside the function computes, as
+               `grad/<tap>`; tap the parameters' gradients and values
+               yourself as `param_grad` and `param` (pytrees)
     scenario, flags, dtype, seed, producer, size; attrs={...}   root attributes
     """
     return Capture(target, out, mesh, **kwargs)
@@ -242,7 +245,7 @@ def check(target, *args, out, mesh=None, kwargs=None, reference=True, one_device
     with capture(target, out, mesh, **capture_kwargs) as run:
         run(*args, **kwargs)
     stem = out + REFERENCE_SUFFIX
-    shared = {k: v for k, v in capture_kwargs.items() if k in ("include", "exclude", "jit", "step")}
+    shared = {k: v for k, v in capture_kwargs.items() if k in ("include", "exclude", "jit", "step", "backward")}
     mesh = run.mesh
     if reference:
         with capture(target, stem, mesh, reference=True, **shared) as ref:

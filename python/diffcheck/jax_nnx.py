@@ -48,9 +48,7 @@ def tapping_outputs(module):
             finally:
                 inside.discard(key)
             collector = jax_taps.current()
-            if collector is not None:
-                collector.add(name, out, numbered=True)
-            return out
+            return out if collector is None else collector.add(name, out, numbered=True)
         return __call__
 
     try:

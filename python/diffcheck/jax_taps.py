@@ -47,8 +47,8 @@ def leaves_with_names(name, tree):
 class Collector:
     """The taps of one traced (or eager) call, in the order they were made."""
 
-    def __init__(self, include, exclude):
-        self.include, self.exclude = include, exclude
+    def __init__(self, include, exclude, backward=False):
+        self.include, self.exclude, self.backward = include, exclude, backward
         self.values, self.names, self.unseen, self.calls = [], set(), [], {}
         self.trace = None
 
@@ -58,10 +58,22 @@ class Collector:
                 and not any(fnmatch.fnmatchcase(base, p) for p in self.exclude))
 
     def add(self, name, x, numbered=False):
-        """numbered: a module's output, `name@k` when the name is taken (its k-th call)."""
+        """Records tap `name`; returns x (with backward=True, its floating
+        leaves wrapped so that their gradients are tapped as `grad/<name>`
+        when a jax.grad inside the function computes them).
+        numbered: a module's output, `name@k` when the name is taken (its k-th call)."""
         if numbered:
             self.calls[name] = k = self.calls.get(name, -1) + 1
             name = f"{name}@{k}" if k else name
+        self._record(name, x)
+        if not self.backward or name.startswith("grad/"):
+            return x
+        leaves, tree = jax.tree_util.tree_flatten(x)
+        named = leaves_with_names(name, x)
+        wrapped = [_gradient_tap(self, n, leaf) if self.wanted(n) else leaf for (n, _), leaf in zip(named, leaves)]
+        return jax.tree_util.tree_unflatten(tree, wrapped)
+
+    def _record(self, name, x):
         for leaf_name, leaf in leaves_with_names(name, x):
             if leaf_name in self.names:
                 raise TapError(f"tap '{leaf_name}' is made twice in one call: tap names must be unique "
@@ -95,6 +107,28 @@ class Collector:
                 "function's own trace, where they leave the compiled program as outputs. Tap the value where "
                 "the body returns it (a shard_map's output has the layout its out_specs give)")
         return {f"{i:06d}:{name}": v for i, (name, v) in enumerate(self.values)}
+
+
+def _gradient_tap(collector, name, x):
+    """x as it is, whose cotangent, when a gradient flows back through it,
+    is tapped as `grad/<name>` (the transpose runs in the function's own
+    trace, so the gradient leaves with the other taps)."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or not jax.numpy.issubdtype(dtype, jax.numpy.floating):
+        return x
+
+    @jax.custom_vjp
+    def identity(v):
+        return v
+
+    def forward(v):
+        return v, None
+
+    def backward(_, g):
+        collector._record(f"grad/{name}", g)
+        return (g,)
+    identity.defvjp(forward, backward)
+    return identity(x)
 
 
 def names_of(outputs):
