@@ -107,6 +107,8 @@ def main():
     ap.add_argument("--bug", action="store_true", help="reassemble the head groups out of order")
     ap.add_argument("--train", action="store_true", help="check an optax SGD step, not the forward")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the run's dtype")
+    ap.add_argument("--sketch", action="store_true",
+                    help="capture sketches made inside the XLA program, not whole tensors (docs/jax.md)")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "diffcheck-jax-dit"),
                     help="directory of the activation files")
     args = ap.parse_args(ARGV)
@@ -121,7 +123,7 @@ def main():
         c = jax.device_put(jax.random.normal(keys[1], (B, D), dtype), NamedSharding(mesh, P("dp", None)))
         target = jax.device_put(jax.random.normal(keys[2], (B, S, D), dtype), NamedSharding(mesh, P("dp", "sp")))
     step = (lambda m, x, c, t: train_step(m, x, c, t)) if args.train else None
-    report = dcj.check(model, x, c, *((target,) if args.train else ()), out=os.path.join(args.out, "run"), mesh=mesh, step=step, backward=args.train)  # noqa: E501  # diffcheck
+    report = dcj.check(model, x, c, *((target,) if args.train else ()), out=os.path.join(args.out, "run"), mesh=mesh, step=step, backward=args.train, sketch=args.sketch)  # noqa: E501  # diffcheck
     print(report["console"], end="")
     return 0
 

@@ -80,6 +80,8 @@ def main():
     ap.add_argument("--no-reference", action="store_true",
                     help="capture the sharded run only, for `diffcheck compare RUN --against OTHER_RUN`")
     ap.add_argument("--seed", type=int, default=0, help="seed of the inputs")
+    ap.add_argument("--sketch", action="store_true",
+                    help="capture sketches made inside the XLA program, not whole tensors (docs/jax.md)")
     args = ap.parse_args()
     mesh = mesh_of(args.mesh, AXES)
     a, b, w = inputs(mesh, getattr(jnp, args.dtype), args.seed)
@@ -89,7 +91,7 @@ def main():
             run(a, b, w)
         print(f"captured {out} on {args.mesh} with no reference: diffcheck compare {out} --against OTHER_RUN")
         return 0
-    report = dcj.check(jax.jit(make_forward(args.bug)), a, b, w, out=out, mesh=mesh)  # diffcheck
+    report = dcj.check(jax.jit(make_forward(args.bug)), a, b, w, out=out, mesh=mesh, sketch=args.sketch)  # diffcheck
     print(report["console"], end="")
     return 0
 

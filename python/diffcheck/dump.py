@@ -31,6 +31,7 @@ import numpy as np
 from diffcheck import hdf5_writes
 
 SCHEMA_VERSION = 1
+SKETCH_KIND = "rademacher1"  # docs/FORMAT.md, "Sketch taps" (here: writing one needs no torch)
 
 
 def to_numpy(x):
@@ -222,8 +223,7 @@ class RankDump(_AtomicH5):
 
 
 def _sketch_attrs(seed, tokens, **more):
-    from diffcheck.sketch import KIND
-    return {"sketch": KIND, "sketch_seed": int(seed), "sketch_tokens": int(tokens), **more}
+    return {"sketch": SKETCH_KIND, "sketch_seed": int(seed), "sketch_tokens": int(tokens), **more}
 
 
 class ReferenceDump(_AtomicH5):

@@ -32,13 +32,15 @@ from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  #
 from diffcheck.dump import RankDump, ReferenceDump
 from diffcheck.jax_layouts import LayoutError, array_layout, mesh_string  # noqa: F401
 from diffcheck.jax_rounding import output_depths
+from diffcheck.jax_sketch_run import SketchRun
 from diffcheck.jax_taps import TapError  # noqa: F401
 from diffcheck.keywords import check_root_keywords, root_attributes
 
 ONE_DEVICE_SUFFIX = ".one_device"
 REFERENCE_SUFFIX = ".reference"
 _CAPTURE_PARAMETERS = ("out", "mesh", "reference", "one_device", "include", "exclude", "derive_depths", "jit",
-                       "step", "backward", "attrs")
+                       "step", "backward", "sketch", "sketch_seed", "attrs")
+DEFAULT_SKETCH_ROWS = 8  # as diffcheck.torch's
 
 
 def tap(name, x):
@@ -76,7 +78,8 @@ class Capture:
     cleanly (none is left under its name when it raised)."""
 
     def __init__(self, target, out, mesh=None, *, reference=False, one_device=False, include=None, exclude=None,
-                 derive_depths=True, jit=None, step=None, backward=False, attrs=None, **root_attrs):
+                 derive_depths=True, jit=None, step=None, backward=False, sketch=False, sketch_seed=0, attrs=None,
+                 **root_attrs):
         check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
         extra = root_attributes("capture()", attrs)
         if reference and one_device:
@@ -105,6 +108,12 @@ class Capture:
         self.root_attrs = {"producer": f"diffcheck.jax {__version__} (jax {jax.__version__})",
                            "flags": xla_flags_attribute(), **extra, **root_attrs}
         self._writers, self._calls, self._step, self._depths = None, 0, "", {}
+        # Sketch mode: the sharded run's taps as sketches made in the program
+        # (the references keep whole tensors, which the comparator sketches).
+        self.sketches = None
+        if sketch and not (reference or one_device):
+            self.sketches = SketchRun(self, DEFAULT_SKETCH_ROWS if sketch is True else sketch, sketch_seed)
+            self.root_attrs["sketch_rows"] = self.sketches.k
 
     # -- running --------------------------------------------------------------
 
@@ -118,27 +127,51 @@ class Capture:
         with jax.set_mesh(mesh):
             result, taps = (self._jit if self.jitted else self._traced)(*args, **kwargs)
             taps = jax_taps.names_of(taps)
-            if self.derive_depths and any(n not in self._depths for n, _ in taps):
-                closed = jax.make_jaxpr(self._traced)(*args, **kwargs)
-                depths = output_depths(closed, dict(mesh.shape))[-len(taps):] if taps else []
-                self._depths.update((n, d) for (n, _), d in zip(taps, depths))
+        self._derive_depths(mesh, args, kwargs, [n for n, _ in taps])
         return result, taps
+
+    def _derive_depths(self, mesh, args, kwargs, names):
+        if self.derive_depths and any(n not in self._depths for n in names):
+            with jax.set_mesh(mesh):
+                closed = jax.make_jaxpr(self._traced)(*args, **kwargs)
+            depths = output_depths(closed, dict(mesh.shape))[-len(names):] if names else []
+            self._depths.update(zip(names, depths))
 
     def __call__(self, *args, **kwargs):
         """Runs the function once under the capture and returns its result."""
         args = (self.state, *args) if self.module else args
         if self.reference or self.one_device:
             return self._call_one_device(args, kwargs)
+        if self.sketches is not None:
+            return self._call_sketched(args, kwargs)
         result, taps = self._run(self.mesh, args, kwargs)
         self._open(args)
         for name, value in taps:
-            where = f"tap '{name}'"
-            spec, partial, pieces = array_layout(value, self.mesh, where)
-            depth, steps = self._depths.get(name, (None, None))
-            for rank, piece in pieces.items():
-                self._writer(rank).write_tap(self._named(name), piece, spec=spec, partial=partial,
-                                             reduction_depth=depth or None, rounding_steps=max(steps, 1)
-                                             if steps is not None else None)
+            self._write_whole(name, value)
+        self._calls += 1
+        return result
+
+    def _write_whole(self, name, value):
+        spec, partial, pieces = array_layout(value, self.mesh, f"tap '{name}'")
+        depth, steps = self._depths.get(name, (None, None))
+        for rank, piece in pieces.items():
+            self._writer(rank).write_tap(self._named(name), piece, spec=spec, partial=partial,
+                                         reduction_depth=depth or None,
+                                         rounding_steps=max(steps, 1) if steps is not None else None)
+
+    def _call_sketched(self, args, kwargs):
+        if self._calls == 0:
+            self.sketches.note_shapes(args, kwargs)
+        result, taps = self.sketches.run(args, kwargs)
+        self._derive_depths(self.mesh, args, kwargs, [name for name, *_ in taps])
+        self._open(args)
+        ranks = {d.id: r for r, d in enumerate(self.mesh.devices.flat)}
+        for name, kind, value, key in taps:
+            if kind == "whole":
+                self._write_whole(name, value)
+            else:
+                self.sketches.write(name, value, key, self._writer, self._named(name),
+                                    self._depths.get(name, (None, None)), ranks)
         self._calls += 1
         return result
 
@@ -226,6 +259,9 @@ def capture(target, out, mesh=None, **kwargs):
     jit        run jitted (default: when the target is jitted or a module)
     step       an nnx.Module's training step, step(model, *args): called
                on the module instead of its __call__
+    sketch     True (8 rows) or k: each device's taps as linear sketches
+               computed inside the XLA program (docs/FORMAT.md, "Sketch
+               taps"); only they leave it. sketch_seed: the signs' seed
     backward   also tap the gradient of each tap that a jax.grad (or
                nnx.value_and_grad) inside the function computes, as
                `grad/<tap>`; tap the parameters' gradients and values
@@ -245,7 +281,8 @@ def check(target, *args, out, mesh=None, kwargs=None, reference=True, one_device
     with capture(target, out, mesh, **capture_kwargs) as run:
         run(*args, **kwargs)
     stem = out + REFERENCE_SUFFIX
-    shared = {k: v for k, v in capture_kwargs.items() if k in ("include", "exclude", "jit", "step", "backward")}
+    shared = {k: v for k, v in capture_kwargs.items() if k in ("include", "exclude", "jit", "step", "backward",
+                                                                 "sketch_seed")}
     mesh = run.mesh
     if reference:
         with capture(target, stem, mesh, reference=True, **shared) as ref:

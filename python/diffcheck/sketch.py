@@ -30,8 +30,9 @@ import numpy as np
 import torch
 
 from diffcheck import sketch_cpu
+from diffcheck.dump import SKETCH_KIND
 
-KIND = "rademacher1"
+KIND = SKETCH_KIND
 DEFAULT_ROWS = 8
 _MASK32 = 0xFFFFFFFF
 _SIGN_CACHE_LIMIT = 64

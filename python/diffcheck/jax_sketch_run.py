@@ -1,0 +1,84 @@
+"""A sharded capture in sketch mode (jax_sketch.py): the function jitted with
+each sketchable tap replaced by its devices' sketches, counts and hashes;
+the rest (small, 1-D, integer taps) leave whole as in a full capture."""
+import numpy as np
+
+import jax
+
+from diffcheck import jax_sketch
+from diffcheck.jax_layouts import spec_strings
+
+
+class _NewTaps(Exception):
+    """The trace made taps whose shardings are not known yet."""
+
+
+class SketchRun:
+    def __init__(self, capture, rows, seed):
+        if not (isinstance(rows, int) and 1 <= rows <= 256):
+            raise ValueError(f"capture(sketch={rows!r}): give True or the sketch's rows, an int from 1 to 256")
+        self.capture, self.k, self.seed = capture, rows, int(seed) & jax_sketch.MASK32
+        self._shardings = {}  # tap key -> NamedSharding XLA gave it
+        self._jit = jax.jit(self._traced)
+
+    def _traced(self, *args, **kwargs):
+        result, taps = self.capture._traced(*args, **kwargs)
+        sketches, whole = {}, {}
+        for key, x in taps.items():
+            sharding = self._shardings.get(key)
+            if sharding is None:
+                raise _NewTaps(key)
+            if jax_sketch.sketchable(x.shape, x.dtype, self.k):
+                sketches[key] = jax_sketch.sketch_pieces(x, sharding.spec, self.capture.mesh, self.k, self.seed)
+            else:
+                whole[key] = x
+        return result, sketches, whole
+
+    def _learn_shardings(self, args, kwargs):
+        """Compiles the function with its taps as outputs (not run) for the
+        shardings XLA gives them: the pieces each device will sketch."""
+        compiled = jax.jit(self.capture._traced).lower(*args, **kwargs).compile()
+        out_info = compiled.output_shardings[1]
+        self._shardings.update(out_info)
+
+    def run(self, args, kwargs):
+        """(result, [(name, kind, value)]) in tap order: kind "sketch" with
+        (sketch, nan, inf, hash) stacked over ranks, or "whole" with the array."""
+        with jax.set_mesh(self.capture.mesh):
+            try:
+                result, sketches, whole = self._jit(*args, **kwargs)
+            except _NewTaps:
+                self._learn_shardings(args, kwargs)
+                result, sketches, whole = self._jit(*args, **kwargs)
+        taps = [(key, "sketch", v) for key, v in sketches.items()] + [(key, "whole", v) for key, v in whole.items()]
+        taps.sort(key=lambda t: t[0])
+        return result, [(key.split(":", 1)[1], kind, v, key) for key, kind, v in taps]
+
+    def write(self, name, stacked, key, writer_of, named, depth, ranks):
+        """Each rank's sketch of tap `name` to its file."""
+        sketch, nan, inf, hashes = stacked
+        x_sharding = self._shardings[key]
+        shape = sketch.shape[1:]
+        mesh = self.capture.mesh
+        ndim = len(shape) if len(shape) >= 2 else 2
+        spec, partial = spec_strings(x_sharding.spec, ndim, list(mesh.shape), f"tap '{name}'")
+        token_entry = (spec.split(",")[ndim - 2] if spec else "-")
+        split = int(np.prod([mesh.shape[a] for a in token_entry.split("*")])) if token_entry != "-" else 1
+        tokens = self._global_tokens[key] // split
+        dtype = self._dtypes[key]
+        steps = None if depth[1] is None else max(depth[1], 1)
+        for arrays in zip(sketch.addressable_shards, nan.addressable_shards, inf.addressable_shards,
+                          hashes.addressable_shards):
+            rank = ranks[arrays[0].device.id]
+            s, n, i, h = (np.asarray(a.data)[0] for a in arrays)
+            writer_of(rank).sketch(named, s, tokens=tokens, seed=self.seed, nan=int(n), inf=int(i),
+                                   bits_hash=jax_sketch.hash_string(h), dtype=dtype, spec=spec, partial=partial,
+                                   reduction_depth=depth[0] or None, rounding_steps=steps)
+
+    def note_shapes(self, args, kwargs):
+        """Each tap's global token count and dtype (from the traced shapes)."""
+        with jax.set_mesh(self.capture.mesh):
+            shapes = jax.eval_shape(self.capture._traced, *args, **kwargs)[1]
+        self._global_tokens = {k: (v.shape[-2] if len(v.shape) >= 2 else 1) for k, v in shapes.items()}
+        self._dtypes = {k: str(v.dtype) for k, v in shapes.items()}
+
