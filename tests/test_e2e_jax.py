@@ -51,6 +51,16 @@ class ReshardExample(unittest.TestCase):
                 self.expect(mesh, dtype, bug=False)
                 self.expect(mesh, dtype, bug=True, first="result" if dp2 else None)
 
+    def test_sketch_mode(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            code, out = run_example("jax_reshard.py", "--mesh", "dp=2,tp=2", "--sketch", "--out", tmp)
+            self.assertEqual(code, 0, out)
+            self.assertEqual(out.count("(sketch)"), 3, out)
+            code, out = run_example("jax_reshard.py", "--mesh", "dp=2,tp=2", "--sketch", "--bug", "--out", tmp)
+        self.assertEqual(code, 1, out)
+        self.assertIn("First divergence: tap 'result'", out)
+        self.assertIn("replicas DIFFER across dp: the bits of", out)
+
     def sweep(self, *args, devices=4):
         return subprocess.run([EXE, "sweep-mesh", "--devices", str(devices), "--axes", "dp,tp", *args, "--",
                                sys.executable, os.path.join(ROOT, "examples", "jax_reshard.py"), "--bug",

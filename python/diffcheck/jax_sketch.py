@@ -39,23 +39,30 @@ def signs(seed, k, first_token, tokens):
     return 1 - 2 * (h & 1).astype(jnp.int32)
 
 
-def _bits(x):
-    """The piece's bits as uint32 words (16-bit values widened one each)."""
+def _words(x):
+    """The piece's bits as uint32 words, [rows, words per row] (16-bit values
+    widened one each, 8-byte ones as two words)."""
     size = jnp.dtype(x.dtype).itemsize
+    rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
     if size == 2:
-        return jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32).reshape(-1)
-    if size == 4:
-        return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
-    return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)  # 8 bytes: two words each
+        return jax.lax.bitcast_convert_type(rows, jnp.uint16).astype(jnp.uint32)
+    words = jax.lax.bitcast_convert_type(rows, jnp.uint32)
+    return words.reshape(words.shape[0], -1)
+
+
+def _odd_weights(n, multiplier):
+    return jnp.arange(n, dtype=jnp.uint32) * jnp.uint32(multiplier) | jnp.uint32(1)
 
 
 def bits_hash(x):
-    """Two uint32 sums over the piece's words, each word weighted by a function
-    of its place (equal bits give equal hashes; only replicas compare them)."""
-    words = _bits(x)
-    i = jnp.arange(words.shape[0], dtype=jnp.uint32)
-    w1 = _fmix32(i * jnp.uint32(0x9E3779B1)) | jnp.uint32(1)
-    return jnp.stack([jnp.sum(words * w1, dtype=jnp.uint32), jnp.sum(_fmix32(words ^ i), dtype=jnp.uint32)])
+    """32 bits of the piece's bits: each row's words weighted by their column
+    and summed, the row sums weighted by their row and summed (wrapping; odd
+    weights). Equal bits give equal hashes (only replicas of one run compare
+    them); one read of the piece. (A second set of weights for 64 bits cost
+    3.6x one set's time in XLA's CPU integer reductions.)"""
+    words = _words(x)
+    rows = jnp.sum(words * _odd_weights(words.shape[1], 0x9E3779B1)[None, :], axis=1, dtype=jnp.uint32)
+    return jnp.sum(rows * _odd_weights(words.shape[0], 0x85EBCA77), dtype=jnp.uint32)[None]
 
 
 def accumulator(dtype):
@@ -84,32 +91,75 @@ def _entry_axes(entry):
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
+def _sketch_sums(r, x, acc):
+    """r [k+1, T] (+-1) times x [..., T, W], summed over T in `acc`. (float64
+    for float32 taps is exact where a float32 sum would add an error as large
+    as a clean float32 tap's own; on XLA's CPU backend a 9-row float64
+    product runs at about 1.3 GFLOP/s, the main cost of sketch mode there:
+    float32 sums over blocks of 32 tokens cost a sixth of it, but carried an
+    error 0.8x that of a tap at rel 1e-7, so they are not used.)"""
+    return jnp.einsum("it,...tw->...iw", r.astype(acc), x.astype(acc))
+
+
+def replica_axes(spec, mesh):
+    """The mesh axes of size > 1 that a PartitionSpec neither splits nor sums over."""
+    used = set(getattr(spec, "unreduced", ()) or ())
+    for entry in getattr(spec, "partitions", spec):
+        used.update(_entry_axes(entry))
+    return [a for a, n in mesh.shape.items() if n > 1 and a not in used]
+
+
+def token_share(tokens, spec, mesh):
+    """(replica axes that share the sketching, tokens each sketches): the
+    replicas of a piece split its tokens evenly where they divide them (the
+    format's `sketch_shared`); else every replica sketches all ([], tokens)."""
+    replicas = replica_axes(spec, mesh)
+    n = int(np.prod([mesh.shape[a] for a in replicas])) if replicas else 1
+    return (replicas, tokens // n) if replicas and tokens % n == 0 else ([], tokens)
+
+
 def sketch_pieces(x, spec, mesh, k, seed):
-    """(sketch [n, lead..., k+1, width], nan [n], inf [n], hash [n, 2]) of
-    every device's piece of x under PartitionSpec `spec`: row r is rank r's."""
+    """(sketch [n, lead..., k+1, width], nan [n], inf [n], hash [n, 1]) of
+    every device's piece of x under PartitionSpec `spec`: row r is rank r's.
+    Replicas share the sketching of their piece's tokens (token_share); each
+    counts and hashes its whole piece (a piece without replicas is not hashed)."""
     axes = tuple(mesh.axis_names)
     sizes = dict(mesh.shape)
     parts = list(getattr(spec, "partitions", spec))
     parts += [None] * (x.ndim - len(parts))
     token_axes = _entry_axes(parts[x.ndim - 2])
+    local_tokens = x.shape[-2] // int(np.prod([sizes[a] for a in token_axes] or [1]))
+    shared, share = token_share(local_tokens, spec, mesh)
+    hashed = bool(replica_axes(spec, mesh))
     acc = accumulator(x.dtype)
 
     def local(piece):
-        tokens = piece.shape[-2]
-        first = _block_index(token_axes, sizes) * tokens
-        r = jnp.concatenate([signs(seed, k, first, tokens), jnp.ones((1, tokens), jnp.int32)]).astype(acc)
-        sketch = jnp.einsum("it,...tw->...iw", r, piece.astype(acc))
-        nan = jnp.sum(jnp.isnan(piece), dtype=jnp.int32)
-        inf = jnp.sum(jnp.isinf(piece), dtype=jnp.int32)
-        return sketch[None], nan[None], inf[None], bits_hash(piece)[None]
+        first = _block_index(token_axes, sizes) * piece.shape[-2]
+        part = piece
+        if shared:
+            lo = _block_index(shared, sizes) * share
+            part = jax.lax.dynamic_slice_in_dim(piece, lo, share, axis=piece.ndim - 2)
+            first = first + lo
+        r = jnp.concatenate([signs(seed, k, first, share), jnp.ones((1, share), jnp.int32)])
+        sketch = _sketch_sums(r, part, acc)
+        # A column whose sum is finite holds no NaN or Inf: the counting pass
+        # runs only when one is not (a share's sums say nothing of the rest).
+        counts = lambda p: (jnp.sum(jnp.isnan(p), dtype=jnp.int32), jnp.sum(jnp.isinf(p), dtype=jnp.int32))  # noqa: E731
+        zero = lambda p: (jnp.int32(0), jnp.int32(0))  # noqa: E731
+        finite = jnp.all(jnp.isfinite(sketch[..., k, :])) if not shared else jnp.isfinite(jnp.sum(piece))
+        nan, inf = jax.lax.cond(finite, zero, counts, piece)
+        words = bits_hash(piece) if hashed else jnp.zeros(1, jnp.uint32)
+        return sketch[None], nan[None], inf[None], words[None]
 
     stacked = P(axes)
     with jax.enable_x64(acc == jnp.float64):
-        return jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=(stacked, stacked, stacked, stacked),
-                             check_vma=False)(x)
+        out = jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=(stacked, stacked, stacked, stacked),
+                            check_vma=False)(x)
+    return out, "*".join(shared), hashed
 
 
-def hash_string(words):
-    """16 hex digits of the two uint32 words."""
-    a, b = (int(v) & MASK32 for v in np.asarray(words).reshape(-1)[:2])
-    return f"{a:08x}{b:08x}"
+def hash_string(words, hashed=True):
+    """8 hex digits of the hash's uint32 word ("-": not hashed, no replica compares it)."""
+    if not hashed:
+        return "-"
+    return f"{int(np.asarray(words).reshape(-1)[0]) & MASK32:08x}"

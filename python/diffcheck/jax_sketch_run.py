@@ -19,6 +19,7 @@ class SketchRun:
             raise ValueError(f"capture(sketch={rows!r}): give True or the sketch's rows, an int from 1 to 256")
         self.capture, self.k, self.seed = capture, rows, int(seed) & jax_sketch.MASK32
         self._shardings = {}  # tap key -> NamedSharding XLA gave it
+        self._shared, self._hashed = {}, {}  # tap key -> replica axes sharing its tokens, whether hashed
         self._jit = jax.jit(self._traced)
 
     def _traced(self, *args, **kwargs):
@@ -29,7 +30,8 @@ class SketchRun:
             if sharding is None:
                 raise _NewTaps(key)
             if jax_sketch.sketchable(x.shape, x.dtype, self.k):
-                sketches[key] = jax_sketch.sketch_pieces(x, sharding.spec, self.capture.mesh, self.k, self.seed)
+                sketches[key], self._shared[key], self._hashed[key] = jax_sketch.sketch_pieces(
+                    x, sharding.spec, self.capture.mesh, self.k, self.seed)
             else:
                 whole[key] = x
         return result, sketches, whole
@@ -72,7 +74,8 @@ class SketchRun:
             rank = ranks[arrays[0].device.id]
             s, n, i, h = (np.asarray(a.data)[0] for a in arrays)
             writer_of(rank).sketch(named, s, tokens=tokens, seed=self.seed, nan=int(n), inf=int(i),
-                                   bits_hash=jax_sketch.hash_string(h), dtype=dtype, spec=spec, partial=partial,
+                                   bits_hash=jax_sketch.hash_string(h, self._hashed[key]), dtype=dtype, spec=spec,
+                                   partial=partial, shared=self._shared[key] or None,
                                    reduction_depth=depth[0] or None, rounding_steps=steps)
 
     def note_shapes(self, args, kwargs):
