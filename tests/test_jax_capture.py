@@ -134,7 +134,7 @@ class Capture(unittest.TestCase):
             return jax.checkpoint(lambda y: dcj.tap("inner", y * 2))(x)
         for fn in (scanned, remat):
             with self.subTest(fn.__name__):
-                with self.assertRaisesRegex(TapError, "'(carry|inner)' is inside a body JAX traces on its own"):
+                with self.assertRaisesRegex(TapError, "'(carry|inner)' is inside a body JAX traces on its own.*unroll=True"):
                     with dcj.capture(jax.jit(fn), self.out(fn.__name__), self.mesh) as run:
                         run(self.x, self.w)
                 self.assertFalse(os.path.exists(self.out(fn.__name__) + ".rank0.h5"))  # no partial file
@@ -159,6 +159,20 @@ class Capture(unittest.TestCase):
         with dcj.capture(jax.jit(step), self.out("plain"), self.mesh) as run:  # backward=False: no grad/ taps
             run(self.x, self.w)
         self.assertEqual(list(_read(self.out("plain") + ".rank0.h5")), ["h", "param_grad/w"])
+
+    def test_unroll_takes_taps_from_inner_jits_and_scan_steps(self):
+        inner = jax.jit(lambda v: dcj.tap("inner", v * 2))
+
+        def f(x, w):
+            def body(c, _):
+                return dcj.tap("carry", c + 1), None
+            return jax.lax.scan(body, inner(x), None, length=3)[0]
+        with dcj.capture(jax.jit(f), self.out(), self.mesh, unroll=True) as run:
+            y = run(self.x, self.w)
+        taps = _read(self.out() + ".rank0.h5")
+        self.assertEqual(list(taps), ["inner", "carry", "carry@1", "carry@2"])
+        np.testing.assert_allclose(taps["carry@2"][1], np.asarray(y)[:4], rtol=1e-6)
+        self.assertEqual(taps["carry@1"][0]["spec"], "dp,-")
 
     def test_a_name_used_twice_is_refused(self):
         def f(x, w):

@@ -22,6 +22,7 @@ run(*args)`, with reference=True or one_device=True. An nnx.Module's
 submodule outputs are taps under their paths (`blocks.0.attn`). See
 docs/jax.md.
 """
+import contextlib
 import os
 
 import jax
@@ -39,7 +40,7 @@ from diffcheck.keywords import check_root_keywords, root_attributes
 ONE_DEVICE_SUFFIX = ".one_device"
 REFERENCE_SUFFIX = ".reference"
 _CAPTURE_PARAMETERS = ("out", "mesh", "reference", "one_device", "include", "exclude", "derive_depths", "jit",
-                       "step", "backward", "sketch", "sketch_seed", "attrs")
+                       "step", "backward", "sketch", "sketch_seed", "unroll", "attrs")
 DEFAULT_SKETCH_ROWS = 8  # as diffcheck.torch's
 
 
@@ -78,8 +79,8 @@ class Capture:
     cleanly (none is left under its name when it raised)."""
 
     def __init__(self, target, out, mesh=None, *, reference=False, one_device=False, include=None, exclude=None,
-                 derive_depths=True, jit=None, step=None, backward=False, sketch=False, sketch_seed=0, attrs=None,
-                 **root_attrs):
+                 derive_depths=True, jit=None, step=None, backward=False, sketch=False, sketch_seed=0, unroll=False,
+                 attrs=None, **root_attrs):
         check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
         extra = root_attributes("capture()", attrs)
         if reference and one_device:
@@ -92,7 +93,7 @@ class Capture:
         self.include = [include] if isinstance(include, str) else list(include or ["*"])
         self.exclude = [exclude] if isinstance(exclude, str) else list(exclude or [])
         self.derive_depths = derive_depths and not reference and not one_device
-        self.backward = bool(backward)
+        self.backward, self.unroll = bool(backward), bool(unroll)
         self.module = jax_nnx.is_module(target)
         if self.module:
             self.fn, self.state = jax_nnx.as_function(target, step)
@@ -118,8 +119,8 @@ class Capture:
     # -- running --------------------------------------------------------------
 
     def _traced(self, *args, **kwargs):
-        collector = jax_taps.Collector(self.include, self.exclude, self.backward)
-        with jax_taps.collecting(collector):
+        collector = jax_taps.Collector(self.include, self.exclude, self.backward, self.unroll)
+        with jax_taps.collecting(collector), (jax.disable_jit() if self.unroll else contextlib.nullcontext()):
             result = self.fn(*args, **kwargs)
         return result, collector.outputs()
 
@@ -262,6 +263,10 @@ def capture(target, out, mesh=None, **kwargs):
     sketch     True (8 rows) or k: each device's taps as linear sketches
                computed inside the XLA program (docs/FORMAT.md, "Sketch
                taps"); only they leave it. sketch_seed: the signs' seed
+    unroll     trace inner jax.jit calls inline and lax.scan bodies step by
+               step (jax.disable_jit while tracing), so taps inside them
+               leave too, a step's tap numbered name@k; the compiled program
+               then has the scan unrolled
     backward   also tap the gradient of each tap that a jax.grad (or
                nnx.value_and_grad) inside the function computes, as
                `grad/<tap>`; tap the parameters' gradients and values
@@ -282,7 +287,7 @@ def check(target, *args, out, mesh=None, kwargs=None, reference=True, one_device
         run(*args, **kwargs)
     stem = out + REFERENCE_SUFFIX
     shared = {k: v for k, v in capture_kwargs.items() if k in ("include", "exclude", "jit", "step", "backward",
-                                                                 "sketch_seed")}
+                                                                 "sketch_seed", "unroll")}
     mesh = run.mesh
     if reference:
         with capture(target, stem, mesh, reference=True, **shared) as ref:

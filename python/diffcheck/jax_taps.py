@@ -47,8 +47,11 @@ def leaves_with_names(name, tree):
 class Collector:
     """The taps of one traced (or eager) call, in the order they were made."""
 
-    def __init__(self, include, exclude, backward=False):
-        self.include, self.exclude, self.backward = include, exclude, backward
+    def __init__(self, include, exclude, backward=False, unroll=False):
+        """unroll: the function is traced with inner jits inline and scans
+        step by step (jax.disable_jit), so a tap made again in a later step
+        is numbered `name@k`, not refused."""
+        self.include, self.exclude, self.backward, self.unroll = include, exclude, backward, unroll
         self.values, self.names, self.unseen, self.calls = [], set(), [], {}
         self.trace = None
 
@@ -62,8 +65,9 @@ class Collector:
         leaves wrapped so that their gradients are tapped as `grad/<name>`
         when a jax.grad inside the function computes them).
         numbered: a module's output, `name@k` when the name is taken (its k-th call)."""
-        if numbered:
-            self.calls[name] = k = self.calls.get(name, -1) + 1
+        again = self.unroll and any(n == name or n.startswith(name + "/") for n in self.names)
+        if numbered or again:
+            self.calls[name] = k = self.calls.get(name, 0 if again else -1) + 1
             name = f"{name}@{k}" if k else name
         self._record(name, x)
         if not self.backward or name.startswith("grad/"):
@@ -100,12 +104,15 @@ class Collector:
         """The taps as one pytree output: keys sort in execution order (jax
         flattens a dict by its sorted keys), and carry the names."""
         if self.unseen:
+            inner = ("shard_map or jax.checkpoint" if self.unroll else
+                     "lax.scan, shard_map, jax.checkpoint or an inner jax.jit")
             raise TapError(
                 f"tap{'s' if len(self.unseen) > 1 else ''} {', '.join(repr(n) for n in self.unseen[:5])} "
-                f"{'are' if len(self.unseen) > 1 else 'is'} inside a body JAX traces on its own (lax.scan, "
-                "shard_map, jax.checkpoint, an inner jax.jit): this capture takes taps from the captured "
-                "function's own trace, where they leave the compiled program as outputs. Tap the value where "
-                "the body returns it (a shard_map's output has the layout its out_specs give)")
+                f"{'are' if len(self.unseen) > 1 else 'is'} inside a body JAX traces on its own ({inner}): "
+                "this capture takes taps from the captured function's own trace, where they leave the compiled "
+                "program as outputs. Tap the value where the body returns it (a shard_map's output has the "
+                "layout its out_specs give)" + ("" if self.unroll else "; or capture(..., unroll=True): inner "
+                "jits traced inline and scans step by step, each step's tap numbered name@k"))
         return {f"{i:06d}:{name}": v for i, (name, v) in enumerate(self.values)}
 
 
