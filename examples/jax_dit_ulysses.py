@@ -113,6 +113,10 @@ def main():
                     help="directory of the activation files")
     args = ap.parse_args(ARGV)
     mesh = mesh_of(args.mesh, ("dp", "sp"))
+    chunks = int(os.environ.get("ULYSSES_ATTENTION_CHUNKS", "1"))
+    if HEADS % (mesh.shape["sp"] * chunks) or B % mesh.shape["dp"] or S % mesh.shape["sp"]:
+        ap.error(f"--mesh {args.mesh} with ULYSSES_ATTENTION_CHUNKS={chunks}: each head group ({HEADS} heads / "
+                 f"{chunks}) must split over sp, {B} samples over dp and {S} tokens over sp")
     dtype = getattr(jnp, args.dtype)
     keys = jax.random.split(jax.random.key(0), 3)
     with jax.set_mesh(mesh):

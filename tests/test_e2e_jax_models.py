@@ -33,7 +33,7 @@ class DitUlyssesExample(unittest.TestCase):
     def test_forward_clean_and_chunked_fault(self):
         cases = [("dp=2,sp=4", "bfloat16")]
         if FULL:
-            cases = list(itertools.product(("dp=2,sp=2", "dp=1,sp=4", "dp=2,sp=4", "dp=1,sp=8"),
+            cases = list(itertools.product(("dp=2,sp=2", "dp=1,sp=4", "dp=2,sp=4", "dp=4,sp=2"),
                                            ("float32", "bfloat16")))
         for mesh, dtype in cases:
             with self.subTest(mesh=mesh, dtype=dtype):
@@ -55,6 +55,11 @@ class DitUlyssesExample(unittest.TestCase):
                 self.assertIn("param_grad/qkv.kernel", out)
                 self.assertIn("param/fc2.bias", out)
                 self.assertIn("grad/attn", out)  # backward=True: the gradients of the module taps
+
+    def test_a_mesh_the_chunks_cannot_split_is_refused(self):
+        code, out = run_example("jax_dit_ulysses.py", "--mesh", "dp=1,sp=8", "ULYSSES_ATTENTION_CHUNKS=2")
+        self.assertEqual(code, 2, out)
+        self.assertIn("each head group (8 heads / 2) must split over sp", out)
 
     def test_bisect_names_the_setting(self):
         with tempfile.TemporaryDirectory() as tmp:
