@@ -66,6 +66,7 @@ class ReshardExample(unittest.TestCase):
                                sys.executable, os.path.join(ROOT, "examples", "jax_reshard.py"), "--bug",
                                "--mesh", "{mesh}", "--out", "{out}"], capture_output=True, text=True, timeout=600)
 
+    @unittest.skipUnless(FULL, "nightly (3 runs); by default the sweep without a reference below")
     def test_sweep_mesh_names_the_meshes_with_dp_2(self):
         p = self.sweep()
         self.assertEqual(p.returncode, 1, p.stdout + p.stderr)

@@ -61,6 +61,7 @@ class DitUlyssesExample(unittest.TestCase):
         self.assertEqual(code, 2, out)
         self.assertIn("each head group (8 heads / 2) must split over sp", out)
 
+    @unittest.skipUnless(FULL, "nightly (about 40 s: 4 trials); the bisect of a command is tested by e2e_bisect_sweep")
     def test_bisect_names_the_setting(self):
         with tempfile.TemporaryDirectory() as tmp:
             p = subprocess.run([EXE, "bisect", "--flags=--xla_cpu_enable_fast_min_max=true,ULYSSES_ATTENTION_CHUNKS=2",
