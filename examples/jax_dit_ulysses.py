@@ -29,6 +29,7 @@ use_cpu_devices(mesh_devices(ARGV, 8))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
@@ -107,6 +108,9 @@ def main():
     ap.add_argument("--bug", action="store_true", help="reassemble the head groups out of order")
     ap.add_argument("--train", action="store_true", help="check an optax SGD step, not the forward")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the run's dtype")
+    ap.add_argument("--reference-cache", metavar="DIR",
+                    help="read the one-device runs from DIR when made before for this program and these inputs "
+                         "(under other XLA flags: a flag bisect's baseline makes them), else keep them there")
     ap.add_argument("--sketch", action="store_true",
                     help="capture sketches made inside the XLA program, not whole tensors (docs/jax.md)")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "diffcheck-jax-dit"),
@@ -118,16 +122,17 @@ def main():
         ap.error(f"--mesh {args.mesh} with ULYSSES_ATTENTION_CHUNKS={chunks}: each head group ({HEADS} heads / "
                  f"{chunks}) must split over sp, {B} samples over dp and {S} tokens over sp")
     dtype = getattr(jnp, args.dtype)
-    keys = jax.random.split(jax.random.key(0), 3)
+    rng = np.random.default_rng(0)  # weights and inputs drawn by NumPy: the same under any XLA flags
+    put = lambda a, spec: jax.device_put(jnp.asarray(a, jnp.float32).astype(dtype), NamedSharding(mesh, spec))  # noqa: E731,E501
     with jax.set_mesh(mesh):
         model = DiTBlock(nnx.Rngs(1), bug=args.bug)
         params = nnx.state(model, nnx.Param)
-        nnx.update(model, jax.tree.map(lambda w: jax.device_put(w.astype(dtype), NamedSharding(mesh, P())), params))
-        x = jax.device_put(jax.random.normal(keys[0], (B, S, D), dtype), NamedSharding(mesh, P("dp", "sp", None)))
-        c = jax.device_put(jax.random.normal(keys[1], (B, D), dtype), NamedSharding(mesh, P("dp", None)))
-        target = jax.device_put(jax.random.normal(keys[2], (B, S, D), dtype), NamedSharding(mesh, P("dp", "sp")))
+        nnx.update(model, jax.tree.map(lambda w: put(rng.standard_normal(w.shape) / w.shape[0] ** 0.5, P()), params))
+        x = put(rng.standard_normal((B, S, D)), P("dp", "sp", None))
+        c = put(rng.standard_normal((B, D)), P("dp", None))
+        target = put(rng.standard_normal((B, S, D)), P("dp", "sp"))
     step = (lambda m, x, c, t: train_step(m, x, c, t)) if args.train else None
-    report = dcj.check(model, x, c, *((target,) if args.train else ()), out=os.path.join(args.out, "run"), mesh=mesh, step=step, backward=args.train, sketch=args.sketch)  # noqa: E501  # diffcheck
+    report = dcj.check(model, x, c, *((target,) if args.train else ()), reference_cache=args.reference_cache, out=os.path.join(args.out, "run"), mesh=mesh, step=step, backward=args.train, sketch=args.sketch)  # noqa: E501  # diffcheck
     print(report["console"], end="")
     return 0
 

@@ -26,6 +26,7 @@ use_cpu_devices(mesh_devices(ARGV, 4))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
@@ -70,6 +71,9 @@ def main():
     ap.add_argument("--mesh", default="dp=2,fsdp=2", help="dp=A,fsdp=B (default dp=2,fsdp=2)")
     ap.add_argument("--bug", action="store_true", help="leave the gradients' sum over dp out")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the run's dtype")
+    ap.add_argument("--reference-cache", metavar="DIR",
+                    help="read the one-device runs from DIR when made before for this program and these inputs "
+                         "(under other XLA flags: a flag bisect's baseline makes them), else keep them there")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "diffcheck-jax-fsdp"),
                     help="directory of the activation files")
     args = ap.parse_args(ARGV)
@@ -78,14 +82,14 @@ def main():
     mesh = jax.make_mesh((dp, fsdp), ("dp", "fsdp"), axis_types=(AxisType.Auto,) * 2,
                          devices=jax.devices()[:dp * fsdp])
     dtype = getattr(jnp, args.dtype)
-    k = jax.random.split(jax.random.key(0), 4)
-    put = lambda a, spec: jax.device_put(a.astype(dtype), NamedSharding(mesh, spec))  # noqa: E731
-    params = {"w1": put(jax.random.normal(k[0], (D, F)) / D ** 0.5, ROWS["w1"]),
-              "w2": put(jax.random.normal(k[1], (F, D)) / F ** 0.5, ROWS["w2"])}
-    x, y = put(jax.random.normal(k[2], (BATCH, D)), DATA), put(jax.random.normal(k[3], (BATCH, D)), DATA)
+    rng = np.random.default_rng(0)  # NumPy's draws: the same under any XLA flags
+    put = lambda a, spec: jax.device_put(jnp.asarray(a, jnp.float32).astype(dtype), NamedSharding(mesh, spec))  # noqa: E731,E501
+    params = {"w1": put(rng.standard_normal((D, F)) / D ** 0.5, ROWS["w1"]),
+              "w2": put(rng.standard_normal((F, D)) / F ** 0.5, ROWS["w2"])}
+    x, y = put(rng.standard_normal((BATCH, D)), DATA), put(rng.standard_normal((BATCH, D)), DATA)
     optimizer = optax.adam(1e-2)
     opt_state = jax.jit(optimizer.init)(params)
-    report = dcj.check(jax.jit(make_step(args.bug, optimizer)), params, opt_state, x, y, out=os.path.join(args.out, "run"), mesh=mesh)  # noqa: E501  # diffcheck
+    report = dcj.check(jax.jit(make_step(args.bug, optimizer)), params, opt_state, x, y, reference_cache=args.reference_cache, out=os.path.join(args.out, "run"), mesh=mesh)  # noqa: E501  # diffcheck
     print(report["console"], end="")
     return 0
 

@@ -28,6 +28,7 @@ use_cpu_devices(mesh_devices(sys.argv, 8))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import diffcheck.jax as dcj  # noqa: E402  # diffcheck
@@ -62,11 +63,12 @@ def make_forward(bug):
 
 
 def inputs(mesh, dtype, seed, m=64, k=256, n=128):
-    ka, kb, kw = jax.random.split(jax.random.key(seed), 3)
-    put = lambda x, spec: jax.device_put(x.astype(dtype), NamedSharding(mesh, spec))  # noqa: E731
-    return (put(jax.random.normal(ka, (m, k)), P(None, CONTRACTED)),
-            put(jax.random.normal(kb, (k, n)) / k ** 0.5, P(CONTRACTED, "tp")),
-            put(jax.random.normal(kw, (n, 32)) / n ** 0.5, P("tp", None)))
+    """Drawn by NumPy, not on the devices: the same under any XLA flags."""
+    rng = np.random.default_rng(seed)
+    put = lambda x, spec: jax.device_put(jnp.asarray(x, jnp.float32).astype(dtype), NamedSharding(mesh, spec))  # noqa: E731,E501
+    return (put(rng.standard_normal((m, k)), P(None, CONTRACTED)),
+            put(rng.standard_normal((k, n)) / k ** 0.5, P(CONTRACTED, "tp")),
+            put(rng.standard_normal((n, 32)) / n ** 0.5, P("tp", None)))
 
 
 def main():
@@ -75,6 +77,9 @@ def main():
                     help=f"the mesh over the axes {','.join(AXES)} (missing ones size 1; default dp=2,fsdp=2,sp=1,tp=2)")
     ap.add_argument("--bug", action="store_true", help="leave the reduction over dp out where dp has size 2")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the run's dtype")
+    ap.add_argument("--reference-cache", metavar="DIR",
+                    help="read the one-device runs from DIR when made before for this program and these inputs "
+                         "(under other XLA flags: a flag bisect's baseline makes them), else keep them there")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "diffcheck-jax-reshard"),
                     help="directory of the activation files")
     ap.add_argument("--no-reference", action="store_true",
@@ -91,7 +96,7 @@ def main():
             run(a, b, w)
         print(f"captured {out} on {args.mesh} with no reference: diffcheck compare {out} --against OTHER_RUN")
         return 0
-    report = dcj.check(jax.jit(make_forward(args.bug)), a, b, w, out=out, mesh=mesh, sketch=args.sketch)  # diffcheck
+    report = dcj.check(jax.jit(make_forward(args.bug)), a, b, w, reference_cache=args.reference_cache, out=out, mesh=mesh, sketch=args.sketch)  # noqa: E501  # diffcheck
     print(report["console"], end="")
     return 0
 

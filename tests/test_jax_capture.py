@@ -174,6 +174,18 @@ class Capture(unittest.TestCase):
         np.testing.assert_allclose(taps["carry@2"][1], np.asarray(y)[:4], rtol=1e-6)
         self.assertEqual(taps["carry@1"][0]["spec"], "dp,-")
 
+    def test_reference_cache_is_keyed_by_program_and_inputs(self):
+        def f(x, w):
+            return dcj.tap("h", jnp.tanh(x @ w))
+        cache = os.path.join(self.tmp.name, "cache")
+        for x, made in ((self.x, 2), (self.x, 2), (self.x * 2, 4)):  # the same inputs: read, not made again
+            report = dcj.check(jax.jit(f), x, self.w, out=self.out(), mesh=self.mesh, reference_cache=cache)
+            self.assertTrue(report["pass"])
+            self.assertEqual(len(os.listdir(cache)), made)
+        with self.assertRaisesRegex(ValueError, "reference_cache=.*give reference=True, one_device=True"):
+            dcj.check(jax.jit(f), self.x, self.w, out=self.out(), mesh=self.mesh, reference_cache=cache,
+                      one_device=False)
+
     def test_a_name_used_twice_is_refused(self):
         def f(x, w):
             dcj.tap("h", x)

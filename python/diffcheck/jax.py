@@ -32,6 +32,8 @@ from diffcheck import jax_one_device as one
 from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: F401
 from diffcheck.dump import RankDump, ReferenceDump
 from diffcheck.jax_layouts import LayoutError, array_layout, mesh_string  # noqa: F401
+from diffcheck.jax_reference_cache import fetch as reference_cache_fetch, key as reference_cache_key
+from diffcheck.jax_reference_cache import store as reference_cache_store
 from diffcheck.jax_rounding import output_depths
 from diffcheck.jax_sketch_run import SketchRun
 from diffcheck.jax_taps import TapError  # noqa: F401
@@ -276,12 +278,18 @@ def capture(target, out, mesh=None, **kwargs):
     return Capture(target, out, mesh, **kwargs)
 
 
-def check(target, *args, out, mesh=None, kwargs=None, reference=True, one_device=True, compare_args=(), **capture_kwargs):
+def check(target, *args, out, mesh=None, kwargs=None, reference=True, one_device=True, reference_cache=None,
+          compare_args=(), **capture_kwargs):
     """Runs `target(*args, **kwargs)` on the mesh, on one device in float64
     and in its own dtype, and compares: returns the JSON report of `diffcheck
     compare`; raises Divergence (an AssertionError) when a check fails.
-    Every process of a multi-process job calls it; process 0 runs the
-    references and the compare (the others return None)."""
+    reference_cache=DIR: the two one-device runs are read from DIR when a run
+    of the same program on the same inputs made them (jax_reference_cache.py:
+    XLA flags are not in the key, so runs under other flags are judged against
+    the references made without them, as a flag bisect's first trial makes
+    them), and kept there otherwise. Every process of a multi-process job
+    calls it; process 0 runs the references and the compare (the others
+    return None)."""
     kwargs = kwargs or {}
     with capture(target, out, mesh, **capture_kwargs) as run:
         run(*args, **kwargs)
@@ -289,12 +297,21 @@ def check(target, *args, out, mesh=None, kwargs=None, reference=True, one_device
     shared = {k: v for k, v in capture_kwargs.items() if k in ("include", "exclude", "jit", "step", "backward",
                                                                  "sketch_seed", "unroll")}
     mesh = run.mesh
-    if reference:
-        with capture(target, stem, mesh, reference=True, **shared) as ref:
-            ref(*args, **kwargs)
-    if one_device:
-        with capture(target, stem, mesh, one_device=True, **shared) as yardstick:
-            yardstick(*args, **kwargs)
+    cache_key = None
+    if reference_cache is not None:
+        if not (reference and one_device) or jax.process_count() > 1:
+            raise ValueError("check(reference_cache=...) keeps the reference and the one-device run of one process: "
+                             "give reference=True, one_device=True, and run one process")
+        cache_key = reference_cache_key(run, (run.state, *args) if run.module else args, kwargs)
+    if cache_key is None or not reference_cache_fetch(os.fspath(reference_cache), cache_key, stem):
+        if reference:
+            with capture(target, stem, mesh, reference=True, **shared) as ref:
+                ref(*args, **kwargs)
+        if one_device:
+            with capture(target, stem, mesh, one_device=True, **shared) as yardstick:
+                yardstick(*args, **kwargs)
+        if cache_key is not None:
+            reference_cache_store(os.fspath(reference_cache), cache_key, stem)
     if jax.process_index() != 0:
         return None
     return compare(out, reference=stem + ".h5" if reference else None, args=compare_args)
