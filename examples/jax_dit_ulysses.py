@@ -125,7 +125,7 @@ def main():
     rng = np.random.default_rng(0)  # weights and inputs drawn by NumPy: the same under any XLA flags
     put = lambda a, spec: jax.device_put(jnp.asarray(a, jnp.float32).astype(dtype), NamedSharding(mesh, spec))  # noqa: E731,E501
     with jax.set_mesh(mesh):
-        model = DiTBlock(nnx.Rngs(1), bug=args.bug)
+        model = nnx.eval_shape(lambda: DiTBlock(nnx.Rngs(1), bug=args.bug))  # shapes only: NumPy fills them
         params = nnx.state(model, nnx.Param)
         nnx.update(model, jax.tree.map(lambda w: put(rng.standard_normal(w.shape) / w.shape[0] ** 0.5, P()), params))
         x = put(rng.standard_normal((B, S, D)), P("dp", "sp", None))
