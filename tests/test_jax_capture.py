@@ -213,6 +213,83 @@ class Capture(unittest.TestCase):
         self.assertFalse(jax.config.jax_enable_x64)  # the reference's float64 stays inside it
 
 
+class ShardMapTaps(unittest.TestCase):
+    """Taps inside a shard_map body: each device's block, with the layout the
+    tap's spec= gives and partial sums where the value varies beyond it."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.mesh = jax.make_mesh((2, 4), ("dp", "tp"))
+        self.x = jax.device_put(jnp.asarray(np.random.default_rng(0).normal(size=(8, 16)), jnp.float32),
+                                NamedSharding(self.mesh, P("dp", "tp")))
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def out(self, name="run"):
+        return os.path.join(self.tmp.name, name)
+
+    def row_sums(self, bug=False):
+        def body(x):
+            h = dcj.tap("h", jnp.tanh(x), spec=P("dp", "tp"))
+            s = h.sum(axis=1)  # this device's columns only: a partial sum over tp
+            if bug:  # one tp rank's partial sum doubled
+                s = s * jnp.where(jax.lax.axis_index("tp") == 1, 2.0, 1.0)
+            s = dcj.tap("s", s, spec=P("dp"))
+            total = jax.lax.psum(s, "tp")
+            return dcj.tap("total", jax.lax.psum(total.sum(), "dp"))  # the same everywhere: no spec
+        # Made per trace, on the context's mesh (the references run it on a mesh of size 1).
+        return jax.jit(lambda x: jax.shard_map(body, in_specs=P("dp", "tp"), out_specs=P())(x))
+
+    def test_blocks_and_layouts_from_the_spec_and_the_varying_axes(self):
+        with dcj.capture(self.row_sums(), self.out(), self.mesh) as run:
+            run(self.x)
+        taps = _read(self.out() + ".rank6.h5")  # dp 1, tp 2
+        self.assertEqual(list(taps), ["h", "s", "total"])
+        x = np.tanh(np.asarray(self.x))
+        (h_attrs, h), (s_attrs, s), (t_attrs, _) = taps["h"], taps["s"], taps["total"]
+        np.testing.assert_allclose(h, x[4:8, 8:12], rtol=1e-6)
+        self.assertEqual((h_attrs["spec"], h_attrs.get("partial", "")), ("dp,tp", ""))
+        np.testing.assert_allclose(s, x[4:8, 8:12].sum(1), rtol=1e-5)
+        self.assertEqual((s_attrs["spec"], s_attrs["partial"]), ("dp", "tp"))
+        self.assertEqual((t_attrs.get("spec", ""), t_attrs.get("partial", "")), ("", ""))
+
+    def test_check_passes_clean_and_finds_a_partial_sum_gone_wrong(self):
+        report = dcj.check(self.row_sums(), self.x, out=self.out("clean"), mesh=self.mesh)
+        self.assertTrue(report["pass"])
+        with self.assertRaises(dcj.Divergence) as caught:
+            dcj.check(self.row_sums(bug=True), self.x, out=self.out("bug"), mesh=self.mesh)
+        self.assertIn("First divergence: tap 's'", str(caught.exception))
+
+    def test_a_varying_value_without_spec_is_refused(self):
+        def body(x):
+            return dcj.tap("h", x * 2)
+        fn = jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=P("dp", "tp"), out_specs=P("dp", "tp")))
+        with self.assertRaisesRegex(TapError, "'h' is inside a shard_map body and varies over dp, tp: give its "
+                                              "layout, dcj.tap\\(name, x, spec=P"):
+            with dcj.capture(fn, self.out(), self.mesh) as run:
+                run(self.x)
+
+    def test_rematerialised_and_scanned_bodies(self):
+        """jax.checkpoint runs its body again for the gradient (the same bits:
+        kept once); a scan in the body hands a value per step (name@k)."""
+        def body(x):
+            def loss(v):
+                inner = jax.checkpoint(lambda u: dcj.tap("inner", jnp.sin(u), spec=P("dp", "tp")))
+                return jax.lax.psum(jnp.sum(inner(v) ** 2), ("dp", "tp"))
+            g = jax.grad(loss)(x)
+
+            def step(c, _):
+                return dcj.tap("carry", c * 2, spec=P("dp", "tp")), None
+            return jax.lax.scan(step, g, None, length=2)[0]
+        fn = jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=P("dp", "tp"), out_specs=P("dp", "tp")))
+        with dcj.capture(fn, self.out(), self.mesh) as run:
+            y = run(self.x)
+        taps = _read(self.out() + ".rank0.h5")
+        self.assertEqual(list(taps), ["inner", "carry", "carry@1"])
+        np.testing.assert_allclose(taps["carry@1"][1], np.asarray(y)[:4, :4], rtol=1e-6)
+
+
 class NnxModules(unittest.TestCase):
     def test_submodule_outputs_under_their_paths(self):
         from flax import nnx

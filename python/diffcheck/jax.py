@@ -27,7 +27,7 @@ import os
 
 import jax
 
-from diffcheck import __version__, jax_nnx, jax_taps
+from diffcheck import __version__, jax_host_taps, jax_nnx, jax_taps
 from diffcheck import jax_one_device as one
 from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: F401
 from diffcheck.dump import RankDump, ReferenceDump
@@ -46,12 +46,16 @@ _CAPTURE_PARAMETERS = ("out", "mesh", "reference", "one_device", "include", "exc
 DEFAULT_SKETCH_ROWS = 8  # as diffcheck.torch's
 
 
-def tap(name, x):
+def tap(name, x, spec=None):
     """Records `x` (an array or a pytree of them: `name/<key path>`) as tap
     `name` in the capture running the function; returns `x`. Outside a
-    capture it does nothing, so the call can stay in code that runs unchecked."""
+    capture it does nothing, so the call can stay in code that runs unchecked.
+    spec: inside a shard_map body, the PartitionSpec of the global value
+    (as out_specs would give it) when x varies over the mesh axes; the axes it
+    varies over that spec leaves out are partial sums. Elsewhere the layout
+    is the array's sharding."""
     collector = jax_taps.current()
-    return x if collector is None else collector.add(name, x)
+    return x if collector is None else collector.add(name, x, spec=spec)
 
 
 def xla_flags_attribute():
@@ -111,6 +115,7 @@ class Capture:
         self.root_attrs = {"producer": f"diffcheck.jax {__version__} (jax {jax.__version__})",
                            "flags": xla_flags_attribute(), **extra, **root_attrs}
         self._writers, self._calls, self._step, self._depths = None, 0, "", {}
+        self._host = jax_host_taps.HostSink()  # taps inside shard_map bodies
         # Sketch mode: the sharded run's taps as sketches made in the program
         # (the references keep whole tensors, which the comparator sketches).
         self.sketches = None
@@ -121,7 +126,7 @@ class Capture:
     # -- running --------------------------------------------------------------
 
     def _traced(self, *args, **kwargs):
-        collector = jax_taps.Collector(self.include, self.exclude, self.backward, self.unroll)
+        collector = jax_taps.Collector(self.include, self.exclude, self.backward, self.unroll, self._host)
         with jax_taps.collecting(collector), (jax.disable_jit() if self.unroll else contextlib.nullcontext()):
             result = self.fn(*args, **kwargs)
         return result, collector.outputs()
@@ -129,9 +134,22 @@ class Capture:
     def _run(self, mesh, args, kwargs):
         with jax.set_mesh(mesh):
             result, taps = (self._jit if self.jitted else self._traced)(*args, **kwargs)
-            taps = jax_taps.names_of(taps)
-        self._derive_depths(mesh, args, kwargs, [n for n, _ in taps])
-        return result, taps
+        rows = sorted((jax_taps.index_of(key), key.split(":", 1)[1], v) for key, v in taps.items())
+        self._derive_depths(mesh, args, kwargs, [n for _, n, _ in rows])
+        return result, self._with_hosted(rows, mesh)
+
+    def _with_hosted(self, rows, mesh):
+        """[(name, value)] of the call's taps in the order they were made:
+        rows [(index, name, value)] of the program's outputs, and the blocks
+        that shard_map bodies handed over (a HostedBlocks value; a body run
+        per step gives `name@k` of its k-th value)."""
+        mine = [r for r, d in enumerate(mesh.devices.flat) if d.process_index == jax.process_index()]
+        merged = [(i, 0, name, v) for i, name, v in rows]
+        for name, blocks in self._host.take().items():
+            tap = self._host.taps[name]
+            for k, pieces in jax_host_taps.pieces(tap, blocks, mesh, mine):
+                merged.append((tap.index, k, f"{name}@{k}" if k else name, jax_host_taps.HostedBlocks(tap, pieces)))
+        return [(name, v) for _, _, name, v in sorted(merged, key=lambda r: r[:2])]
 
     def _derive_depths(self, mesh, args, kwargs, names):
         if self.derive_depths and any(n not in self._depths for n in names):
@@ -155,7 +173,10 @@ class Capture:
         return result
 
     def _write_whole(self, name, value):
-        spec, partial, pieces = array_layout(value, self.mesh, f"tap '{name}'")
+        if isinstance(value, jax_host_taps.HostedBlocks):
+            spec, partial, pieces = value.layout(self.mesh)
+        else:
+            spec, partial, pieces = array_layout(value, self.mesh, f"tap '{name}'")
         depth, steps = self._depths.get(name, (None, None))
         for rank, piece in pieces.items():
             self._writer(rank).write_tap(self._named(name), piece, spec=spec, partial=partial,
@@ -169,7 +190,9 @@ class Capture:
         self._derive_depths(self.mesh, args, kwargs, [name for name, *_ in taps])
         self._open(args)
         ranks = {d.id: r for r, d in enumerate(self.mesh.devices.flat)}
-        for name, kind, value, key in taps:
+        rows = [(jax_taps.index_of(key), name, (kind, value, key)) for name, kind, value, key in taps]
+        for name, row in self._with_hosted(rows, self.mesh):
+            kind, value, key = ("whole", row, None) if isinstance(row, jax_host_taps.HostedBlocks) else row
             if kind == "whole":
                 self._write_whole(name, value)
             else:
@@ -189,10 +212,11 @@ class Capture:
             self._open(args)
             result, taps = self._run(mesh1, args1, kwargs1)
             for name, value in taps:
+                value = value.whole() if isinstance(value, jax_host_taps.HostedBlocks) else one.gathered(value)
                 if self.reference:
-                    self._writer(0).reference(self._named(name), one.gathered(value))
+                    self._writer(0).reference(self._named(name), value)
                 else:
-                    self._writer(0).write_tap(self._named(name), one.gathered(value))
+                    self._writer(0).write_tap(self._named(name), value)
         self._calls += 1
         return result
 

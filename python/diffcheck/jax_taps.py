@@ -3,10 +3,11 @@ function: taps of the function's own trace (the jitted function's, or
 concrete arrays when it runs eagerly) become extra outputs of the compiled
 program, so they leave it with the result, with no host round trip per tap.
 
-A value of an inner trace (the body of a lax.scan, shard_map,
-jax.checkpoint or an inner jax.jit) cannot leave that way; such a tap is
-reported by name, never dropped in silence. A pytree is tapped leaf by
-leaf, `name/<key path>`."""
+A value of an inner trace cannot leave that way. Inside a shard_map body,
+each device hands its block to the host (jax_host_taps.py). Elsewhere (the
+body of a lax.scan, jax.checkpoint or an inner jax.jit outside shard_map)
+such a tap is reported by name, never dropped in silence. A pytree is
+tapped leaf by leaf, `name/<key path>`."""
 import contextlib
 import fnmatch
 import re
@@ -14,6 +15,8 @@ import threading
 
 import jax
 from jax._src import core as jax_core
+
+from diffcheck import jax_host_taps
 
 _state = threading.local()
 
@@ -47,12 +50,14 @@ def leaves_with_names(name, tree):
 class Collector:
     """The taps of one traced (or eager) call, in the order they were made."""
 
-    def __init__(self, include, exclude, backward=False, unroll=False):
+    def __init__(self, include, exclude, backward=False, unroll=False, host=None):
         """unroll: the function is traced with inner jits inline and scans
         step by step (jax.disable_jit), so a tap made again in a later step
-        is numbered `name@k`, not refused."""
+        is numbered `name@k`, not refused. host: the capture's HostSink, for
+        taps inside shard_map bodies."""
         self.include, self.exclude, self.backward, self.unroll = include, exclude, backward, unroll
-        self.values, self.names, self.unseen, self.calls = [], set(), [], {}
+        self.host = host
+        self.values, self.names, self.unseen, self.calls, self.hosted = [], set(), [], {}, set()
         self.trace = None
 
     def wanted(self, name):
@@ -60,24 +65,27 @@ class Collector:
         return (any(fnmatch.fnmatchcase(base, p) for p in self.include)
                 and not any(fnmatch.fnmatchcase(base, p) for p in self.exclude))
 
-    def add(self, name, x, numbered=False):
+    def add(self, name, x, numbered=False, spec=None):
         """Records tap `name`; returns x (with backward=True, its floating
         leaves wrapped so that their gradients are tapped as `grad/<name>`
         when a jax.grad inside the function computes them).
-        numbered: a module's output, `name@k` when the name is taken (its k-th call)."""
+        numbered: a module's output, `name@k` when the name is taken (its k-th call).
+        spec: the layout of a value inside a shard_map body (jax_host_taps.py)."""
         again = self.unroll and any(n == name or n.startswith(name + "/") for n in self.names)
         if numbered or again:
             self.calls[name] = k = self.calls.get(name, 0 if again else -1) + 1
             name = f"{name}@{k}" if k else name
-        self._record(name, x)
+        self._record(name, x, spec)
         if not self.backward or name.startswith("grad/"):
             return x
         leaves, tree = jax.tree_util.tree_flatten(x)
         named = leaves_with_names(name, x)
-        wrapped = [_gradient_tap(self, n, leaf) if self.wanted(n) else leaf for (n, _), leaf in zip(named, leaves)]
+        # A value inside a shard_map body: its forward only (its gradient is the body's transpose's).
+        wrapped = [_gradient_tap(self, n, leaf) if self.wanted(n) and n not in self.hosted else leaf
+                   for (n, _), leaf in zip(named, leaves)]
         return jax.tree_util.tree_unflatten(tree, wrapped)
 
-    def _record(self, name, x):
+    def _record(self, name, x, spec=None):
         for leaf_name, leaf in leaves_with_names(name, x):
             if leaf_name in self.names:
                 raise TapError(f"tap '{leaf_name}' is made twice in one call: tap names must be unique "
@@ -86,7 +94,16 @@ class Collector:
             if not self.wanted(leaf_name):
                 continue
             leaf = self._primal(leaf)
-            if isinstance(leaf, jax_core.Tracer) and leaf._trace is not self.trace:
+            inner = isinstance(leaf, jax_core.Tracer) and leaf._trace is not self.trace
+            if inner and self.host is not None and jax_host_taps.manual_axes():
+                self.host.emit(len(self.values), leaf_name, leaf, spec, TapError)
+                self.values.append((leaf_name, HOSTED))
+                self.hosted.add(leaf_name)
+                continue
+            if spec is not None:
+                raise TapError(f"tap '{leaf_name}': spec= is for a value inside a shard_map body; elsewhere the "
+                               "layout is read from the array's sharding")
+            if inner:
                 self.unseen.append(leaf_name)
                 continue
             if not hasattr(leaf, "shape"):
@@ -104,16 +121,15 @@ class Collector:
         """The taps as one pytree output: keys sort in execution order (jax
         flattens a dict by its sorted keys), and carry the names."""
         if self.unseen:
-            inner = ("shard_map or jax.checkpoint" if self.unroll else
-                     "lax.scan, shard_map, jax.checkpoint or an inner jax.jit")
+            inner = ("jax.checkpoint" if self.unroll else "lax.scan, jax.checkpoint or an inner jax.jit")
             raise TapError(
                 f"tap{'s' if len(self.unseen) > 1 else ''} {', '.join(repr(n) for n in self.unseen[:5])} "
                 f"{'are' if len(self.unseen) > 1 else 'is'} inside a body JAX traces on its own ({inner}): "
                 "this capture takes taps from the captured function's own trace, where they leave the compiled "
-                "program as outputs. Tap the value where the body returns it (a shard_map's output has the "
-                "layout its out_specs give)" + ("" if self.unroll else "; or capture(..., unroll=True): inner "
+                "program as outputs (or, inside a shard_map body, from each device). Tap the value where the "
+                "body returns it" + ("" if self.unroll else "; or capture(..., unroll=True): inner "
                 "jits traced inline and scans step by step, each step's tap numbered name@k"))
-        return {f"{i:06d}:{name}": v for i, (name, v) in enumerate(self.values)}
+        return {f"{i:06d}:{name}": v for i, (name, v) in enumerate(self.values) if v is not HOSTED}
 
 
 def _gradient_tap(collector, name, x):
@@ -138,9 +154,17 @@ def _gradient_tap(collector, name, x):
     return identity(x)
 
 
+HOSTED = object()  # a value list entry: the tap leaves from each device (jax_host_taps.py)
+
+
 def names_of(outputs):
     """[(tap name, array)] of Collector.outputs() after the call, in order."""
     return [(key.split(":", 1)[1], v) for key, v in sorted(outputs.items())]
+
+
+def index_of(key):
+    """The tap's place in the order taps were made, from its outputs() key."""
+    return int(key.split(":", 1)[0])
 
 
 @contextlib.contextmanager
