@@ -1,6 +1,7 @@
 """How the examples start their processes (not diffcheck's business): under
-`mpirun -n N python3 example.py`, each MPI process is one torch.distributed
-rank over gloo; run plainly, `-n N` processes are started with
+`torchrun --nproc-per-node N example.py` or `mpirun -n N python3 example.py`,
+each process is one torch.distributed rank over gloo (the launcher's world
+size, not `-n`); run plainly, `-n N` processes are started with
 torch.multiprocessing. Either way `work(rank, world, args)` runs on every rank
 and `after(args)` once when all are done (on rank 0, or in the parent); its
 return value is the exit status."""
@@ -32,15 +33,28 @@ def require_dtype(ap, name, dtype):
         ap.error(f"--dtype {name}: torch {torch.__version__} cannot compute it on the CPU ({e})")
 
 
+def launched():
+    """(rank, world size, init method) of a process a launcher started, or None.
+    torchrun (and any launcher of torch's env:// rendezvous) sets RANK,
+    WORLD_SIZE and MASTER_ADDR; mpirun its own variables."""
+    env = os.environ
+    if all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return int(env["RANK"]), int(env["WORLD_SIZE"]), "env://"
+    if "OMPI_COMM_WORLD_SIZE" in env or "PMI_SIZE" in env:
+        rank = int(env.get("OMPI_COMM_WORLD_RANK", env.get("PMI_RANK", 0)))
+        world = int(env.get("OMPI_COMM_WORLD_SIZE", env.get("PMI_SIZE", 1)))
+        if "MASTER_ADDR" in env:
+            return rank, world, "env://"
+        # one host: a rendezvous file named after the MPI job
+        job = env.get("PMIX_NAMESPACE", env.get("OMPI_MCA_ess_base_jobid", "job"))
+        return rank, world, "file://" + os.path.join(tempfile.gettempdir(), f"diffcheck-example-{job}")
+    return None
+
+
 def launch(work, after, args, n):
-    if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
-        rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", 0)))
-        world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", 1)))
-        if "MASTER_ADDR" in os.environ:
-            init = "env://"
-        else:  # one host: a rendezvous file named after the MPI job
-            job = os.environ.get("PMIX_NAMESPACE", os.environ.get("OMPI_MCA_ess_base_jobid", "job"))
-            init = "file://" + os.path.join(tempfile.gettempdir(), f"diffcheck-example-{job}")
+    started = launched()
+    if started is not None:
+        rank, world, init = started
         _rank(rank, world, init, work, args)
         if rank == 0:
             if init.startswith("file://"):

@@ -166,7 +166,8 @@ class HostileFiles(E2ETest):
         for attr, value, needle in (("atol", float("nan"), "'atol'"), ("rtol", -1.0, "'rtol'"),
                                     ("atol", float("inf"), "'atol'"), ("reduction_depth", -3, "'reduction_depth'"),
                                     ("tolerance_factor", 0.5, "'tolerance_factor'"),
-                                    ("tolerance_factor", float("nan"), "'tolerance_factor'")):
+                                    ("tolerance_factor", float("nan"), "'tolerance_factor'"),
+                                    ("complex", 1, "'complex' marks a complex tensor's real view")):
             with self.subTest(attr=attr, value=value):
                 path, f = self.rank_file()
                 d = f.create_dataset("taps/t", data=np.ones(4, "f4"))

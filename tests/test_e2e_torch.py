@@ -34,8 +34,10 @@ def datasets(path, group):
 
 
 class TorchE2E(E2ETest):
-    def python(self, *args, timeout=300, mpi=0):
+    def python(self, *args, timeout=300, mpi=0, torchrun=0):
         cmd = ([MPIEXEC, "-n", str(mpi)] if mpi else []) + [PYTHON, *args]
+        if torchrun:  # torch's own launcher (its env:// rendezvous on a free port)
+            cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(torchrun), *args]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=self.path(""))
         return p
 
@@ -66,7 +68,10 @@ class TorchE2E(E2ETest):
         out = self.path(f"{script}-{n}-{bug}-{mpi}-{'-'.join(extra)}")
         bug_args = ["--bug", bug] if isinstance(bug, str) else ["--bug"] if bug else []
         args = [os.path.join(EXAMPLES, f"{script}.py"), "--out", out, *extra] + bug_args
-        p = self.python(*args, mpi=n) if mpi else self.python(*args, "-n", str(n))
+        if mpi == "torchrun":
+            p = self.python(*args, torchrun=n)
+        else:
+            p = self.python(*args, mpi=n) if mpi else self.python(*args, "-n", str(n))
         self.assertIn(p.returncode, (0, 1), p.stderr)
         self.assertIn("diffcheck:", p.stdout, p.stderr)
         return p
@@ -77,6 +82,7 @@ class TorchE2E(E2ETest):
         with self.subTest(script=script, ranks=n, bug=bug, mpi=mpi, extra=extra):
             p = self.run_example(script, n, bug, mpi, extra)
             self.assertIn("tolerances: measured, the one-device run", p.stdout)
+            self.assertIn(f"({n} ranks)", p.stdout)  # the launcher's ranks, no more
             self.assertVerdict(p.returncode, p.stdout, first, ranks)
             if derived_too:
                 out = self.path(f"{script}-{n}-{bug}-{mpi}-{'-'.join(extra)}")
@@ -98,7 +104,7 @@ class TorchE2E(E2ETest):
             self.assertIn(ranks, out)
 
     def test_tp_block_example(self):
-        self.expect("tp_block", 4, False, None)
+        self.expect("tp_block", 4, False, None, mpi="torchrun")  # the launcher's 4 processes, no more
         self.expect("tp_block", 4, True, r"^attn\.out$", mpi=True)  # the README's command line
         if FULL:
             self.expect("tp_block", 1, True, None)  # one tp rank: the bias is added once, right

@@ -344,6 +344,61 @@ class CompareTest(unittest.TestCase):
                 _without_exe(f"{d}/run")
 
 
+class Rotary(nn.Module):
+    """A rotary table as DiT and LLM code builds it: complex64, torch.polar."""
+
+    def forward(self, positions):
+        freqs = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=positions.dtype) / 8))
+        angles = torch.outer(positions, freqs)
+        return torch.polar(torch.ones_like(angles), angles)
+
+
+class Rope(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rope = Rotary()
+
+    def forward(self, x, positions):
+        table = self.rope(positions)
+        return torch.view_as_real(torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2)) * table).flatten(-2)
+
+
+class ComplexOutputs(unittest.TestCase):
+    """A complex output is captured as its real view and marked; a rotary
+    table at local positions on one sequence-parallel rank is found there."""
+
+    def capture(self, d, local_positions_on_rank1):
+        x = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+        for rank in (0, 1):  # sp=2: each rank holds 4 of the 8 positions
+            start = 0 if rank == 1 and local_positions_on_rank1 else 4 * rank
+            model = Rope()
+            with dct.capture(model, out=f"{d}/run", mesh="sp=2", rank=rank, world_size=2,
+                             layouts={"*": "sp,-"}):
+                model(x[4 * rank:4 * rank + 4], torch.arange(start, start + 4, dtype=torch.float32))
+        ref = Rope()
+        with dct.capture(ref, out=f"{d}/ref", reference=True):
+            ref(x.double(), torch.arange(8, dtype=torch.float64))
+
+    def test_the_real_view_is_written_marked(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.capture(d, False)
+            got = taps(f"{d}/run.rank1.h5")
+            values, attrs = got["rope"]
+            self.assertEqual((values.shape, attrs["complex"], attrs["spec"]), ((4, 4, 2), 1, "sp,-"))
+            angles = np.outer(np.arange(4, 8), 1.0 / (10000 ** (np.arange(0, 8, 2) / 8)))
+            np.testing.assert_allclose(values, np.stack([np.cos(angles), np.sin(angles)], -1), rtol=1e-5, atol=1e-6)
+            self.assertNotIn("complex", got["model"][1])
+            report = dct.compare(f"{d}/run", reference=f"{d}/ref.h5")
+            self.assertRegex(report["console"], r"rope\s+sp,- complex")
+
+    def test_local_positions_on_one_rank_are_found_at_the_table(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.capture(d, True)
+            with self.assertRaises(diffcheck.Divergence) as e:
+                dct.compare(f"{d}/run", reference=f"{d}/ref.h5")
+            self.assertEqual(e.exception.first_divergence["tap"], "rope")
+
+
 def _without_exe(prefix):
     saved, path = os.environ.pop("DIFFCHECK_EXE"), os.environ["PATH"]
     os.environ["PATH"] = ""

@@ -61,6 +61,7 @@ struct TapData {
   std::optional<double> tolerance_factor;  // the `tolerance_factor` attribute (>= 1)
   std::string image;                       // the `image` attribute ("nhwc", "nchw", "patches:H,W"), empty if none
   bool per_mesh = false;                   // the `per_mesh` attribute: the tap's values depend on the mesh
+  bool complex_parts = false;  // the `complex` attribute: a complex tensor's real view (last dimension: re, im)
   Shape local_shape;
   std::optional<Shape> reference_shape;  // the global shape, when the tap has a reference
   std::optional<SketchInfo> sketch;      // a sketch tap

@@ -182,6 +182,11 @@ void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapDat
       input_error("{}: attribute '{}' is {}; a tolerance must be finite and >= 0", where, name, *v);
   t.image = h5::read_string_attr(ds, "image", where).value_or("");
   t.per_mesh = h5::read_int_attr(ds, "per_mesh", where).value_or(0) != 0;
+  t.complex_parts = h5::read_int_attr(ds, "complex", where).value_or(0) != 0;
+  if (t.complex_parts && (t.local_shape.empty() || t.local_shape.back() != 2))
+    input_error("{}: attribute 'complex' marks a complex tensor's real view, whose last dimension is 2 "
+                "(real, imaginary); this one's shape ends in {}", where,
+                t.local_shape.empty() ? std::string("nothing (a scalar)") : std::to_string(t.local_shape.back()));
   t.tolerance_factor = h5::read_float_attr(ds, "tolerance_factor", where);
   if (t.tolerance_factor && !(std::isfinite(*t.tolerance_factor) && *t.tolerance_factor >= 1))
     input_error("{}: attribute 'tolerance_factor' is {}; it must be finite and >= 1", where, *t.tolerance_factor);

@@ -170,7 +170,7 @@ TapVerdict check_sketch_tap(const ActivationSet& set, const TapData& t, const Co
   const auto world = static_cast<std::size_t>(set.world_size);
   TapVerdict v;
   v.name = t.name;
-  v.layout = t.layout.str();
+  v.layout = t.layout.str() + (t.complex_parts ? " complex" : "");  // the real view of a complex tensor
   v.dtype = t.dtype;
   v.local_shape = t.local_shape;
   v.global_shape = t.layout.global_shape(mesh, t.local_shape);

@@ -315,7 +315,7 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
 
   TapVerdict v;
   v.name = t.name;
-  v.layout = t.layout.str();
+  v.layout = t.layout.str() + (t.complex_parts ? " complex" : "");  // the real view of a complex tensor
   v.dtype = t.dtype;
   v.local_shape = t.local_shape;
   v.global_shape = p.global;

@@ -14,9 +14,14 @@ ROOT_NAME = "model"
 
 
 def _flatten(obj, name):
-    """(name, tensor) pairs of a module's output: containers get /index or /key."""
+    """(name, tensor) pairs of a module's output: containers get /index or /key;
+    a complex tensor as its real view (a trailing dimension of 2: real and
+    imaginary parts; complex_view() says so), so a rotary table is checked too."""
     if isinstance(obj, torch.Tensor):
         if obj.is_complex():
+            real = torch.view_as_real(obj.resolve_conj())
+            real._diffcheck_complex = True
+            yield name, real
             return
         yield name, obj
     elif isinstance(obj, dict):  # also transformers' ModelOutput
@@ -25,6 +30,11 @@ def _flatten(obj, name):
     elif isinstance(obj, (tuple, list)):
         for i, v in enumerate(obj):
             yield from _flatten(v, f"{name}/{i}")
+
+
+def complex_view(tensor):
+    """Whether a tap's tensor is a complex output's real view (_flatten)."""
+    return getattr(tensor, "_diffcheck_complex", False)
 
 
 class ModuleHooks:
@@ -72,8 +82,9 @@ class ModuleHooks:
             # A DTensor plan's layout of a plain output, asked only where no layout pattern matches.
             inferred = None if plan is None else functools.partial(
                 plan.layout, module, tensor, args, f"rank {self.rank}: tap '{name}'")
-            self._write(name, tensor, (plain + rest, plain, numbered + rest, numbered), watch=not inputs,
-                        inferred=inferred)
+            # A complex output's real view: its gradient is the complex tensor's, which the view never sees.
+            self._write(name, tensor, (plain + rest, plain, numbered + rest, numbered),
+                        watch=not inputs and not complex_view(tensor), inferred=inferred)
 
     def _add_hooks(self, model, keep):
         """A forward hook on every selected module (and a pre-hook with

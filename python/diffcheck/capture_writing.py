@@ -22,7 +22,9 @@ class TapWriting:
     def _check_layout(self, name, tensor, pattern, attrs):
         where = f"rank {self.rank}: tap '{name}' (shape {tuple(tensor.shape)})" + \
             (f", layout '{pattern}'" if pattern else "")
-        check_layout(where, attrs, tensor.dim(), self.axes, self.mesh)
+        # A complex output's real view: the layout names the complex tensor's dimensions.
+        ndim = tensor.dim() - (1 if getattr(tensor, "_diffcheck_complex", False) else 0)
+        check_layout(where, attrs, ndim, self.axes, self.mesh)
 
     def _write(self, name, tensor, plain_names, explicit=None, watch=False, inferred=None):
         """Tap `name`: its layout `explicit`, or the layouts' for `plain_names`,
@@ -55,7 +57,10 @@ class TapWriting:
         if not self.reference_mode:  # execution order, whichever write comes first (sketches wait for the step's end)
             attrs = {**attrs, "order": self._order}
             self._order += 1
-        if self.sketches is not None and self.sketches.offer(name, tensor, attrs, logical_dtype(tensor)):
+        complex_parts = getattr(tensor, "_diffcheck_complex", False)  # capture_hooks.complex_view
+        if complex_parts:  # its last dimension is not a feature dimension: written whole, marked
+            attrs = {**attrs, "complex": 1}
+        elif self.sketches is not None and self.sketches.offer(name, tensor, attrs, logical_dtype(tensor)):
             return
 
         def prepare():
@@ -112,7 +117,9 @@ class TapWriting:
         if self.reference_mode:
             self._guarded(name, lambda: self._writer.reference(name, array))
         else:
-            self._guarded(name, lambda: self._writer.write_tap(name, array, dtype=logical, **attrs))
+            attrs = dict(attrs)
+            more = {"complex": attrs.pop("complex")} if "complex" in attrs else None
+            self._guarded(name, lambda: self._writer.write_tap(name, array, dtype=logical, more=more, **attrs))
 
     def _guarded(self, name, store):
         """A write on the writer thread; an h5py error names the rank, tap and file."""
