@@ -2,7 +2,9 @@
 at 4 and 8 CPU devices in one process, float32 and bfloat16, clean (every
 tap passes) and with its fault (found at its first tap, on the meshes with
 dp=2 only); sweep-mesh over the program, with and without a reference (the
-faulty mesh is the odd one out). The models: test_e2e_jax_models.py.
+faulty mesh is the odd one out); a job of 2 processes (jax.distributed), each
+writing its own devices' files, clean and with a fault on one process's
+devices. The models: test_e2e_jax_models.py.
 DIFFCHECK_E2E_FULL=1 (nightly): more meshes in both dtypes."""
 import atexit
 import itertools
@@ -106,6 +108,44 @@ class ReshardExample(unittest.TestCase):
                 self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
                 self.assertIn(message, p.stderr)
 
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+class MultiProcess(unittest.TestCase):
+    """jax.distributed over 2 processes of 2 CPU devices each (tests/jax/multiprocess_check.py):
+    each writes its own devices' rank files, process 0 the references and the verdict."""
+
+    def job(self, out, *args):
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        port = str(free_port())
+        script = os.path.join(ROOT, "tests", "jax", "multiprocess_check.py")
+        procs = [subprocess.Popen([sys.executable, script, str(i), "2", port, out, *args], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, env=env) for i in range(2)]
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+        return [p.returncode for p in procs], outputs
+
+    def test_each_process_writes_its_devices_and_a_fault_on_one_is_found(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "run")
+            codes, outputs = self.job(out)
+            self.assertEqual(codes, [0, 0], "\n".join(outputs))
+            self.assertIn("PASS: all 2 taps pass", outputs[0])
+            self.assertEqual(sorted(f for f in os.listdir(tmp) if ".rank" in f and "reference" not in f),
+                             [f"run.rank{r}.h5" for r in range(4)])
+            codes, outputs = self.job(out, "--bug")
+            self.assertEqual(codes[0], 1, outputs[0])
+            self.assertIn("First divergence: tap 'h'", outputs[0])
+            os.remove(out + ".rank3.h5")  # a process's devices missing: an input error, never a verdict
+            p = subprocess.run([EXE, "compare", out, "--reference", out + ".reference.h5"], capture_output=True,
+                               text=True, timeout=60)
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn("run.rank3.h5", p.stderr)
 
 if __name__ == "__main__":
     unittest.main()

@@ -10,8 +10,11 @@ FSDP2's gradient average lost is found at the first parameter gradient.
 transformers' own plan on a small Llama (examples/llama_tp.py) passes clean,
 and its RowwiseParallel with the reduction skipped is found at the first
 row-parallel layer, o_proj.
+Default run: 2 ranks, float32, the clean runs with plain outputs (the DTensor
+outputs, sketched, in the fault's run, every tap before it passing); the
+Llama with its fault only (its layouts, and every tap before o_proj passing).
 Nightly (DIFFCHECK_E2E_FULL=1): 2 and 4 ranks, float32 and bfloat16, each output mode;
-the Llama also training."""
+the Llama clean and also training."""
 import os
 import re
 import subprocess
@@ -48,8 +51,8 @@ class DTensorPlanE2E(E2ETest):
         return [(n, (*mode, "--dtype", d)) for n in ranks for d in dtypes for mode in modes]
 
     def test_clean_runs_pass_with_the_plans_layouts(self):
-        configurations = self.configurations() if FULL else [(2, ()), (2, ("--dtensor-output", "--sketch",
-                                                                                  "--dtype", "bfloat16"))]
+        # By default the plain outputs; DTensor outputs, sketched, in the fault's run below.
+        configurations = self.configurations() if FULL else [(2, ())]
         for n, args in configurations:
             with self.subTest(ranks=n, args=args):
                 p = self.example(n, *args)
@@ -88,7 +91,7 @@ class DTensorPlanE2E(E2ETest):
         column-parallel projections' taps are sharded, the rest replicated, and a forward
         passes against the float64 reference. Nightly: 2 and 4 ranks (8 heads, 4 of keys and
         values), float32 and bfloat16, forward and training step, and sketched."""
-        runs = [(2, ())]
+        runs = []  # by default, the fault's run below shows the plan's layouts and every tap before it passing
         if FULL:
             runs = [(n, (*train, "--dtype", d)) for n in (2, 4) for d in ("float32", "bfloat16")
                     for train in ((), ("--train",))] + [(2, ("--sketch",))]
@@ -112,3 +115,8 @@ class DTensorPlanE2E(E2ETest):
                 first = re.search(r"First divergence: tap '([^']+)'", p.stdout)
                 self.assertEqual(first and first.group(1), "model.layers.0.self_attn.o_proj", p.stdout[-3000:])
                 self.assertIn("replicas DIFFER", p.stdout)
+                seen = self.layouts(p.stdout)
+                self.assertEqual((seen["model.layers.0.self_attn.q_proj"], seen["model.layers.0.mlp.up_proj"],
+                                  seen["model.layers.0.mlp.down_proj"]), ("-,-,tp", "-,-,tp", "replicated"))
+                passed = re.findall(r"^\s+\d+\s+(\S+)\s.*PASS", p.stdout, re.M)
+                self.assertIn("model.layers.0.self_attn.q_proj", passed)
