@@ -166,6 +166,9 @@ class BackwardTest(unittest.TestCase):
         self.assertNotIn("spec", a["grad/matmul"])
         self.assertEqual(a["grad/model"]["spec"], "-,tp")  # an output's gradient has its layout
         self.assertEqual(a["param_grad/matmul.weight"]["spec"], "-,tp")
+        # A layout named for a parameter gradient keeps its depth: a sum over the 3 tokens and the forward's.
+        for name in ("param_grad/matmul.weight", "param_grad/bias"):
+            self.assertGreaterEqual(a[name].get("reduction_depth", 0), 3 + 4, name)
         self.assertEqual(a["param/matmul.weight"]["spec"], "-,tp")
         self.assertEqual(a["param_grad/bias"]["partial"], "tp")  # before its reduction, as the user says
         self.assertNotIn("spec", a["param/bias"])

@@ -125,11 +125,11 @@ class Gradients:
         return None
 
     def _param_layout(self, name, tensor):
+        """The layout a pattern gives the parameter tap (none: whole); a
+        gradient's with its counts, a layout named for it or not (a sum over
+        every token: without a depth the derived rule holds it to one rounding)."""
         c = self.capture
-        for pattern, attrs in c.layouts:
-            if fnmatch.fnmatchcase(name, pattern):
-                return dict(attrs)
-        layout = {}
+        layout = next((dict(attrs) for pattern, attrs in c.layouts if fnmatch.fnmatchcase(name, pattern)), {})
         return self._with_counts(layout, tensor.dtype) if name.startswith(PARAM_GRAD) else layout
 
     # -- the optimizer ------------------------------------------------------
