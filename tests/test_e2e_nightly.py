@@ -28,7 +28,7 @@ SCENARIOS = None if FULL else ("timestep_broadcast", "flux_tp", "usp_attention")
 
 
 def load_nightly_module():
-    spec = importlib.util.spec_from_file_location("nightly", os.path.join(SCRIPTS, "nightly.py"))
+    spec = importlib.util.spec_from_file_location("nightly", os.path.join(SCRIPTS, "nightly", "nightly.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

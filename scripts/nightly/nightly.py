@@ -33,14 +33,15 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))  # scripts/nightly/: the night's modules
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # and scripts/: child_process
 from child_process import run_ended_gracefully, stop_on_sigterm_like_ctrl_c  # noqa: E402
 from nightly_report import (cell_id, fmt_num, json_load_numbers, json_safe, outcome, write_atomic,  # noqa: E402
                             write_index, write_junit)
 from nightly_plan import flag_text, injected_regressions, plan, run_json, slug  # noqa: E402
 from nightly_drift import cell_key, drift, find_previous, tap_ratios  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 
@@ -208,7 +209,7 @@ def resume_command(args):
     argv = sys.argv[1:]
     if not any(a == "--date" or a.startswith("--date=") for a in argv):
         argv += ["--date", args.date]
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nightly.sh")
+    script = os.path.join(os.path.dirname(HERE), "nightly.sh")
     return " ".join(["bash", shlex.quote(script), *(shlex.quote(a) for a in argv)])
 
 
