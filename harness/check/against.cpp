@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_set>
 
 #include "harness/check/tap_plan.h"
 #include "harness/core/error.h"
@@ -49,12 +52,23 @@ class AgainstData final : public ActivationData {
   }
   void read_reference(const TapData& t, const Slab& slab, double* out) const override {
     if (!t.against) fail("tap '{}': no tap of the other run to read", t.name);
-    read_global(*b_, *t.against, slab, out);
+    read_global(*b_, *t.against, plan_of(*t.against), slab, out);
   }
 
  private:
+  // Each of B's taps planned once, not once per chunk read (chunks are read
+  // from several threads).
+  const TapPlan& plan_of(const TapData& t) const {
+    std::lock_guard<std::mutex> lock(plans_mutex_);
+    auto it = plans_.find(&t);
+    if (it == plans_.end()) it = plans_.emplace(&t, std::make_unique<TapPlan>(plan_tap(t, b_->mesh))).first;
+    return *it->second;
+  }
+
   std::shared_ptr<const ActivationData> a_;
   std::shared_ptr<const ActivationSet> b_;
+  mutable std::mutex plans_mutex_;
+  mutable std::map<const TapData*, std::unique_ptr<const TapPlan>> plans_;
 };
 
 // Shapes equal but in the leading (batch) dimension, where `a`'s is smaller.
@@ -122,7 +136,10 @@ void add_other_runs_bound(const ActivationSet& set, const TapData& t, const Comp
 }
 
 void read_global(const ActivationSet& b, const TapData& t, const Slab& slab, double* out) {
-  const TapPlan p = plan_tap(t, b.mesh);
+  read_global(b, t, plan_tap(t, b.mesh), slab, out);
+}
+
+void read_global(const ActivationSet& b, const TapData& t, const TapPlan& p, const Slab& slab, double* out) {
   const std::size_t nd = slab.count.size();
   std::fill_n(out, numel(slab.count), 0.0);
   std::vector<double> piece;
@@ -199,9 +216,10 @@ AgainstMatch match_runs(const ActivationSet& a, const ActivationSet& b, const Ag
     t.against_run = b_set;
     if (options.exact) t.atol = t.rtol = 0.0;
   }
+  std::unordered_set<std::string> in_a;  // a lookup, not a scan of A's taps for each of B's
+  for (const auto& t : a.taps) in_a.insert(t.name);
   for (const auto& t : b_set->taps)
-    if (std::none_of(a.taps.begin(), a.taps.end(), [&](const TapData& x) { return x.name == t.name; }))
-      m.only_in_b.push_back(t.name);
+    if (!in_a.count(t.name)) m.only_in_b.push_back(t.name);
   m.set.info["against"] = b.source;
   m.set.info["against_mesh"] = b.mesh.str();
   return m;

@@ -13,6 +13,7 @@
 
 #include "harness/capture/activations.h"
 #include "harness/check/compare.h"
+#include "harness/check/tap_plan.h"
 
 namespace dc {
 
@@ -51,6 +52,8 @@ bool batch_larger(const ActivationSet& a, const ActivationSet& b);
 // Run B's tap `t` over `slab` of its global tensor: every block that meets
 // the slab, from its partial-sum leaders (added in rank order).
 void read_global(const ActivationSet& b, const TapData& t, const Slab& slab, double* out);
+// The same with the tap's plan made already (plan_tap(t, b.mesh)).
+void read_global(const ActivationSet& b, const TapData& t, const TapPlan& plan, const Slab& slab, double* out);
 
 // The same set with no references: each run's own checks (NaN/Inf, replicas).
 ActivationSet without_references(const ActivationSet& set);

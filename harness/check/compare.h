@@ -78,6 +78,15 @@ struct ReplicaCheck {
   bool pass = true;
 };
 
+// The largest of a tap's element-wise, norm-wise and column-mean err/tol
+// ratios (> 1 fails; a NaN wins, as it fails).
+inline double largest_ratio(double worst, std::optional<double> l2, std::optional<double> column) {
+  double m = worst;
+  for (const auto& r : {l2, column})
+    if (r && !(*r <= m)) m = *r;
+  return m;
+}
+
 struct ReferenceCheck {
   bool present = false;
   bool other_run = false;  // the "reference" is another run's tap (compare --against): no reference was used
@@ -99,12 +108,7 @@ struct ReferenceCheck {
   bool estimated = false;
   double estimate_bound = 0;
   // The largest of the element-wise, norm-wise and column-mean ratios: > 1 fails.
-  double margin() const {
-    double m = worst_ratio;
-    for (const auto& r : {l2_ratio, column_ratio})
-      if (r && !(*r <= m)) m = *r;
-    return m;
-  }
+  double margin() const { return largest_ratio(worst_ratio, l2_ratio, column_ratio); }
   std::vector<int> worst_ranks;  // every rank contributing to the worst element
   bool pass = true;
 };

@@ -165,11 +165,11 @@ int compare_against_and_report(const std::string& source, const std::string& aga
 }
 
 int check_and_report(const ActivationSet& set, const ReportOptions& opts,
-                     std::chrono::steady_clock::time_point started) {
+                     std::chrono::steady_clock::time_point started, std::optional<CompareResult> computed) {
   const Comm* processes = set.data->holders() ? set.data->holders() : opts.compare.processes;
   const std::string& source = set.source;
   const auto t0 = std::chrono::steady_clock::now();
-  CompareResult res = compare(set, opts.compare);
+  CompareResult res = computed ? std::move(*computed) : compare(set, opts.compare);
   res.reference_source = opts.reference_source;
   res.tolerance_note = opts.tolerance_note;
   res.profile = opts.profile;

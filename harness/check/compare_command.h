@@ -72,7 +72,10 @@ int compare_runs_and_report(const std::vector<std::string>& sources, bool exact,
 // memory (capture/recorded.h; collective over the holders, only rank 0
 // prints) or a set read elsewhere. `started` is when the work being reported
 // began (JUnit times).
+// `computed`: the set's comparison when the caller made it already (run
+// against run keeps the pairs' results), else it is made here.
 int check_and_report(const ActivationSet& set, const ReportOptions& opts,
-                     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now());
+                     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now(),
+                     std::optional<CompareResult> computed = std::nullopt);
 
 }  // namespace dc

@@ -18,6 +18,7 @@
 #include "harness/check/against.h"
 #include "harness/check/compare_command.h"
 #include "harness/check/consensus.h"
+#include "harness/check/json_number.h"
 #include "harness/core/error.h"
 #include "harness/core/files.h"
 
@@ -93,14 +94,6 @@ std::pair<std::size_t, std::size_t> shown_pair(const Consensus& c, const std::ve
   return best;
 }
 
-// As the JSON report writes a number (check/report_json.cpp): NaN and the
-// infinities as strings, which JSON lacks.
-nlohmann::json number(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return v;
-}
-
 // Each matched tap's err/tol (its largest ratio) in one pair's comparison.
 using TapMargins = std::vector<std::pair<std::string, double>>;
 
@@ -144,7 +137,7 @@ nlohmann::json consensus_json(const std::vector<ActivationSet>& runs, const Cons
       run["against_run"] = y;
       run["taps"] = nlohmann::json::array();
       for (const auto& [name, margin] : pair->second)
-        run["taps"].push_back({{"name", name}, {"err_over_tol", number(margin)}});
+        run["taps"].push_back({{"name", name}, {"err_over_tol", json_number(margin)}});
     }
     j["runs"].push_back(run);
   }
@@ -153,6 +146,8 @@ nlohmann::json consensus_json(const std::vector<ActivationSet>& runs, const Cons
 
 }  // namespace
 
+constexpr std::size_t kKeptPairResults = 66;  // 12 runs
+
 int compare_runs_and_report(const std::vector<std::string>& sources, bool exact, const ReportOptions& opts) {
   const auto started = std::chrono::steady_clock::now();
   std::vector<ActivationSet> runs;
@@ -160,15 +155,21 @@ int compare_runs_and_report(const std::vector<std::string>& sources, bool exact,
   TapOrder order(runs.front());
   std::vector<PairVerdict> pairs;
   std::map<std::pair<std::size_t, std::size_t>, TapMargins> margins;
+  // Each pair's result, kept for the pair the report shows (chosen once the
+  // consensus is known) while there are few pairs; past that it is compared
+  // again (one more of hundreds), so what is kept stays bounded.
+  const bool keep = runs.size() * (runs.size() - 1) / 2 <= kKeptPairResults;
+  std::map<std::pair<std::size_t, std::size_t>, CompareResult> kept;  // by (checked run, against run)
   for (std::size_t a = 0; a < runs.size(); ++a)
     for (std::size_t b = a + 1; b < runs.size(); ++b) {
       const bool flip = batch_larger(runs[a], runs[b]);  // the smaller batch is checked, on its samples
-      const CompareResult res =
+      CompareResult res =
           compare(match_runs(runs[flip ? b : a], runs[flip ? a : b], {.exact = exact}).set, opts.compare);
       PairVerdict p{a, b, {}};
       if (res.first_divergence) p.first_divergence = order.index_of(res.taps[*res.first_divergence].name);
       pairs.push_back(p);
       margins[{a, b}] = margins_of(res);
+      if (keep) kept.emplace(std::pair{flip ? b : a, flip ? a : b}, std::move(res));
     }
   std::vector<std::string> own_failures(runs.size());
   for (std::size_t r = 0; r < runs.size(); ++r) {
@@ -185,7 +186,11 @@ int compare_runs_and_report(const std::vector<std::string>& sources, bool exact,
   const AgainstMatch m = match_runs(runs[shown], runs[with_run], {.exact = exact});
   ReportOptions with = opts;
   with.reference_source = m.describe();
-  int status = check_and_report(m.set, with, started);
+  // The pair as the loop compared it, when it was kept in this orientation (equal batches: a < b).
+  std::optional<CompareResult> computed;
+  if (auto it = kept.find({shown, with_run}); it != kept.end()) computed = std::move(it->second);
+  kept.clear();
+  int status = check_and_report(m.set, with, started, std::move(computed));
   if (!opts.json_path.empty() && rank0) {
     // The pair's report, with the consensus beside it.
     nlohmann::json j;

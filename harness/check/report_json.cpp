@@ -1,6 +1,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "harness/check/json_number.h"
 #include "harness/check/report.h"
 #include "harness/check/steps.h"
 
@@ -8,13 +9,6 @@ namespace dc {
 namespace {
 
 using nlohmann::json;
-
-// JSON has no NaN or Infinity; write them as strings so the file stays valid.
-json num(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return v;
-}
 
 json element(const std::optional<ElementRef>& e) {
   if (!e) return nullptr;
@@ -35,56 +29,56 @@ json tap_json(const TapVerdict& t, std::size_t order) {
   j["nonfinite"] = {{"nan", nf.nan}, {"inf", nf.inf}, {"first_nan", element(nf.first_nan)},
                     {"first_inf", element(nf.first_inf)}, {"ranks", nf.ranks}};
   const auto& rc = t.replica;
-  j["replica"] = {{"applies", rc.applies}, {"pass", rc.pass}, {"by_hash", rc.by_hash}, {"max_abs", num(rc.max_abs)},
+  j["replica"] = {{"applies", rc.applies}, {"pass", rc.pass}, {"by_hash", rc.by_hash}, {"max_abs", json_number(rc.max_abs)},
                   {"max_ulp", rc.max_ulp}, {"differing_ranks", rc.differing}};
   if (!rc.differing.empty())
     j["replica"]["worst"] = {{"leader", rc.leader}, {"other", rc.other}, {"index", rc.index},
                              {"axes", rc.axes},
-                             {"leader_value", num(rc.leader_value)},
-                             {"other_value", num(rc.other_value)}};
+                             {"leader_value", json_number(rc.leader_value)},
+                             {"other_value", json_number(rc.other_value)}};
   const auto& ref = t.reference;
   j["reference"] = {{"present", ref.present}, {"pass", ref.pass}};
   if (ref.other_run) j["reference"]["other_run"] = true;  // compare --against: no reference was used
   if (ref.present) {
-    j["reference"].update({{"atol", num(ref.tol.atol)}, {"rtol", num(ref.tol.rtol)},
-                           {"max_abs", num(ref.max_abs)}, {"max_rel", num(ref.max_rel)},
-                           {"rel_l2", num(ref.rel_l2)}, {"n_fail", ref.n_fail},
+    j["reference"].update({{"atol", json_number(ref.tol.atol)}, {"rtol", json_number(ref.tol.rtol)},
+                           {"max_abs", json_number(ref.max_abs)}, {"max_rel", json_number(ref.max_rel)},
+                           {"rel_l2", json_number(ref.rel_l2)}, {"n_fail", ref.n_fail},
                            {"n_total", ref.n_total}, {"worst_index", ref.worst.index},
-                           {"worst_ranks", ref.worst_ranks}, {"worst_value", num(ref.worst_value)},
-                           {"worst_reference", num(ref.worst_reference)},
-                           {"worst_ratio", num(ref.worst_ratio)},
-                           {"margin", num(ref.margin())},
+                           {"worst_ranks", ref.worst_ranks}, {"worst_value", json_number(ref.worst_value)},
+                           {"worst_reference", json_number(ref.worst_reference)},
+                           {"worst_ratio", json_number(ref.worst_ratio)},
+                           {"margin", json_number(ref.margin())},
                            {"tolerance_source", source_name(ref.tol.source)}});
     if (!ref.tol.yardstick.empty()) j["reference"]["yardstick"] = ref.tol.yardstick;
     if (ref.tol.rel_l2_limit)
-      j["reference"].update({{"rel_l2_limit", num(*ref.tol.rel_l2_limit)}, {"l2_ratio", num(ref.l2_ratio.value_or(0))}});
-    if (ref.column_mean) j["reference"]["column_mean"] = num(*ref.column_mean);
-    if (ref.estimated) j["reference"].update({{"estimated", true}, {"estimate_bound", num(ref.estimate_bound)}});
+      j["reference"].update({{"rel_l2_limit", json_number(*ref.tol.rel_l2_limit)}, {"l2_ratio", json_number(ref.l2_ratio.value_or(0))}});
+    if (ref.column_mean) j["reference"]["column_mean"] = json_number(*ref.column_mean);
+    if (ref.estimated) j["reference"].update({{"estimated", true}, {"estimate_bound", json_number(ref.estimate_bound)}});
     if (ref.tol.column_mean_limit)
-      j["reference"].update({{"column_mean_limit", num(*ref.tol.column_mean_limit)},
-                             {"column_ratio", num(ref.column_ratio.value_or(0))}});
+      j["reference"].update({{"column_mean_limit", json_number(*ref.tol.column_mean_limit)},
+                             {"column_ratio", json_number(ref.column_ratio.value_or(0))}});
     if (const auto* m = ref.tol.measured)
-      j["reference"]["noise_floor"] = {{"element", num(m->floor_element)}, {"rel_l2", num(m->floor_rel_l2)},
-                                       {"clean_margin_element", m->floor_element > 0 ? num(m->rtol / m->floor_element) : json(nullptr)},
-                                       {"clean_margin_rel_l2", m->floor_rel_l2 > 0 ? num(m->rel_l2_limit / m->floor_rel_l2) : json(nullptr)}};
+      j["reference"]["noise_floor"] = {{"element", json_number(m->floor_element)}, {"rel_l2", json_number(m->floor_rel_l2)},
+                                       {"clean_margin_element", m->floor_element > 0 ? json_number(m->rtol / m->floor_element) : json(nullptr)},
+                                       {"clean_margin_rel_l2", m->floor_rel_l2 > 0 ? json_number(m->rel_l2_limit / m->floor_rel_l2) : json(nullptr)}};
     // Held to the one-device error on the run's own inputs: that is the clean run's yardstick.
     if (const auto* m = ref.tol.measured; m && ref.tol.own_inputs) {
       auto& nf = j["reference"]["noise_floor"];
-      nf["rel_l2_as_is"] = num(*m->floor_rel_l2_as_is);
+      nf["rel_l2_as_is"] = json_number(*m->floor_rel_l2_as_is);
       nf["clean_margin_rel_l2"] =
-          *m->floor_rel_l2_as_is > 0 ? num(*ref.tol.rel_l2_limit / *m->floor_rel_l2_as_is) : json(nullptr);
+          *m->floor_rel_l2_as_is > 0 ? json_number(*ref.tol.rel_l2_limit / *m->floor_rel_l2_as_is) : json(nullptr);
     }
     if (const auto* m = ref.tol.measured; m && ref.tol.column_mean_limit) {
       auto& nf = j["reference"]["noise_floor"];
       const double floor = ref.tol.column_own_inputs ? *m->floor_column_mean_as_is : m->floor_column_mean.value_or(0);
-      nf[ref.tol.column_own_inputs ? "column_mean_as_is" : "column_mean"] = num(floor);
-      nf["clean_margin_column_mean"] = floor > 0 ? num(*ref.tol.column_mean_limit / floor) : json(nullptr);
+      nf[ref.tol.column_own_inputs ? "column_mean_as_is" : "column_mean"] = json_number(floor);
+      nf["clean_margin_column_mean"] = floor > 0 ? json_number(*ref.tol.column_mean_limit / floor) : json(nullptr);
     }
   }
   // Every rank's share (index = rank), for pictures of the whole mesh.
   auto nums = [](const std::vector<double>& v) {
     json a = json::array();
-    for (double x : v) a.push_back(num(x));
+    for (double x : v) a.push_back(json_number(x));
     return a;
   };
   j["ranks"] = {{"nonfinite", t.ranks.nonfinite}, {"replica_diff", nums(t.ranks.replica_diff)}};
@@ -114,7 +108,7 @@ class JsonReporter final : public Reporter {
     if (const auto steps = summarize_steps(res); !steps.empty()) {
       j["steps"] = json::array();
       for (const auto& s : steps)
-        j["steps"].push_back({{"step", s.step}, {"taps", s.taps}, {"worst_err_over_tol", num(s.worst_ratio)},
+        j["steps"].push_back({{"step", s.step}, {"taps", s.taps}, {"worst_err_over_tol", json_number(s.worst_ratio)},
                               {"worst_tap", s.worst_tap},
                               {"first_failing_tap", s.first_failing ? json(*s.first_failing) : json(nullptr)}});
     }
@@ -122,8 +116,8 @@ class JsonReporter final : public Reporter {
       j["images"] = json::array();
       for (const auto& im : res.images)
         j["images"].push_back({{"tap", im.tap}, {"item", im.item}, {"height", im.height}, {"width", im.width},
-                               {"channels", im.channels}, {"data_range", im.data_range}, {"data_low", im.data_low}, {"psnr", num(im.psnr)},
-                               {"ssim", num(im.ssim)},
+                               {"channels", im.channels}, {"data_range", im.data_range}, {"data_low", im.data_low}, {"psnr", json_number(im.psnr)},
+                               {"ssim", json_number(im.ssim)},
                                {"gate", {{"ssim_min", kGateSsim}, {"psnr_min", kGatePsnr}, {"pass", im.gate_pass}}}});
       // The last image tap's first item: a pipeline's final image.
       j["final_image"] = j["images"].back();

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "harness/check/compare.h"
 #include "harness/check/junit.h"
 #include "harness/core/files.h"
 #include "harness/search/launcher.h"
@@ -24,13 +25,10 @@ double report_number(const nlohmann::json& v) {
 }
 
 double report_margin(const nlohmann::json& reference) {
-  double m = report_number(reference["worst_ratio"]);
-  for (const char* key : {"l2_ratio", "column_ratio"})
-    if (reference.contains(key)) {
-      const double r = report_number(reference[key]);
-      if (!(r <= m)) m = r;  // NaN wins, as it fails
-    }
-  return m;
+  const auto ratio = [&](const char* key) {
+    return reference.contains(key) ? std::optional<double>(report_number(reference[key])) : std::nullopt;
+  };
+  return largest_ratio(report_number(reference["worst_ratio"]), ratio("l2_ratio"), ratio("column_ratio"));
 }
 
 namespace {
