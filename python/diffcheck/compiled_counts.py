@@ -27,8 +27,14 @@ _known = weakref.WeakKeyDictionary()  # eager module -> {input signature: {tap n
 
 
 class CompiledCounts:
+    @property
+    def capture(self):
+        return self._capture()
+
     def __init__(self, capture):
-        self.capture = capture
+        # Weakly: the capture holds this object, and a strong link back made a
+        # reference cycle that outlived every capture until the next GC pass.
+        self._capture = weakref.ref(capture)
         self.counting = False  # the fake forward is running
         self._by_name = {}  # tap name without the step prefix -> (depth, steps, own)
         self._signatures = set()

@@ -17,6 +17,7 @@ found, `available()` is False and dump.py uses h5py's low-level API, which
 writes the same file (the suite compares both with h5py's high-level calls).
 """
 import ctypes
+import functools
 
 H5P_DEFAULT = 0  # hid_t 0 in every HDF5 since 1.8, as H5S_ALL
 H5S_ALL = 0
@@ -67,13 +68,20 @@ class Failed(Exception):
     through h5py, which raises with HDF5's own message."""
 
 
+@functools.lru_cache(maxsize=None)
+def _dims_type(ndim):
+    """ctypes' array type of `ndim` hsize_t, made once: a type made per
+    dataset is a reference cycle of its own (the type and its attributes)."""
+    return ctypes.c_uint64 * ndim
+
+
 def create_dataset(loc, name, file_type, memory_type, space_scalar, lcpl, dcpl, array):
     """The handle of a new dataset `name` (bytes) under `loc` holding the
     C-contiguous `array`; every other argument a handle. The caller closes
     it (close_dataset)."""
     lib = _library()
     if array.shape:
-        dims = (ctypes.c_uint64 * array.ndim)(*array.shape)
+        dims = _dims_type(array.ndim)(*array.shape)
         space = lib.H5Screate_simple(array.ndim, dims, None)
         if space < 0:
             raise Failed("H5Screate_simple")
