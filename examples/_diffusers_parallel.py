@@ -80,8 +80,9 @@ def parallelize(model, world, ring, bug=None, mend=False):
     model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world // ring, ring_degree=ring))
 
 
-def step(model, inputs, opt, sharded=False):
+def step(model, inputs, optimizer=None, sharded=False):
     """A forward, or with an optimizer a training step on the output's mean square."""
+    opt = optimizer
     if opt is None:
         with torch.no_grad():
             return model(**inputs)

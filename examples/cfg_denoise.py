@@ -193,17 +193,14 @@ def work(rank, world, args):
     text = prompts[g.cfg_rank] if g.cfg > 1 else prompts.reshape(2 * B, T, D)
     with dct.capture(model, out=f"{args.out}/cfg", mesh=f"cfg={g.cfg},sp={g.sp}", layouts=LAYOUTS, sketch=args.sketch):  # diffcheck
         denoise(model, noise[:, tokens].to(dtype), text.to(dtype), rank, g, args.bug)  # diffcheck
-    if rank == 0 and not args.no_reference:
+    if not args.no_reference:  # rank 0: the unsharded model in float64, and in --dtype (each tap's yardstick)
         single = Groups(0, 1, 1)
-        reference = Denoiser(single).double()  # unsharded
-        reference.load_state_dict(weights)
-        with dct.capture(reference, out=f"{args.out}/ref", reference=True, sketch=args.sketch):  # diffcheck
-            denoise(reference, noise, prompts.reshape(2 * B, T, D), 0, single)  # diffcheck
-        one_device = Denoiser(single)  # unsharded, in the run's dtype: each tap's yardstick
-        one_device.load_state_dict(weights)
-        one_device.to(dtype)
-        with dct.capture(one_device, out=f"{args.out}/ref", one_device=True, sketch=args.sketch):  # diffcheck
-            denoise(one_device, noise.to(dtype), prompts.reshape(2 * B, T, D).to(dtype), 0, single)  # diffcheck
+
+        def unsharded(dt):
+            model = Denoiser(single)
+            model.load_state_dict(weights)
+            return model.to(dt), (noise.to(dt), prompts.reshape(2 * B, T, D).to(dt))
+        dct.references(unsharded, f"{args.out}/ref", dtype=dtype, step=lambda m, xt: denoise(m, *xt, 0, single), sketch=args.sketch)  # noqa: E501  # diffcheck
 
 
 def after(args):

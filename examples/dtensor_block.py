@@ -111,15 +111,17 @@ def work(rank, world, args):
         break_rowwise()
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     block, x = block_and_input(dtype)
-    reference = Block().double()
-    reference.load_state_dict(block.state_dict())
+    weights = {k: v.clone() for k, v in block.state_dict().items()}  # the unsharded block's
     parallelize_module(block, mesh, plan(args.dtensor_output))
     with torch.no_grad(), dct.capture(block, out=f"{args.out}/tp", mesh=f"tp={world}", sketch=args.sketch):  # diffcheck
         block(x)
-    if rank == 0:
-        with torch.no_grad(), dct.capture(reference, out=f"{args.out}/ref", reference=True,  # diffcheck
-                                          sketch=args.sketch):  # diffcheck
-            reference(x.double())
+
+    def unsharded(dt):
+        model = Block()
+        model.load_state_dict(weights)
+        return model.to(dt), (x.to(dt),)
+    # Rank 0: the unsharded block in float64, and in --dtype (each tap's yardstick).
+    dct.references(unsharded, f"{args.out}/ref", dtype=dtype, sketch=args.sketch)  # diffcheck
 
 
 def after(args):

@@ -60,8 +60,7 @@ def work(rank, world, args):
     tp = 2
     mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
     block, x = block_and_input(dtype)
-    reference = Block().double()
-    reference.load_state_dict(block.state_dict())
+    weights = {k: v.clone() for k, v in block.state_dict().items()}  # the unsharded block's
     parallelize_module(block, mesh["tp"], plan(False))
     fully_shard(block, mesh=mesh["dp"])
     if args.bug == "sum_not_mean":
@@ -70,11 +69,13 @@ def work(rank, world, args):
     with dct.capture(block, out=f"{args.out}/run", mesh=f"dp={world // tp},tp={tp}", backward=True,  # diffcheck
                      optimizer=opt, sketch=args.sketch):  # diffcheck
         train_step(block, x, opt)
-    if rank == 0:
-        ref_opt = torch.optim.SGD(reference.parameters(), lr=LR)
-        with dct.capture(reference, out=f"{args.out}/ref", reference=True, backward=True,  # diffcheck
-                         optimizer=ref_opt, sketch=args.sketch):  # diffcheck
-            train_step(reference, x.double(), ref_opt)
+
+    def unsharded(dt):
+        model = Block()
+        model.load_state_dict(weights)
+        return model.to(dt), (x.to(dt),)
+    # Rank 0: the unsharded block's step in float64, and in --dtype (each tap's yardstick).
+    dct.references(unsharded, f"{args.out}/ref", dtype=dtype, step=lambda m, x, optimizer: train_step(m, *x, optimizer), optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=LR), backward=True, sketch=args.sketch)  # noqa: E501  # diffcheck
 
 
 def after(args):

@@ -80,12 +80,8 @@ def work(rank, world, args):
     with dct.capture(model, out=f"{args.out}/tp", mesh=f"tp={world}", backward=args.train,  # diffcheck
                      optimizer=opt, sketch=args.sketch):  # diffcheck
         run(model, ids, opt)
-    if rank == 0:
-        reference = LlamaForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float64)
-        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1) if args.train else None
-        with dct.capture(reference, out=f"{args.out}/ref", reference=True, backward=args.train,  # diffcheck
-                         optimizer=ref_opt, sketch=args.sketch):  # diffcheck
-            run(reference, ids, ref_opt)
+    # Rank 0: the unsharded model in float64, and in --dtype (each tap's yardstick).
+    dct.references(lambda dt: (LlamaForCausalLM.from_pretrained(args.checkpoint, dtype=dt), (ids,)), f"{args.out}/ref", dtype=DTYPES[args.dtype], step=lambda m, i, optimizer=None: run(m, *i, optimizer), optimizer=(lambda m: torch.optim.SGD(m.parameters(), lr=0.1)) if args.train else None, backward=args.train, sketch=args.sketch)  # noqa: E501  # diffcheck
 
 
 def run(model, ids, opt):

@@ -169,13 +169,8 @@ def work(rank, world, args):
     block = Block(w, world, rank, args.bug and args.bug_scale).to(dtype)
     with dct.capture(block, out=f"{args.out}/tp", mesh=f"tp={world}", layouts=LAYOUTS, sketch=args.sketch):  # diffcheck
         block(x.to(dtype))  # diffcheck
-    if rank == 0 and not args.no_reference:
-        reference = Block(w).double()  # unsharded
-        with dct.capture(reference, out=f"{args.out}/ref", reference=True, sketch=args.sketch):  # diffcheck
-            reference(x)  # diffcheck
-        one_device = Block(w).to(dtype)  # unsharded, in the run's dtype: each tap's yardstick
-        with dct.capture(one_device, out=f"{args.out}/ref", one_device=True, sketch=args.sketch):  # diffcheck
-            one_device(x.to(dtype))  # diffcheck
+    if not args.no_reference:  # rank 0: the unsharded block in float64, and in --dtype (each tap's yardstick)
+        dct.references(lambda dt: (Block(w).to(dt), (x.to(dt),)), f"{args.out}/ref", dtype=dtype, sketch=args.sketch)  # noqa: E501  # diffcheck
 
 
 def after(args):

@@ -205,12 +205,8 @@ def work(rank, world, args):
     opt = torch.optim.SGD(block.parameters(), lr=LR)
     with dct.capture(block, out=f"{args.out}/tp", mesh=f"tp={world}", layouts=LAYOUTS, backward=True, optimizer=opt, sketch=args.sketch):  # noqa: E501  # diffcheck
         run(block, opt, x[:, share].to(dtype), target[:, share].to(dtype), world, args.bug)
-    if rank == 0:
-        for name, model_dtype in (("reference", torch.float64), ("one_device", dtype)):
-            model = Block(w).to(model_dtype)  # unsharded
-            opt = torch.optim.SGD(model.parameters(), lr=LR)
-            with dct.capture(model, out=f"{args.out}/ref", backward=True, optimizer=opt, **{name: True}, sketch=args.sketch):  # noqa: E501  # diffcheck
-                run(model, opt, x.to(model_dtype), target.to(model_dtype), 1)
+    # Rank 0: the unsharded block's two steps in float64, and in --dtype (each tap's yardstick).
+    dct.references(lambda dt: (Block(w).to(dt), (x.to(dt), target.to(dt))), f"{args.out}/ref", dtype=dtype, step=lambda m, xt, optimizer: run(m, optimizer, *xt, 1), optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=LR), backward=True, sketch=args.sketch)  # noqa: E501  # diffcheck
 
 
 def run(block, opt, x, target, tp, bug=None):

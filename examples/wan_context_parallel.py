@@ -59,18 +59,14 @@ def build(dtype):
 
 def work(rank, world, args):
     model, inputs = build(DTYPES[args.dtype])
-    one_device, dev_inputs = build(DTYPES[args.dtype])
-    reference, ref_inputs = build(torch.float64)
     parallelize(model, world, args.ring, args.bug, args.mend_ring_backward)
-    sgd = [torch.optim.SGD(m.parameters(), lr=0.1) if args.train else None for m in (model, one_device, reference)]
+    sgd = (lambda m: torch.optim.SGD(m.parameters(), lr=0.1)) if args.train else None
+    opt = sgd(model) if sgd else None
     with dct.capture(model, f"{args.out}/sp", f"sp={world}", layouts=LAYOUTS, backward=args.train,  # diffcheck
-                     optimizer=sgd[0]):  # diffcheck
-        step(model, inputs, sgd[0], sharded=True)
-    if rank == 0:  # the unsharded model in float64, and in the run's dtype (each tap's yardstick)
-        with dct.capture(reference, f"{args.out}/ref", reference=True, backward=args.train, optimizer=sgd[2]):  # diffcheck
-            step(reference, ref_inputs, sgd[2])
-        with dct.capture(one_device, f"{args.out}/ref", one_device=True, backward=args.train, optimizer=sgd[1]):  # diffcheck
-            step(one_device, dev_inputs, sgd[1])
+                     optimizer=opt):  # diffcheck
+        step(model, inputs, opt, sharded=True)
+    # Rank 0: the unsharded model in float64, and in the run's dtype (each tap's yardstick).
+    dct.references(build, f"{args.out}/ref", dtype=DTYPES[args.dtype], step=step, optimizer=sgd, backward=args.train)  # noqa: E501  # diffcheck
 
 
 def after(args):

@@ -44,6 +44,7 @@ from diffcheck.drill_down import drill_down_taps
 from diffcheck.dtensor_plan import PlanLayouts
 from diffcheck import compiled
 from diffcheck.compiled_counts import CompiledCounts
+from diffcheck.reference_runs import references  # noqa: F401  # dct.references(make, out, dtype=...)
 
 # Where launchers put a process's rank and the number of processes, most specific first.
 _LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
