@@ -207,9 +207,7 @@ def after(args):
     if args.no_reference:  # compared with other runs (docs/torch.md, "Without a reference")
         print(f"captured {args.out}/cfg with no reference: diffcheck compare {args.out}/cfg --against OTHER_RUN")
         return 0
-    report = dct.compare(f"{args.out}/cfg", reference=f"{args.out}/ref.h5", check=False)  # diffcheck
-    print(report["console"], end="")  # diffcheck
-    return 0 if report["pass"] else 1
+    return dct.verdict(f"{args.out}/cfg", reference=f"{args.out}/ref.h5")  # diffcheck
 
 
 if __name__ == "__main__":

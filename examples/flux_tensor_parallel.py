@@ -79,9 +79,7 @@ def work(rank, world, args):
 
 
 def after(args):
-    report = dct.compare(f"{args.out}/tp", reference=f"{args.out}/ref.h5", check=False)  # diffcheck
-    print(report["console"], end="")  # diffcheck
-    return 0 if report["pass"] else 1
+    return dct.verdict(f"{args.out}/tp", reference=f"{args.out}/ref.h5")  # diffcheck
 
 
 if __name__ == "__main__":

@@ -177,9 +177,7 @@ def after(args):
     if args.no_reference:  # compared with other runs: examples/tp_block_meshes.py
         print(f"captured {args.out}/tp with no reference: diffcheck compare {args.out}/tp --against OTHER_RUN")
         return 0
-    report = dct.compare(f"{args.out}/tp", reference=f"{args.out}/ref.h5", check=False)  # diffcheck
-    print(report["console"], end="")  # diffcheck
-    return 0 if report["pass"] else 1
+    return dct.verdict(f"{args.out}/tp", reference=f"{args.out}/ref.h5")  # diffcheck
 
 
 if __name__ == "__main__":

@@ -345,6 +345,34 @@ class CompareTest(unittest.TestCase):
                 _without_exe(f"{d}/run")
 
 
+class ReferencesInOneCall(unittest.TestCase):
+    def test_reference_and_yardstick_then_the_verdict(self):
+        built = []
+
+        def make(dtype):
+            built.append(dtype)
+            return Net().to(dtype), (torch.ones(2, 4, dtype=dtype),)
+        with tempfile.TemporaryDirectory() as d:
+            net = Net()
+            with dct.capture(net, out=f"{d}/run"):
+                net(torch.ones(2, 4))
+            self.assertEqual(dct.references(make, f"{d}/ref", dtype=torch.float32), f"{d}/ref.h5")
+            self.assertEqual(built, [torch.float64, torch.float32])
+            self.assertEqual(sorted(os.listdir(d)), ["ref.h5", "ref.one_device.rank0.h5", "run.rank0.h5"])
+            self.assertEqual(set(taps(f"{d}/ref.one_device.rank0.h5")), set(taps(f"{d}/run.rank0.h5")))
+            self.assertEqual(dct.verdict(f"{d}/run", reference=f"{d}/ref.h5"), 0)
+            with self.assertRaisesRegex(TypeError, "mesh, rank are the sharded capture's"):
+                dct.references(make, f"{d}/ref", dtype=torch.float32, mesh="tp=2", rank=0)
+            with self.assertRaisesRegex(TypeError, "return \\(model, inputs\\)"):
+                dct.references(lambda dt: Net(), f"{d}/ref", dtype=torch.float32)
+            os.environ.update(RANK="1", WORLD_SIZE="2")
+            try:  # another rank: nothing built, nothing written
+                self.assertIsNone(dct.references(make, f"{d}/other", dtype=torch.float32))
+            finally:
+                del os.environ["RANK"], os.environ["WORLD_SIZE"]
+            self.assertEqual(len(built), 2)
+
+
 class NoReferenceCycle(unittest.TestCase):
     def test_a_capture_leaves_nothing_for_the_garbage_collector(self):
         """A capture's objects go when it does: none wait for a GC pass (a

@@ -8,5 +8,5 @@ and run `diffcheck compare` on them (`diffcheck.compare`).
 """
 __version__ = "0.25.0"
 
-from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: E402,F401
+from diffcheck.compare import DiffcheckError, Divergence, InputError, compare, verdict  # noqa: E402,F401
 from diffcheck.dump import RankDump, ReferenceDump  # noqa: E402,F401

@@ -113,3 +113,15 @@ def compare(prefix, reference=None, *, against=None, exact=False, tolerances=Non
     if p.returncode == 1 and check:
         raise Divergence(report, p.stdout, p.stderr)
     return report
+
+
+def verdict(prefix, reference=None, **kwargs):
+    """compare(..., check=False), its console report printed, and the exit
+    status a checking program ends with: 0 when every check passes, 1 when
+    one fails (an input error still raises InputError). The keywords are
+    compare()'s."""
+    if "check" in kwargs:
+        raise TypeError("verdict() compares with check=False and returns the exit status: call compare() to raise")
+    report = compare(prefix, reference, check=False, **kwargs)
+    print(report["console"], end="", flush=True)
+    return 0 if report["pass"] else 1

@@ -27,7 +27,7 @@ import os
 import torch
 
 from diffcheck import __version__
-from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: F401
+from diffcheck.compare import DiffcheckError, Divergence, InputError, compare, verdict  # noqa: F401
 from diffcheck.dump import RankDump, ReferenceDump, mesh_size, mesh_sizes
 from diffcheck.layouts import layout_attrs
 from diffcheck.keywords import check_root_keywords, root_attributes, unexpected
