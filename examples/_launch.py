@@ -5,6 +5,7 @@ size, not `-n`); run plainly, `-n N` processes are started with
 torch.multiprocessing. Either way `work(rank, world, args)` runs on every rank
 and `after(args)` once when all are done (on rank 0, or in the parent); its
 return value is the exit status."""
+import argparse
 import os
 import sys
 import tempfile
@@ -22,6 +23,23 @@ def _rank(rank, world, init, work, args):
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def parser(doc, out, n=2, dtypes=None, sketch=True, train=False):
+    """The command line every example shares: -n, --out, and where the
+    example has them --dtype (of `dtypes`), --sketch and --train; the
+    example adds its own (--bug first)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=n, help=f"processes to start when no launcher did (default {n})")
+    if train:
+        ap.add_argument("--train", action="store_true", help="a training step (backward=True) instead of a forward")
+    ap.add_argument("--out", default=out, help=f"directory of the activation files (default {out})")
+    if sketch:
+        ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors (docs/torch.md, "
+                                                              "'Sketch mode')")
+    if dtypes:
+        ap.add_argument("--dtype", choices=sorted(dtypes), default="float32", help="the run's dtype (default float32)")
+    return ap
 
 
 def require_dtype(ap, name, dtype):

@@ -20,7 +20,6 @@ divergence. The reference is the unsharded block in float64, in one process.
 
 The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
 """
-import argparse
 import os
 import sys
 
@@ -30,7 +29,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import launch, require_dtype  # noqa: E402
+from _launch import launch, parser, require_dtype  # noqa: E402
 
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
@@ -129,13 +128,9 @@ def after(args):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=2, help="processes to start when not under mpirun (default 2)")
+    ap = parser(__doc__, "dumps/dtensor_block", dtypes=DTYPES)
     ap.add_argument("--bug", choices=["missing_allreduce"], help="break torch's RowwiseParallel")
     ap.add_argument("--dtensor-output", action="store_true", help="ColwiseParallel(use_local_output=False)")
-    ap.add_argument("--out", default="dumps/dtensor_block", help="directory of the activation files")
-    ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
     a = ap.parse_args()
     require_dtype(ap, a.dtype, DTYPES[a.dtype])
     launch(work, after, a, a.n)

@@ -33,14 +33,13 @@ drifted apart (docs/torch.md).
 
 The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
 """
-import argparse
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import launch  # noqa: E402
+from _launch import launch, parser  # noqa: E402
 from _diffusers_parallel import DTYPES, step  # noqa: E402
 from flux_context_parallel import build  # noqa: E402
 
@@ -83,11 +82,7 @@ def after(args):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=2, help="processes to start when not under mpirun (default 2)")
-    ap.add_argument("--train", action="store_true", help="a training step (backward=True) instead of a forward")
+    ap = parser(__doc__, "dumps/flux_tensor_parallel", dtypes=DTYPES, sketch=False, train=True)
     ap.add_argument("--bug", choices=["packed_rows_split_plainly"], help="break diffusers' packed row split")
-    ap.add_argument("--out", default="dumps/flux_tensor_parallel", help="directory of the activation files")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
     a = ap.parse_args()
     launch(work, after, a, a.n)

@@ -21,7 +21,6 @@ output gradient passing.
 
 The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
 """
-import argparse
 import os
 import sys
 
@@ -31,7 +30,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import launch  # noqa: E402
+from _launch import launch, parser  # noqa: E402
 from dtensor_block import Block, block_and_input, plan  # noqa: E402
 
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
@@ -83,12 +82,8 @@ def after(args):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=4, help="processes (a multiple of 2: dp = n / 2, tp = 2; default 4)")
+    ap = parser(__doc__, "dumps/fsdp_tp_train", n=4, dtypes=DTYPES)  # -n: a multiple of 2 (dp = n / 2, tp = 2)
     ap.add_argument("--bug", choices=["sum_not_mean"], help="FSDP2 sums the dp ranks' gradients")
-    ap.add_argument("--out", default="dumps/fsdp_tp_train", help="directory of the activation files")
-    ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
     a = ap.parse_args()
     if a.n % 2 or a.n < 2:
         ap.error("-n must be a multiple of 2 (tp = 2)")

@@ -132,14 +132,8 @@ def main():
         c = put(rng.standard_normal((B, D)), P("dp", None))
         target = put(rng.standard_normal((B, S, D)), P("dp", "sp"))
     step = (lambda m, x, c, t: train_step(m, x, c, t)) if args.train else None
-    report = dcj.check(model, x, c, *((target,) if args.train else ()), reference_cache=args.reference_cache, out=os.path.join(args.out, "run"), mesh=mesh, step=step, backward=args.train, sketch=args.sketch)  # noqa: E501  # diffcheck
-    print(report["console"], end="")
-    return 0
+    return dcj.verdict(model, x, c, *((target,) if args.train else ()), reference_cache=args.reference_cache, out=os.path.join(args.out, "run"), mesh=mesh, step=step, backward=args.train, sketch=args.sketch)  # noqa: E501  # diffcheck
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except dcj.Divergence as e:  # diffcheck
-        print(e.output, end="")
-        sys.exit(1)
+    sys.exit(main())

@@ -89,14 +89,8 @@ def main():
     x, y = put(rng.standard_normal((BATCH, D)), DATA), put(rng.standard_normal((BATCH, D)), DATA)
     optimizer = optax.adam(1e-2)
     opt_state = jax.jit(optimizer.init)(params)
-    report = dcj.check(jax.jit(make_step(args.bug, optimizer)), params, opt_state, x, y, reference_cache=args.reference_cache, out=os.path.join(args.out, "run"), mesh=mesh)  # noqa: E501  # diffcheck
-    print(report["console"], end="")
-    return 0
+    return dcj.verdict(jax.jit(make_step(args.bug, optimizer)), params, opt_state, x, y, reference_cache=args.reference_cache, out=os.path.join(args.out, "run"), mesh=mesh)  # noqa: E501  # diffcheck
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except dcj.Divergence as e:  # diffcheck
-        print(e.output, end="")
-        sys.exit(1)
+    sys.exit(main())

@@ -96,14 +96,8 @@ def main():
             run(a, b, w)
         print(f"captured {out} on {args.mesh} with no reference: diffcheck compare {out} --against OTHER_RUN")
         return 0
-    report = dcj.check(jax.jit(make_forward(args.bug)), a, b, w, reference_cache=args.reference_cache, out=out, mesh=mesh, sketch=args.sketch)  # noqa: E501  # diffcheck
-    print(report["console"], end="")
-    return 0
+    return dcj.verdict(jax.jit(make_forward(args.bug)), a, b, w, reference_cache=args.reference_cache, out=out, mesh=mesh, sketch=args.sketch)  # noqa: E501  # diffcheck
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except dcj.Divergence as e:  # diffcheck
-        print(e.output, end="")
-        sys.exit(1)
+    sys.exit(main())

@@ -20,7 +20,6 @@ model's result on the CPU: transformers hides the bias there.)
 
 The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
 """
-import argparse
 import os
 import sys
 import tempfile
@@ -29,7 +28,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import launch  # noqa: E402
+from _launch import launch, parser  # noqa: E402
 
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
@@ -98,13 +97,8 @@ def after(args):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=2, help="processes to start when not under mpirun (default 2)")
-    ap.add_argument("--train", action="store_true", help="a training step (backward=True) instead of a forward")
+    ap = parser(__doc__, "dumps/llama_tp", dtypes=DTYPES, train=True)
     ap.add_argument("--bug", choices=["missing_allreduce"], help="break transformers' RowwiseParallel")
-    ap.add_argument("--out", default="dumps/llama_tp", help="directory of the activation files")
-    ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as checkpoint:
         a.checkpoint = checkpoint

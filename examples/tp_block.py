@@ -17,7 +17,6 @@ partial sums `attn.out.matmul` as still right.
 
 The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
 """
-import argparse
 import os
 import sys
 
@@ -27,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import launch, require_dtype  # noqa: E402
+from _launch import launch, parser, require_dtype  # noqa: E402
 
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
@@ -181,13 +180,10 @@ def after(args):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=4, help="processes to start when not under mpirun (default 4)")
+    ap = parser(__doc__, "dumps/tp_block", n=4, dtypes=DTYPES)
     ap.add_argument("--bug", action="store_true", help="add the row-parallel bias on every rank")
     ap.add_argument("--bug-scale", type=float, default=1.0, metavar="A",
                     help="with --bug: the sum holds the bias 1 + A (tp - 1) times (default 1: tp times)")
-    ap.add_argument("--out", default="dumps/tp_block", help="directory of the activation files")
-    ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors (docs/torch.md, 'Sketch mode')")
     ap.add_argument("--no-reference", action="store_true",
                     help="capture the sharded run only, for `diffcheck compare RUN --against OTHER_RUN`")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
@@ -195,7 +191,6 @@ if __name__ == "__main__":
     ap.add_argument("--dim", type=int, default=D, help=f"model width D (default {D})")
     ap.add_argument("--heads", type=int, default=HEADS, help=f"attention heads (default {HEADS})")
     ap.add_argument("--ffn", type=int, default=None, help=f"MLP width (default 4 D; {FFN} as shipped)")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
     ap.add_argument("--sdpa", action="store_true", help="the attention core as F.scaled_dot_product_attention "
                                                         "(default: softmax and matrix products written out)")
     a = ap.parse_args()

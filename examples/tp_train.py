@@ -30,7 +30,6 @@ parameter's gradient before the step and every parameter after it.
 
 The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
 """
-import argparse
 import os
 import sys
 
@@ -39,7 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import launch  # noqa: E402
+from _launch import launch, parser  # noqa: E402
 
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
@@ -225,11 +224,7 @@ def after(args):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=2, help="processes to start when not under mpirun (default 2)")
+    ap = parser(__doc__, "dumps/tp_train", dtypes=DTYPES)
     ap.add_argument("--bug", choices=BUGS, help="the gradient reduction's bug to inject")
-    ap.add_argument("--out", default="dumps/tp_train", help="directory of the activation files")
-    ap.add_argument("--sketch", action="store_true", help="capture sketches, not whole tensors (docs/torch.md, 'Sketch mode')")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the run's dtype (default float32)")
     a = ap.parse_args()
     launch(work, after, a, a.n)

@@ -7,7 +7,6 @@ removed and the optimizer restored after an exception in backward; a
 hand-written update's gradients tapped at the close, or a warning; values
 equal to autograd's. Runs against the source tree (PYTHONPATH=python/)."""
 import os
-import tempfile
 import unittest
 
 import h5py
@@ -16,6 +15,7 @@ import torch
 import torch.nn as nn
 
 import diffcheck.torch as dct
+from test_torch_capture import InTempDir, hook_count, taps  # noqa: E402
 
 
 class Net(nn.Module):
@@ -39,30 +39,7 @@ class Explodes(torch.autograd.Function):
         raise RuntimeError("backward failed")
 
 
-def taps(path):
-    out = {}
-    with h5py.File(path) as f:
-        f["taps"].visititems(lambda n, o: out.__setitem__(n, (o[()], dict(o.attrs)))
-                             if isinstance(o, h5py.Dataset) else None)
-    return dict(sorted(out.items(), key=lambda kv: kv[1][1]["order"]))
-
-
-def hook_count(model):
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
-
-
-class BackwardTest(unittest.TestCase):
-    def setUp(self):
-        self._tmp = tempfile.TemporaryDirectory()
-        self.dir = self._tmp.name
-        self.x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
-
-    def tearDown(self):
-        self._tmp.cleanup()
-
-    def out(self, name="run"):
-        return os.path.join(self.dir, name)
-
+class BackwardTest(InTempDir):
     def test_names_order_and_values(self):
         net = Net()
         opt = torch.optim.SGD(net.parameters(), lr=0.1)

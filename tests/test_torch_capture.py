@@ -56,7 +56,9 @@ def taps(path):
     return dict(sorted(out.items(), key=lambda kv: kv[1][1]["order"]))
 
 
-class CaptureTest(unittest.TestCase):
+class InTempDir(unittest.TestCase):
+    """A test with a directory of its own (self.dir, self.out(name)) and an input self.x."""
+
     def setUp(self):
         self._tmp = tempfile.TemporaryDirectory()
         self.dir = self._tmp.name
@@ -68,6 +70,8 @@ class CaptureTest(unittest.TestCase):
     def out(self, name="run"):
         return os.path.join(self.dir, name)
 
+
+class CaptureTest(InTempDir):
     def test_names_order_values_and_calls(self):
         net = Net()
         with dct.capture(net, out=self.out()) as c:

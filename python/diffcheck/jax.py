@@ -339,3 +339,18 @@ def check(target, *args, out, mesh=None, kwargs=None, reference=True, one_device
     if jax.process_index() != 0:
         return None
     return compare(out, reference=stem + ".h5" if reference else None, args=compare_args)
+
+
+def verdict(target, *args, **check_kwargs):
+    """check(target, *args, **check_kwargs) as the end of a checking
+    program: the report printed (on process 0), and the exit status
+    returned, 0 when every check passes, 1 when one fails (an input error
+    still raises)."""
+    try:
+        report = check(target, *args, **check_kwargs)
+    except Divergence as e:
+        print(e.output, end="", flush=True)
+        return 1
+    if report is not None:
+        print(report["console"], end="", flush=True)
+    return 0
