@@ -10,7 +10,7 @@
 #include "harness/check/column_error.h"
 #include "harness/check/compare.h"
 #include "harness/check/noise_floor.h"
-#include "harness/check/report.h"
+#include "harness/report/report.h"
 #include "harness/core/files.h"
 
 namespace {

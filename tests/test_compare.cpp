@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "harness/check/compare.h"
-#include "harness/check/report.h"
+#include "harness/report/report.h"
 #include "harness/core/progress.h"
 
 namespace {

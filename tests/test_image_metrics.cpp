@@ -8,7 +8,7 @@
 
 #include "harness/capture/store.h"
 #include "harness/check/image_metrics.h"
-#include "harness/check/png.h"
+#include "harness/report/png.h"
 #include "harness/core/error.h"
 
 using namespace dc;

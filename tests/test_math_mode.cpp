@@ -6,7 +6,7 @@
 
 #include "harness/check/compare.h"
 #include "harness/check/math_mode.h"
-#include "harness/check/report.h"
+#include "harness/report/report.h"
 #include "harness/check/tolerance.h"
 #include "harness/core/error.h"
 

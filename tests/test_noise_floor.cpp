@@ -9,7 +9,7 @@
 
 #include "harness/check/compare.h"
 #include "harness/check/noise_floor.h"
-#include "harness/check/report.h"
+#include "harness/report/report.h"
 #include "harness/core/error.h"
 #include "harness/core/files.h"
 #include "harness/core/perturbation.h"

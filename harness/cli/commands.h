@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "harness/check/compare_command.h"
+#include "harness/report/compare_command.h"
 #include "harness/run/calibrate.h"
 #include "harness/run/run.h"
 #include "harness/search/flag_search.h"

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "harness/check/compare_command.h"
+#include "harness/report/compare_command.h"
 #include "harness/core/pipeline_options.h"
 #include "harness/search/flag_search.h"
 

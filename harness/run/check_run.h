@@ -5,7 +5,7 @@
 
 #include "harness/capture/store.h"
 #include "harness/capture/tap.h"
-#include "harness/check/compare_command.h"
+#include "harness/report/compare_command.h"
 #include "harness/core/comm.h"
 
 namespace dc {

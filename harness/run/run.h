@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "harness/capture/reference_cache.h"
-#include "harness/check/compare_command.h"
+#include "harness/report/compare_command.h"
 #include "harness/core/pipeline_options.h"
 #include "harness/run/profile.h"
 

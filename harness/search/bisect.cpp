@@ -17,7 +17,7 @@
 #include "harness/search/launcher.h"
 #include "harness/search/trial.h"
 #include "harness/search/trial_junit.h"
-#include "harness/check/html.h"
+#include "harness/report/html.h"
 
 namespace dc {
 namespace {

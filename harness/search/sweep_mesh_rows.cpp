@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/check/compare.h"
-#include "harness/check/junit.h"
+#include "harness/report/junit.h"
 #include "harness/core/files.h"
 #include "harness/search/launcher.h"
 

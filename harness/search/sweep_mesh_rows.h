@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "harness/check/html.h"
+#include "harness/report/html.h"
 #include "harness/search/sweep_mesh.h"
 #include "harness/search/trial.h"
 

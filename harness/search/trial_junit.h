@@ -4,7 +4,7 @@
 #pragma once
 #include <string>
 
-#include "harness/check/junit.h"
+#include "harness/report/junit.h"
 #include "harness/search/ddmin.h"
 
 namespace dc {

@@ -1,9 +1,9 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "harness/check/json_number.h"
-#include "harness/check/report.h"
-#include "harness/check/steps.h"
+#include "harness/report/json_number.h"
+#include "harness/report/report.h"
+#include "harness/report/steps.h"
 
 namespace dc {
 namespace {

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "harness/check/report.h"
-#include "harness/check/steps.h"
+#include "harness/report/report.h"
+#include "harness/report/steps.h"
 
 namespace dc {
 namespace {

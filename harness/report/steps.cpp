@@ -1,4 +1,4 @@
-#include "harness/check/steps.h"
+#include "harness/report/steps.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "harness/check/html_pipeline.h"
+#include "harness/report/html_pipeline.h"
 
 #include <fmt/format.h>
 
@@ -6,9 +6,9 @@
 #include <cmath>
 #include <map>
 
-#include "harness/check/html.h"
-#include "harness/check/png.h"
-#include "harness/check/steps.h"
+#include "harness/report/html.h"
+#include "harness/report/png.h"
+#include "harness/report/steps.h"
 
 namespace dc::html {
 namespace {

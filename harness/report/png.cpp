@@ -1,4 +1,4 @@
-#include "harness/check/png.h"
+#include "harness/report/png.h"
 
 #include <png.h>
 

@@ -2,7 +2,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "harness/check/report.h"
+#include "harness/report/report.h"
 
 namespace dc {
 

@@ -8,7 +8,7 @@
 
 #include "harness/capture/activations.h"
 #include "harness/check/compare.h"
-#include "harness/check/junit.h"
+#include "harness/report/junit.h"
 
 namespace dc {
 

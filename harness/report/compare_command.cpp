@@ -10,11 +10,11 @@
 #include <iostream>
 #include <optional>
 
-#include "harness/check/compare_command.h"
+#include "harness/report/compare_command.h"
 #include "harness/check/against.h"
 #include "harness/capture/store.h"
 #include "harness/check/noise_floor.h"
-#include "harness/check/report.h"
+#include "harness/report/report.h"
 #include "harness/core/error.h"
 #include "harness/core/agree.h"
 #include "harness/core/files.h"

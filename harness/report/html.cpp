@@ -1,4 +1,4 @@
-#include "harness/check/html.h"
+#include "harness/report/html.h"
 
 #include <fmt/format.h>
 

@@ -16,9 +16,9 @@
 #include <optional>
 
 #include "harness/check/against.h"
-#include "harness/check/compare_command.h"
+#include "harness/report/compare_command.h"
 #include "harness/check/consensus.h"
-#include "harness/check/json_number.h"
+#include "harness/report/json_number.h"
 #include "harness/core/error.h"
 #include "harness/core/files.h"
 

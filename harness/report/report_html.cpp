@@ -9,9 +9,9 @@
 #include <cmath>
 #include <sstream>
 
-#include "harness/check/html.h"
-#include "harness/check/html_pipeline.h"
-#include "harness/check/report.h"
+#include "harness/report/html.h"
+#include "harness/report/html_pipeline.h"
+#include "harness/report/report.h"
 #include "harness/core/tensor.h"
 
 namespace dc {

@@ -1,4 +1,4 @@
-#include "harness/check/junit.h"
+#include "harness/report/junit.h"
 
 #include <fmt/format.h>
 
