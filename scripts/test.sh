@@ -2,7 +2,7 @@
 # The whole test suite: set up (if needed), build, run ctest — in three trees:
 #   build/           everything (unit, MPI at 1-16 ranks, end-to-end drivers)
 #   build-sanitize/  clang, ASan+UBSan: the unit tests, the MPI tests at 1, 4
-#                    and 16 ranks, and 30 s of libFuzzer per target
+#                    and 16 ranks, and 20 s of libFuzzer per target
 #                    (DIFFCHECK_FUZZ; scripts/fuzz.sh)
 # The full nightly matrix (ctest label nightly, scripts/nightly.sh) is left out.
 # With arguments, only build/'s ctest runs, with them (e.g. -L nightly, -R flux).
@@ -37,7 +37,7 @@ sanitized() {
     cmake --build build-sanitize -j "$jobs" --target unit_tests mpi_tests fuzz_parsers fuzz_reader >/dev/null &&
     (cd build-sanitize && ctest --output-on-failure -j "$jobs")
 }
-step "unit and MPI tests (1, 4, 16 ranks) under ASan+UBSan, and 30 s of fuzzing per target (build-sanitize/, clang)" sanitized
+step "unit and MPI tests (1, 4, 16 ranks) under ASan+UBSan, and 20 s of fuzzing per target (build-sanitize/, clang)" sanitized
 
 if ((${#failed[@]})); then
   echo "test.sh: FAILED: ${failed[*]}"

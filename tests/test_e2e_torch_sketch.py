@@ -3,7 +3,7 @@ with --sketch give the verdict and first divergence whole capture gives
 (clean: pass; --bug: tp_block's attn.out, cfg_denoise's step1/time_embed);
 tp_block_sketch.py's drill-down (sketches first, then only=report whole)
 reports the same element-level line for attn.out as whole capture does;
-sketch mode of 1.5 GiB of activations holds no whole tap (memory_probe.py).
+sketch mode of 768 MiB of activations (nightly 1.5 GiB) holds no whole tap (memory_probe.py).
 Nightly (DIFFCHECK_E2E_FULL=1): scripts/studies/sketch_agreement.py's whole table."""
 import os
 import re
@@ -58,14 +58,14 @@ class TorchSketchE2E(E2ETest):
         self.assertIn("worst at global index", whole_pass)
 
     def test_memory_holds_no_whole_tap(self):
-        """Sketch mode of 6 taps of 256 MiB: the peak stays within a quarter of one tap of the
-        uninstrumented peak (the libraries, the sign rows and a bounded widening slab), and the
-        file holds sketches, not tensors."""
+        """Sketch mode of 6 taps of 256 MiB (by default 128 MiB, the suite's time): the peak stays
+        within 64 MiB of the uninstrumented peak (the libraries, the sign rows and a bounded
+        widening slab; a whole tap kept would exceed it), and the file holds sketches, not tensors."""
         import json
         probe = os.path.join(HERE, "torch", "memory_probe.py")
         peaks = {}
         for mode in ("plain", "capture"):
-            p = subprocess.run([PYTHON, probe, mode, self.path("mem"), "--taps", "6", "--tap-mib", "256", "--sketch"],
+            p = subprocess.run([PYTHON, probe, mode, self.path("mem"), "--taps", "6", "--tap-mib", "256" if FULL else "128", "--sketch"],
                                capture_output=True, text=True, timeout=600)
             self.assertEqual(p.returncode, 0, p.stderr)
             peaks[mode] = json.loads(p.stdout)["peak_mib"]
