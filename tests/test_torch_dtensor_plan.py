@@ -102,6 +102,29 @@ class PlanTest(unittest.TestCase):
         finally:
             RowwiseParallel._prepare_output_fn = original
 
+    def test_a_per_head_norm_after_a_column_parallel_projection(self):
+        """Qwen3's q_norm: the projection's output viewed as (heads, head width), normed per
+        head: the heads carry the projection's sharded axis."""
+        class Heads(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.q_proj, self.q_norm = nn.Linear(8, 16), nn.LayerNorm(4)
+
+            def forward(self, x):
+                return self.q_norm(self.q_proj(x).view(*x.shape[:-1], -1, 4))
+        net = Heads()
+        parallelize_module(net, MESH, {"q_proj": ColwiseParallel()})
+        taps = self.capture(net)
+        self.assertEqual(taps["q_proj"], ("-,-,tp", None))
+        self.assertEqual(taps["q_norm"], ("-,-,tp,-", None))
+        # Under autograd DTensor.to_local hands out a view of its local tensor, which is then
+        # the heads view's base (a training step: the layout found there too).
+        out = os.path.join(self.dir, "grad")
+        with dct.capture(net, out=out, mesh="tp=1", backward=True):
+            net(torch.randn(2, 3, 8)).sum().backward()
+        with h5py.File(out + ".rank0.h5") as f:
+            self.assertEqual(f["taps/q_norm"].attrs.get("spec"), "-,-,tp,-")
+
     def test_unknown_layout_is_refused_naming_the_tap(self):
         net = Net(tail=Sum())
         parallelize_module(net, MESH, {"up": ColwiseParallel()})

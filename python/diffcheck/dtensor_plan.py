@@ -22,7 +22,9 @@ them back, most trusted first:
    placements and mesh;
 4. what the module's input was: a module whose output has the shape of an
    input with a known layout (an activation, a dropout, a residual add) keeps
-   that layout.
+   that layout; an input that is a view of such a tensor splitting its
+   sharded last dimension into heads has the heads sharded (a per-head norm
+   after a column-parallel projection, Qwen3's q_norm and k_norm).
 
 An output with none of these whose input is sharded or partial has a layout
 no one can know here: `UnknownLayout` names the tap and asks for a layout.
@@ -86,8 +88,8 @@ class PlanLayouts:
         def to_local(dtensor, *args, **kwargs):
             local = original(dtensor, *args, **kwargs)
             try:
-                seen[local] = (placement_attrs(dtensor.placements, dtensor.device_mesh, dtensor.dim(), names),
-                               dtensor.device_mesh)
+                _note(seen, local, (placement_attrs(dtensor.placements, dtensor.device_mesh, dtensor.dim(), names),
+                                    dtensor.device_mesh))
             except (ValueError, TypeError):
                 pass  # a placement with no diffcheck layout: left to the other sources
             return local
@@ -124,6 +126,8 @@ class PlanLayouts:
         if seen is not None:
             return seen[0]
         known = [(t, self._seen[t]) for t in _tensors(inputs) if t in self._seen]
+        known += [(t, viewed) for t in _tensors(inputs) if t not in self._seen
+                  for viewed in [self._view_layout(t)] if viewed is not None]
         for tensor, (attrs, mesh) in known:
             if tensor.shape == output.shape:
                 self._seen[output] = (attrs, mesh)
@@ -136,10 +140,39 @@ class PlanLayouts:
                 "e.g. layouts={'<tap>': '-,-,tp'}")
         return None
 
+    def _view_layout(self, tensor):
+        """(attrs, mesh) of a view that splits the last dimension of a tensor
+        with a known layout into (heads, head width) — q_proj's output viewed
+        as heads before a per-head norm (Qwen3's q_norm) — when that
+        dimension alone is sharded: the heads carry its axes. None otherwise."""
+        base = tensor._base
+        if base is None or base not in self._seen:
+            return None
+        attrs, mesh = self._seen[base]
+        entries = (attrs.get("spec") or "").split(",") if attrs.get("spec") else []
+        if attrs.get("partial") or tensor.dim() != base.dim() + 1 or tuple(tensor.shape[:-2]) != tuple(base.shape[:-1]) \
+                or tensor.shape[-2] * tensor.shape[-1] != base.shape[-1]:
+            return None
+        if not entries:
+            return ({"spec": None}, mesh)
+        if len(entries) != base.dim() or any(e != "-" for e in entries[:-1]):
+            return None
+        return ({"spec": ",".join(entries[:-1] + [entries[-1], "-"])}, mesh)
+
     def remember(self, tensor, attrs):
         """A tapped tensor's layout, for the modules it feeds."""
         if self.active and isinstance(tensor, torch.Tensor) and tensor not in self._seen:
-            self._seen[tensor] = (attrs, None)
+            _note(self._seen, tensor, (attrs, None))
+
+
+def _note(seen, tensor, value):
+    """seen[tensor] = value, and the same for the tensor it is a whole view of:
+    under autograd DTensor.to_local returns a view of the local tensor, and a
+    later view (q_proj's output as heads) has that local tensor as its base."""
+    seen[tensor] = value
+    base = tensor._base
+    if base is not None and base.shape == tensor.shape and base not in seen:
+        seen[base] = value
 
 
 def _implied_by_weight(module, output, DTensor, axis_names):
