@@ -157,11 +157,6 @@ def _gradient_tap(collector, name, x):
 HOSTED = object()  # a value list entry: the tap leaves from each device (jax_host_taps.py)
 
 
-def names_of(outputs):
-    """[(tap name, array)] of Collector.outputs() after the call, in order."""
-    return [(key.split(":", 1)[1], v) for key, v in sorted(outputs.items())]
-
-
 def index_of(key):
     """The tap's place in the order taps were made, from its outputs() key."""
     return int(key.split(":", 1)[0])
