@@ -61,7 +61,10 @@ struct TapData {
   std::optional<double> tolerance_factor;  // the `tolerance_factor` attribute (>= 1)
   std::string image;                       // the `image` attribute ("nhwc", "nchw", "patches:H,W"), empty if none
   bool per_mesh = false;                   // the `per_mesh` attribute: the tap's values depend on the mesh
-  bool complex_parts = false;  // the `complex` attribute: a complex tensor's real view (last dimension: re, im)
+  bool complex_parts = false;
+  // The `microbatches` attribute: the piece's first dimension holds this many
+  // microbatches of a pipeline step laid together in order (0: not said).
+  long microbatches = 0;  // the `complex` attribute: a complex tensor's real view (last dimension: re, im)
   Shape local_shape;
   std::optional<Shape> reference_shape;  // the global shape, when the tap has a reference
   std::optional<SketchInfo> sketch;      // a sketch tap

@@ -151,28 +151,24 @@ std::vector<std::string> rank_files(const std::string& prefix, int world) {
   return files;
 }
 
+// Each rank's file lists its taps. A tap of one pipeline stage (attribute
+// `stage`) is in the files of that stage's ranks only; any other tap is in
+// every file. Taps are taken in the order the files first show them (rank 0's
+// first); the first holder's dataset gives the metadata the others must match.
 ActivationSet read_rank_files(const std::string& prefix, const std::string& first_path,
                               std::shared_ptr<H5Data>& data, OpenFiles& open) {
   std::string f0 = rank_file(prefix, 0);
   if (!fs::exists(f0))
     input_error("{}: rank file for rank 0 is missing (looked for '{}')", first_path, f0);
-  const hid_t file0 = open.get(f0);
-  Root root = read_root(file0, f0, true);
+  Root root = read_root(open.get(f0), f0, true);
   ActivationSet set;
   set.source = prefix;
   set.mesh = parse_mesh(root, f0);
   set.world_size = static_cast<int>(root.world_size);
   set.info = root.info;
-  auto names = list_datasets(file0, "/taps", f0);
-  if (names.empty()) input_error("{}: no tap datasets under /taps", f0);
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    TapData t;
-    t.name = names[i];
-    t.visit_index = static_cast<long>(i);
-    set.taps.push_back(std::move(t));
-  }
-  data = H5Data::rank_files(rank_files(prefix, set.world_size));
-  for (auto& t : set.taps) t.data_id = data->add_tap("/taps/" + t.name);
+  std::vector<std::vector<std::string>> names(static_cast<std::size_t>(set.world_size));
+  std::map<std::string, std::size_t> index;  // tap name -> its place in set.taps
+  std::vector<int> first_holder;
   for (int r = 0; r < set.world_size; ++r) {
     std::string fr = rank_file(prefix, r);
     if (!fs::exists(fr))
@@ -183,28 +179,70 @@ ActivationSet read_rank_files(const std::string& prefix, const std::string& firs
     if (*rr.rank != r) input_error("{}: root attribute 'rank' is {}, expected {}", fr, *rr.rank, r);
     if (rr.mesh != root.mesh || rr.world_size != root.world_size)
       input_error("{}: mesh '{}' differs from rank 0's '{}'", fr, rr.mesh, root.mesh);
-    auto names_r = list_datasets(file, "/taps", fr);
+    auto& names_r = names[static_cast<std::size_t>(r)];
+    names_r = list_datasets(file, "/taps", fr);
+    for (const auto& n : names_r)
+      if (index.emplace(n, set.taps.size()).second) {
+        TapData t;
+        t.name = n;
+        t.visit_index = static_cast<long>(set.taps.size());
+        set.taps.push_back(std::move(t));
+        first_holder.push_back(r);
+      }
+  }
+  if (set.taps.empty()) input_error("{}: no tap datasets under /taps", f0);
+  data = H5Data::rank_files(rank_files(prefix, set.world_size));
+  for (auto& t : set.taps) t.data_id = data->add_tap("/taps/" + t.name);
+  // Metadata from each tap's first holder, before any other rank is judged by it.
+  for (std::size_t i = 0; i < set.taps.size(); ++i) {
+    TapData& t = set.taps[i];
+    const std::string fr = rank_file(prefix, first_holder[i]);
+    const std::string where = fmt::format("{}: tap '{}'", fr, t.name);
+    h5::ReadGuard guard(where + ": reading its metadata");
+    Handle ds(H5Dopen2(open.get(fr), ("/taps/" + t.name).c_str(), H5P_DEFAULT));
     DeclaredBytes declared(fr);
-    for (auto& t : set.taps) {
+    t.local_shape = dataset_shape(ds.get(), where, declared);
+    t.stored = stored_kind(ds.get(), where);
+    read_tap_attrs(ds.get(), where, set.mesh, t);
+    if (!t.layout.owns(set.mesh, first_holder[i]))
+      input_error("{}: attribute 'stage' is '{}', but rank {} is at {}={} (mesh {})", where, t.layout.stage_str(),
+                  first_holder[i], t.layout.stage_axis,
+                  set.mesh.coords(first_holder[i])[static_cast<std::size_t>(set.mesh.axis_index(t.layout.stage_axis))],
+                  set.mesh.str());
+  }
+  for (int r = 0; r < set.world_size; ++r) {
+    std::string fr = rank_file(prefix, r);
+    const hid_t file = open.get(fr);
+    const auto& names_r = names[static_cast<std::size_t>(r)];
+    DeclaredBytes declared(fr);
+    for (std::size_t i = 0; i < set.taps.size(); ++i) {
+      TapData& t = set.taps[i];
       std::string where = fmt::format("{}: tap '{}'", fr, t.name);
-      if (std::find(names_r.begin(), names_r.end(), t.name) == names_r.end())
-        input_error("{}: missing (rank 0 has it)", where);
+      const bool here = std::find(names_r.begin(), names_r.end(), t.name) != names_r.end();
+      const bool owns = t.layout.owns(set.mesh, r);
+      if (!here && owns)
+        input_error("{}: missing (rank {} has it{})", where, first_holder[i],
+                    t.layout.staged() ? fmt::format(", and stage {} includes rank {}", t.layout.stage_str(), r) : "");
+      if (here && !owns)
+        input_error("{}: rank {} holds a tap of stage {} (rank {}'s attribute 'stage'), but is not on that stage "
+                    "(mesh {})", where, r, t.layout.stage_str(), first_holder[i], set.mesh.str());
+      if (!here) continue;
       h5::ReadGuard guard(where + ": reading its metadata");
       Handle ds(H5Dopen2(file, ("/taps/" + t.name).c_str(), H5P_DEFAULT));
-      Shape s = dataset_shape(ds.get(), where, declared);
-      StoredKind k = stored_kind(ds.get(), where);
-      if (r == 0) {
-        t.local_shape = s;
-        t.stored = k;
-        read_tap_attrs(ds.get(), where, set.mesh, t);
-      } else if (s != (t.sketch ? t.sketch->stored_shape : t.local_shape)) {
-        input_error("{}: local shape {} differs from rank 0's {}", where, shape_str(s),
-                    shape_str(t.sketch ? t.sketch->stored_shape : t.local_shape));
+      if (r != first_holder[i]) {
+        Shape s = dataset_shape(ds.get(), where, declared);
+        if (s != (t.sketch ? t.sketch->stored_shape : t.local_shape))
+          input_error("{}: local shape {} differs from rank {}'s {}", where, shape_str(s), first_holder[i],
+                      shape_str(t.sketch ? t.sketch->stored_shape : t.local_shape));
+        const auto stage = h5::read_string_attr(ds.get(), "stage", where).value_or("");
+        Layout here_stage;
+        if (!stage.empty()) here_stage.parse_stage(stage);
+        if (here_stage.stage_str() != t.layout.stage_str())
+          input_error("{}: attribute 'stage' is '{}', rank {}'s is '{}'", where, stage, first_holder[i],
+                      t.layout.stage_str());
       }
       read_sketch_piece(ds.get(), where, set.mesh, t, r, static_cast<std::size_t>(set.world_size));
     }
-    if (names_r.size() != set.taps.size())
-      input_error("{}: has {} taps, rank 0 has {}", fr, names_r.size(), set.taps.size());
   }
   return set;
 }

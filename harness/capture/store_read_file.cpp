@@ -161,11 +161,19 @@ Shape dataset_shape(hid_t ds, const std::string& where, DeclaredBytes& declared)
 void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapData& t) {
   auto spec = h5::read_string_attr(ds, "spec", where).value_or("");
   auto partial = h5::read_string_attr(ds, "partial", where).value_or("");
+  const auto stage = h5::read_string_attr(ds, "stage", where);
   try {
     t.layout = Layout::parse(spec, partial);
+    if (stage) t.layout.parse_stage(*stage);
     t.layout.validate(mesh, t.local_shape.size());
   } catch (const InputError& e) {
-    input_error("{}: attributes 'spec'/'partial': {}", where, e.what());
+    input_error("{}: attributes 'spec'/'partial'{}: {}", where, stage ? "/'stage'" : "", e.what());
+  }
+  if (auto m = h5::read_int_attr(ds, "microbatches", where)) {
+    if (*m < 1 || t.local_shape.empty() || t.local_shape[0] % static_cast<std::size_t>(*m) != 0)
+      input_error("{}: attribute 'microbatches' is {}; it must be >= 1 and divide the piece's first dimension "
+                  "(local shape {})", where, *m, shape_str(t.local_shape));
+    t.microbatches = *m;
   }
   if (auto o = h5::read_int_attr(ds, "order", where)) t.order = *o;
   t.dtype = h5::read_string_attr(ds, "dtype", where).value_or(stored_kind_name(t.stored));

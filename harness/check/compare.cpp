@@ -102,6 +102,12 @@ long long ulp_distance(double a, double b, StoredKind kind) {
   }
 }
 
+long TapVerdict::microbatch_of(const std::vector<std::size_t>& index, bool global) const {
+  if (microbatches < 1 || index.empty() || local_shape.empty() || local_shape[0] == 0) return -1;
+  const std::size_t local = global ? index[0] % local_shape[0] : index[0];
+  return static_cast<long>(local / (local_shape[0] / static_cast<std::size_t>(microbatches)));
+}
+
 std::vector<std::string> TapVerdict::failed_checks() const {
   std::vector<std::string> out;
   if (nonfinite.nan || nonfinite.inf) out.push_back("nonfinite");

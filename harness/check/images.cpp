@@ -83,7 +83,8 @@ std::vector<ImageVerdict> judge_images(const ActivationSet& set, const CompareOp
     const ImageGeometry g = image_geometry(t);
     // The replica-group leaders' pieces and the reference, to the first process.
     std::set<int> leaders;
-    for (int r = 0; r < set.world_size; ++r) leaders.insert(t.layout.replica_leader(set.mesh, r));
+    for (int r = 0; r < set.world_size; ++r)
+      if (t.layout.owns(set.mesh, r)) leaders.insert(t.layout.replica_leader(set.mesh, r));
     std::vector<PlannedRead> reads;
     for (int r : leaders) reads.push_back({0, r, whole(t.local_shape)});
     reads.push_back({0, -1, whole(*t.reference_shape)});

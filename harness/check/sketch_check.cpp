@@ -173,6 +173,8 @@ TapVerdict check_sketch_tap(const ActivationSet& set, const TapData& t, const Co
   v.layout = t.layout.str() + (t.complex_parts ? " complex" : "");  // the real view of a complex tensor
   v.dtype = t.dtype;
   v.local_shape = t.local_shape;
+  v.stage = t.layout.stage_str();
+  v.microbatches = t.microbatches;
   v.global_shape = t.layout.global_shape(mesh, t.local_shape);
   if (sk.pieces.size() != world) fail("tap '{}': sketch pieces of {} ranks, not {}", t.name, sk.pieces.size(), world);
 

@@ -318,6 +318,8 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
   v.layout = t.layout.str() + (t.complex_parts ? " complex" : "");  // the real view of a complex tensor
   v.dtype = t.dtype;
   v.local_shape = t.local_shape;
+  v.stage = t.layout.stage_str();
+  v.microbatches = t.microbatches;
   v.global_shape = p.global;
   v.ranks = per_rank_figures(s, p, set.world_size, has_ref);
   v.nonfinite = nonfinite_verdict(s, t);

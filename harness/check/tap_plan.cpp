@@ -16,6 +16,7 @@ TapPlan plan_tap(const TapData& t, const Mesh& mesh) {
   for (const auto& a : t.layout.partial) is_partial_axis[mesh.axis_index(a)] = true;
   const auto replica_axes = t.layout.replica_axes(mesh);
   for (int r = 0; r < mesh.world_size(); ++r) {
+    if (!t.layout.owns(mesh, r)) continue;  // another pipeline stage's rank
     auto c = mesh.coords(r);
     bool owner = true;
     for (std::size_t i = 0; i < c.size() && owner; ++i)

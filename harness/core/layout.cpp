@@ -55,6 +55,34 @@ Layout Layout::parse(const std::string& spec, const std::string& partial) {
   return l;
 }
 
+void Layout::parse_stage(const std::string& stage) {
+  const auto eq = stage.find('=');
+  const std::string axis = trim(stage.substr(0, eq));
+  if (eq == std::string::npos || !valid_axis_name(axis))
+    input_error("stage '{}' is not <mesh axis>=<coordinate> (e.g. pp=1)", stage);
+  const std::string index = trim(stage.substr(eq + 1));
+  std::size_t used = 0;
+  long value = -1;
+  try {
+    value = std::stol(index, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != index.size() || value < 0)
+    input_error("stage '{}': '{}' is not a coordinate (an integer >= 0)", stage, index);
+  stage_axis = axis;
+  stage_index = static_cast<int>(value);
+}
+
+std::string Layout::stage_str() const {
+  return staged() ? fmt::format("{}={}", stage_axis, stage_index) : std::string();
+}
+
+bool Layout::owns(const Mesh& mesh, int rank) const {
+  if (!staged()) return true;
+  return mesh.coords(rank)[static_cast<std::size_t>(mesh.axis_index(stage_axis))] == stage_index;
+}
+
 std::string Layout::spec_str() const {
   std::vector<std::string> entries;
   for (const auto& e : spec) entries.push_back(e.empty() ? "-" : fmt::format("{}", fmt::join(e, "*")));
@@ -66,6 +94,7 @@ std::string Layout::partial_str() const { return fmt::format("{}", fmt::join(par
 std::string Layout::str() const {
   std::string s = spec.empty() ? "replicated" : spec_str();
   if (!partial.empty()) s += " partial=" + partial_str();
+  if (staged()) s += " stage " + stage_str();
   return s;
 }
 
@@ -84,6 +113,12 @@ void Layout::validate(const Mesh& mesh, std::size_t ndim) const {
   for (const auto& e : spec)
     for (const auto& a : e) check(a, "spec");
   for (const auto& a : partial) check(a, "partial");
+  if (staged()) {
+    check(stage_axis, "stage");
+    const int size = mesh.axis_size(stage_axis);
+    if (stage_index >= size)
+      input_error("stage '{}': axis '{}' has {} coordinates (0 to {})", stage_str(), stage_axis, size, size - 1);
+  }
 }
 
 std::vector<std::string> Layout::sharded_axes() const {
@@ -95,6 +130,7 @@ std::vector<std::string> Layout::sharded_axes() const {
 std::vector<std::string> Layout::replica_axes(const Mesh& mesh) const {
   auto used = sharded_axes();
   used.insert(used.end(), partial.begin(), partial.end());
+  if (staged()) used.push_back(stage_axis);
   std::vector<std::string> out;
   for (const auto& a : mesh.axes())
     if (std::find(used.begin(), used.end(), a.name) == used.end()) out.push_back(a.name);
@@ -145,7 +181,7 @@ std::vector<double> reassemble(const Layout& layout, const Mesh& mesh, const Sha
   // Leaders are exactly the ranks whose replica coordinates are all 0; visiting
   // them in rank order fixes the summation order over the partial axes.
   for (int r = 0; r < mesh.world_size(); ++r) {
-    if (layout.replica_leader(mesh, r) != r) continue;
+    if (!layout.owns(mesh, r) || layout.replica_leader(mesh, r) != r) continue;
     const double* src = piece(r);
     auto block = layout.block_of(mesh, r, local.size());
     if (local.empty()) {

@@ -17,10 +17,23 @@ struct Layout {
   // leaves the trailing dimensions unsplit.
   std::vector<std::vector<std::string>> spec;
   std::vector<std::string> partial;
+  // A tap of one pipeline stage (the `stage` attribute, "pp=1"): only the
+  // ranks at coordinate `stage_index` of mesh axis `stage_axis` hold pieces of
+  // it. That axis is then neither a split, a partial nor a replica axis of the
+  // tap: the other stages hold other tensors (or none) under their own names.
+  std::string stage_axis;
+  int stage_index = -1;
 
   // Parses the two strings; syntax errors only (mesh checks are in validate()).
   static Layout parse(const std::string& spec, const std::string& partial);
   static Layout replicated() { return {}; }
+  // Parses a `stage` attribute ("pp=1") into stage_axis, stage_index; syntax
+  // only (validate() checks it against the mesh).
+  void parse_stage(const std::string& stage);
+  bool staged() const { return !stage_axis.empty(); }
+  std::string stage_str() const;  // "pp=1", empty when not staged
+  // Whether `rank` holds a piece: every rank, unless the tap is a stage's.
+  bool owns(const Mesh& mesh, int rank) const;
 
   std::string spec_str() const;
   std::string partial_str() const;
@@ -30,7 +43,7 @@ struct Layout {
   // used twice, or the spec has more entries than the tensor has dimensions.
   void validate(const Mesh& mesh, std::size_t ndim) const;
 
-  // Mesh axes that appear in neither spec nor partial.
+  // Mesh axes that appear in neither spec nor partial (nor as the stage axis).
   std::vector<std::string> replica_axes(const Mesh& mesh) const;
   std::vector<std::string> sharded_axes() const;
 

@@ -183,6 +183,12 @@ std::string tolerance_line(const ReferenceCheck& ref) {
   return s + fmt::format("; err/tol {}", sci(ref.margin()));
 }
 
+// " (microbatch k of M)" for an element of a pipeline's microbatched tap.
+static std::string microbatch_note(const TapVerdict& t, const std::vector<std::size_t>& index, bool global) {
+  const long mb = t.microbatch_of(index, global);
+  return mb < 0 ? std::string() : fmt::format(" (microbatch {} of {})", mb, t.microbatches);
+}
+
 std::string describe_tap(const TapVerdict& t, std::size_t index) {
   std::string s = fmt::format("tap '{}' (#{}), layout {}, local {} global {}\n", t.name, index, t.layout,
                               shape_str(t.local_shape), shape_str(t.global_shape));
@@ -192,11 +198,13 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
     if (nf.first_nan && nf.first_nan->index.empty())
       s += fmt::format("; first NaN on rank {} (a sketch: counts only)", nf.first_nan->rank);
     else if (nf.first_nan)
-      s += fmt::format("; first NaN on rank {} at {}", nf.first_nan->rank, index_str(nf.first_nan->index));
+      s += fmt::format("; first NaN on rank {} at {}{}", nf.first_nan->rank, index_str(nf.first_nan->index),
+                       microbatch_note(t, nf.first_nan->index, false));
     if (nf.first_inf && nf.first_inf->index.empty())
       s += fmt::format("; first Inf on rank {} (a sketch: counts only)", nf.first_inf->rank);
     else if (nf.first_inf)
-      s += fmt::format("; first Inf on rank {} at {}", nf.first_inf->rank, index_str(nf.first_inf->index));
+      s += fmt::format("; first Inf on rank {} at {}{}", nf.first_inf->rank, index_str(nf.first_inf->index),
+                       microbatch_note(t, nf.first_inf->index, false));
     s += "\n";
   }
   const auto& rc = t.replica;
@@ -211,7 +219,7 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
         "{} ({} ULP) between rank {} and rank {} at local index {} (rank {}: {:.9g}, rank {}: {:.9g})\n",
         fmt::join(rc.axes, ", "), rank_ranges(rc.differing), sci(rc.max_abs),
         rc.max_ulp == std::numeric_limits<long long>::max() ? std::string("inf") : std::to_string(rc.max_ulp),
-        rc.leader, rc.other, index_str(rc.index), rc.leader, rc.leader_value, rc.other,
+        rc.leader, rc.other, index_str(rc.index) + microbatch_note(t, rc.index, false), rc.leader, rc.leader_value, rc.other,
         rc.other_value);
   } else if (rc.applies) {
     s += "  replicas agree (bitwise)\n";
@@ -234,7 +242,7 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
     const char* yardstick = ref.other_run ? "the other run" : "reference";
     s += fmt::format(
         "  {} DISAGREES: {} of {} elements outside atol {} + rtol {}*|ref|{}; max abs err {}, "
-        "max rel err {}, rel L2 {}; worst at global index {} on rank(s) {}: got {:.6g}, "
+        "max rel err {}, rel L2 {}; worst at global index {}{} on rank(s) {}{}: got {:.6g}, "
         "{} {:.6g}\n",
         yardstick, ref.n_fail, ref.n_total, sci(ref.tol.atol), sci(ref.tol.rtol),
         (l2_fails ? fmt::format(", and rel L2 {} over its limit {} ({:.3g}x)", sci(ref.rel_l2),
@@ -245,7 +253,8 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
                                         sci(*ref.column_mean), sci(*ref.tol.column_mean_limit), *ref.column_ratio)
                           : ""),
         sci(ref.max_abs), sci(ref.max_rel), sci(ref.rel_l2), index_str(ref.worst.index),
-        rank_ranges(ref.worst_ranks), ref.worst_value, yardstick, ref.worst_reference);
+        microbatch_note(t, ref.worst.index, true), rank_ranges(ref.worst_ranks),
+        t.stage.empty() ? std::string() : " (stage " + t.stage + ")", ref.worst_value, yardstick, ref.worst_reference);
     s += "  tolerance " + tolerance_line(ref) + "\n" + math_hint(ref);
   } else if (ref.present) {
     s += fmt::format("  {} agrees within tolerance{}\n", ref.other_run ? "the other run" : "reference",

@@ -23,6 +23,8 @@ json tap_json(const TapVerdict& t, std::size_t order) {
   j["dtype"] = t.dtype;
   j["local_shape"] = t.local_shape;
   j["global_shape"] = t.global_shape;
+  if (!t.stage.empty()) j["stage"] = t.stage;
+  if (t.microbatches > 0) j["microbatches"] = t.microbatches;
   j["pass"] = t.pass();
   j["failed_checks"] = t.failed_checks();
   const auto& nf = t.nonfinite;
@@ -48,6 +50,7 @@ json tap_json(const TapVerdict& t, std::size_t order) {
                            {"worst_reference", json_number(ref.worst_reference)},
                            {"worst_ratio", json_number(ref.worst_ratio)},
                            {"margin", json_number(ref.margin())},
+                           {"worst_microbatch", t.microbatch_of(ref.worst.index, true)},
                            {"tolerance_source", source_name(ref.tol.source)}});
     if (!ref.tol.yardstick.empty()) j["reference"]["yardstick"] = ref.tol.yardstick;
     if (ref.tol.rel_l2_limit)

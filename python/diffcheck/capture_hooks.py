@@ -69,6 +69,8 @@ class ModuleHooks:
             self._counts.note(self._numbered(path, advance=not inputs)[len(self._step):], pairs, inputs)
             return
         self._fired.add(path)
+        if self.pipeline is not None and self.pipeline.in_setup():  # a stage's shape inference: no tap
+            return
         with rounding.paused():
             self._record_now(path, pairs, inputs, module, args)
 

@@ -54,7 +54,18 @@ class TapWriting:
             self._check_layout(name, tensor, pattern, attrs)
             if self.derive_depths:
                 attrs = self._with_counts(name, tensor, attrs)
-        if not self.reference_mode:  # execution order, whichever write comes first (sketches wait for the step's end)
+        pipeline = getattr(self, "pipeline", None)
+        if pipeline is not None and pipeline.hold(name, tensor, attrs):  # a microbatch's: written at the step's end
+            return
+        if pipeline is not None:
+            attrs = {**attrs, "order": pipeline.order_of_other(), "stage": pipeline.stage_attr}
+        self._write_values(name, tensor, attrs)
+
+    def _write_values(self, name, tensor, attrs):
+        """A tap's values to the writer, its layout checked and counted (an
+        `order` in attrs stands: a pipeline's, pipeline.py)."""
+        if not self.reference_mode and "order" not in attrs:
+            # execution order, whichever write comes first (sketches wait for the step's end)
             attrs = {**attrs, "order": self._order}
             self._order += 1
         complex_parts = getattr(tensor, "_diffcheck_complex", False)  # capture_hooks.complex_view
@@ -118,7 +129,7 @@ class TapWriting:
             self._guarded(name, lambda: self._writer.reference(name, array))
         else:
             attrs = dict(attrs)
-            more = {"complex": attrs.pop("complex")} if "complex" in attrs else None
+            more = {k: attrs.pop(k) for k in ("complex", "stage", "microbatches") if k in attrs} or None
             self._guarded(name, lambda: self._writer.write_tap(name, array, dtype=logical, more=more, **attrs))
 
     def _guarded(self, name, store):

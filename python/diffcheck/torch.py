@@ -45,6 +45,7 @@ from diffcheck.dtensor_plan import PlanLayouts
 from diffcheck import compiled
 from diffcheck.compiled_counts import CompiledCounts
 from diffcheck.reference_runs import references  # noqa: F401  # dct.references(make, out, dtype=...)
+from diffcheck.pipeline import PipelineTaps, StageModules, is_schedule, schedule_stages
 
 # Where launchers put a process's rank and the number of processes, most specific first.
 _LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
@@ -53,7 +54,7 @@ _LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", 
 _active = []  # open captures of this process, innermost last
 _CAPTURE_PARAMETERS = ("out", "mesh", "layouts", "include", "exclude", "inputs", "reference", "one_device",
                        "rename", "rank", "world_size", "attrs", "derive_depths", "backward", "optimizer",
-                       "sketch", "sketch_seed", "only")
+                       "sketch", "sketch_seed", "only", "pipeline_axis")
 # What a one-device capture adds to `out`: diffcheck compare finds
 # <reference without .h5>.one_device.rank0.h5 beside the reference by itself.
 ONE_DEVICE_SUFFIX = ".one_device"
@@ -89,8 +90,14 @@ class Capture(ModuleHooks, TapWriting):
     def __init__(self, model, out, mesh=None, *, layouts=None, include=None, exclude=None, inputs=False,
                  reference=False, one_device=False, rename=None, rank=None, world_size=None, attrs=None,
                  derive_depths=True, backward=False, optimizer=None, sketch=False, sketch_seed=0, only=None,
-                 **root_attrs):
+                 pipeline_axis="pp", **root_attrs):
         check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
+        schedule = model if is_schedule(model) else None
+        if schedule is not None:
+            if reference or one_device:
+                raise ValueError("capture() of a pipeline schedule is the sharded run's: capture the whole model "
+                                 "for reference=True or one_device=True (dct.references)")
+            model = StageModules(stage.submod for stage in schedule_stages(schedule))
         extra_attrs = root_attributes("capture()", attrs)
         if one_device and (reference or mesh is not None or layouts or rank is not None or world_size is not None):
             raise ValueError("capture(one_device=True) is the unsharded model in the run's dtype, in one process: "
@@ -137,6 +144,10 @@ class Capture(ModuleHooks, TapWriting):
         if self.sketches is not None:
             self.root_attrs.setdefault("sketch_rows", self.sketches.rows)
         self.only = None if only is None else drill_down_taps(only)
+        if schedule is not None and sketch:
+            raise ValueError(f"rank {self.rank}: capture() of a pipeline schedule writes whole taps: sketch= is not "
+                             "supported there yet")
+        self.pipeline = None if schedule is None else PipelineTaps(self, schedule, pipeline_axis)
 
     # -- naming -------------------------------------------------------------
 
@@ -208,6 +219,8 @@ class Capture(ModuleHooks, TapWriting):
                 self._ledger_held = True
             if self.gradients is not None:
                 self.gradients.wrap_optimizer()
+            if self.pipeline is not None:
+                self.pipeline.attach()
         except BaseException:
             self._close(failed=True)
             raise
@@ -225,6 +238,11 @@ class Capture(ModuleHooks, TapWriting):
         if unseen:  # never a silent partial file
             failed = True
             compiled.forget(self.model)
+        if self.pipeline is not None:
+            if not failed and self._thread is not None:
+                with rounding.paused():
+                    self.pipeline.flush()  # chunks run outside schedule.step()
+            self.pipeline.detach()
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -316,6 +334,10 @@ def capture(model, out, mesh=None, **kwargs):
               (python/diffcheck/rounding.py), for the tolerance diffcheck
               derives when no one-device run is there; False: none
               (then every tap is held as one rounding of its dtype)
+    pipeline_axis  for a torch.distributed.pipelining schedule given as
+              `model`: the mesh axis of its stages (default "pp"); each
+              rank taps its own stages' modules, every microbatch's call
+              laid together per tap (diffcheck/pipeline.py)
     rank, world_size   override what torch.distributed or the launcher say
     scenario, flags, dtype, seed, producer, size   root attributes of the file
     attrs     {name: str | number | bool}: other root attributes
