@@ -111,6 +111,8 @@ class Capture(ModuleHooks, TapWriting):
         env_rank, env_world = (0, 1) if one_device else rank_and_world()
         self.rank = env_rank if rank is None else rank
         self.world = env_world if world_size is None else world_size
+        if not 0 <= self.rank < self.world:
+            raise ValueError(f"capture(): rank {self.rank} is not one of the {self.world} ranks (0 to {self.world - 1})")
         if not reference:
             if mesh is None:
                 if self.world != 1:
