@@ -323,6 +323,7 @@ ActivationSet recorded_activations(const Comm& world, const TapRecorder& taps, c
     if (r.opts.tolerance_factor != 1.0) t.tolerance_factor = r.opts.tolerance_factor;
     t.image = r.opts.image;
     t.per_mesh = r.opts.per_mesh;
+    t.microbatches = r.opts.microbatches;
     t.local_shape = r.local.shape;
     if (auto it = reference_shapes.find(r.name); it != reference_shapes.end()) t.reference_shape = it->second;
     t.data_id = i;

@@ -151,6 +151,64 @@ std::vector<std::string> rank_files(const std::string& prefix, int world) {
   return files;
 }
 
+// Each tap's metadata from its first holder, before any other rank is judged by it.
+void read_first_holders(ActivationSet& set, const std::string& prefix, const std::vector<int>& first_holder,
+                        OpenFiles& open) {
+  for (std::size_t i = 0; i < set.taps.size(); ++i) {
+    TapData& t = set.taps[i];
+    const std::string fr = rank_file(prefix, first_holder[i]);
+    const std::string where = fmt::format("{}: tap '{}'", fr, t.name);
+    h5::ReadGuard guard(where + ": reading its metadata");
+    Handle ds(H5Dopen2(open.get(fr), ("/taps/" + t.name).c_str(), H5P_DEFAULT));
+    DeclaredBytes declared(fr);
+    t.local_shape = dataset_shape(ds.get(), where, declared);
+    t.stored = stored_kind(ds.get(), where);
+    read_tap_attrs(ds.get(), where, set.mesh, t);
+    if (!t.layout.owns(set.mesh, first_holder[i]))
+      input_error("{}: attribute 'stage' is '{}', but rank {} is at {}={} (mesh {})", where, t.layout.stage_str(),
+                  first_holder[i], t.layout.stage_axis,
+                  set.mesh.coords(first_holder[i])[static_cast<std::size_t>(set.mesh.axis_index(t.layout.stage_axis))],
+                  set.mesh.str());
+  }
+}
+
+// Rank r's file holds every tap of every rank and of r's stages, no other,
+// each as its first holder has it.
+void check_rank_taps(ActivationSet& set, const std::string& prefix, int r, const std::vector<std::string>& names_r,
+                     const std::vector<int>& first_holder, OpenFiles& open) {
+  const std::string fr = rank_file(prefix, r);
+  const hid_t file = open.get(fr);
+  DeclaredBytes declared(fr);
+  for (std::size_t i = 0; i < set.taps.size(); ++i) {
+    TapData& t = set.taps[i];
+    std::string where = fmt::format("{}: tap '{}'", fr, t.name);
+    const bool here = std::find(names_r.begin(), names_r.end(), t.name) != names_r.end();
+    const bool owns = t.layout.owns(set.mesh, r);
+    if (!here && owns)
+      input_error("{}: missing (rank {} has it{})", where, first_holder[i],
+                  t.layout.staged() ? fmt::format(", and stage {} includes rank {}", t.layout.stage_str(), r) : "");
+    if (here && !owns)
+      input_error("{}: rank {} holds a tap of stage {} (rank {}'s attribute 'stage'), but is not on that stage "
+                  "(mesh {})", where, r, t.layout.stage_str(), first_holder[i], set.mesh.str());
+    if (!here) continue;
+    h5::ReadGuard guard(where + ": reading its metadata");
+    Handle ds(H5Dopen2(file, ("/taps/" + t.name).c_str(), H5P_DEFAULT));
+    if (r != first_holder[i]) {
+      Shape s = dataset_shape(ds.get(), where, declared);
+      if (s != (t.sketch ? t.sketch->stored_shape : t.local_shape))
+        input_error("{}: local shape {} differs from rank {}'s {}", where, shape_str(s), first_holder[i],
+                    shape_str(t.sketch ? t.sketch->stored_shape : t.local_shape));
+      const auto stage = h5::read_string_attr(ds.get(), "stage", where).value_or("");
+      Layout here_stage;
+      if (!stage.empty()) here_stage.parse_stage(stage);
+      if (here_stage.stage_str() != t.layout.stage_str())
+        input_error("{}: attribute 'stage' is '{}', rank {}'s is '{}'", where, stage, first_holder[i],
+                    t.layout.stage_str());
+    }
+    read_sketch_piece(ds.get(), where, set.mesh, t, r, static_cast<std::size_t>(set.world_size));
+  }
+}
+
 // Each rank's file lists its taps. A tap of one pipeline stage (attribute
 // `stage`) is in the files of that stage's ranks only; any other tap is in
 // every file. Taps are taken in the order the files first show them (rank 0's
@@ -193,57 +251,9 @@ ActivationSet read_rank_files(const std::string& prefix, const std::string& firs
   if (set.taps.empty()) input_error("{}: no tap datasets under /taps", f0);
   data = H5Data::rank_files(rank_files(prefix, set.world_size));
   for (auto& t : set.taps) t.data_id = data->add_tap("/taps/" + t.name);
-  // Metadata from each tap's first holder, before any other rank is judged by it.
-  for (std::size_t i = 0; i < set.taps.size(); ++i) {
-    TapData& t = set.taps[i];
-    const std::string fr = rank_file(prefix, first_holder[i]);
-    const std::string where = fmt::format("{}: tap '{}'", fr, t.name);
-    h5::ReadGuard guard(where + ": reading its metadata");
-    Handle ds(H5Dopen2(open.get(fr), ("/taps/" + t.name).c_str(), H5P_DEFAULT));
-    DeclaredBytes declared(fr);
-    t.local_shape = dataset_shape(ds.get(), where, declared);
-    t.stored = stored_kind(ds.get(), where);
-    read_tap_attrs(ds.get(), where, set.mesh, t);
-    if (!t.layout.owns(set.mesh, first_holder[i]))
-      input_error("{}: attribute 'stage' is '{}', but rank {} is at {}={} (mesh {})", where, t.layout.stage_str(),
-                  first_holder[i], t.layout.stage_axis,
-                  set.mesh.coords(first_holder[i])[static_cast<std::size_t>(set.mesh.axis_index(t.layout.stage_axis))],
-                  set.mesh.str());
-  }
-  for (int r = 0; r < set.world_size; ++r) {
-    std::string fr = rank_file(prefix, r);
-    const hid_t file = open.get(fr);
-    const auto& names_r = names[static_cast<std::size_t>(r)];
-    DeclaredBytes declared(fr);
-    for (std::size_t i = 0; i < set.taps.size(); ++i) {
-      TapData& t = set.taps[i];
-      std::string where = fmt::format("{}: tap '{}'", fr, t.name);
-      const bool here = std::find(names_r.begin(), names_r.end(), t.name) != names_r.end();
-      const bool owns = t.layout.owns(set.mesh, r);
-      if (!here && owns)
-        input_error("{}: missing (rank {} has it{})", where, first_holder[i],
-                    t.layout.staged() ? fmt::format(", and stage {} includes rank {}", t.layout.stage_str(), r) : "");
-      if (here && !owns)
-        input_error("{}: rank {} holds a tap of stage {} (rank {}'s attribute 'stage'), but is not on that stage "
-                    "(mesh {})", where, r, t.layout.stage_str(), first_holder[i], set.mesh.str());
-      if (!here) continue;
-      h5::ReadGuard guard(where + ": reading its metadata");
-      Handle ds(H5Dopen2(file, ("/taps/" + t.name).c_str(), H5P_DEFAULT));
-      if (r != first_holder[i]) {
-        Shape s = dataset_shape(ds.get(), where, declared);
-        if (s != (t.sketch ? t.sketch->stored_shape : t.local_shape))
-          input_error("{}: local shape {} differs from rank {}'s {}", where, shape_str(s), first_holder[i],
-                      shape_str(t.sketch ? t.sketch->stored_shape : t.local_shape));
-        const auto stage = h5::read_string_attr(ds.get(), "stage", where).value_or("");
-        Layout here_stage;
-        if (!stage.empty()) here_stage.parse_stage(stage);
-        if (here_stage.stage_str() != t.layout.stage_str())
-          input_error("{}: attribute 'stage' is '{}', rank {}'s is '{}'", where, stage, first_holder[i],
-                      t.layout.stage_str());
-      }
-      read_sketch_piece(ds.get(), where, set.mesh, t, r, static_cast<std::size_t>(set.world_size));
-    }
-  }
+  read_first_holders(set, prefix, first_holder, open);
+  for (int r = 0; r < set.world_size; ++r)
+    check_rank_taps(set, prefix, r, names[static_cast<std::size_t>(r)], first_holder, open);
   return set;
 }
 

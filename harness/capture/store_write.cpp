@@ -204,6 +204,8 @@ Handle create_tap(hid_t file, const TapRecord& r, const TapRecorder& taps, int w
   if (r.opts.tolerance_factor != 1.0) h5::write_float_attr(ds.get(), "tolerance_factor", r.opts.tolerance_factor);
   if (!r.opts.image.empty()) h5::write_string_attr(ds.get(), "image", r.opts.image);
   if (r.opts.per_mesh) h5::write_int_attr(ds.get(), "per_mesh", 1);
+  if (l.staged()) h5::write_string_attr(ds.get(), "stage", l.stage_str());
+  if (r.opts.microbatches > 0) h5::write_int_attr(ds.get(), "microbatches", r.opts.microbatches);
   return ds;
 }
 

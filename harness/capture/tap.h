@@ -38,6 +38,10 @@ struct TapOptions {
   // block of keys): a one-device run computes something else under the same
   // name, so its error is no yardstick for this tap's (check/noise_floor.h).
   bool per_mesh = false;
+  // A pipeline stage's tap: its local tensor's first dimension holds this many
+  // microbatches laid together in order (the `microbatches` attribute); 0: none.
+  // Which stage holds it is the layout's (Layout::stage_axis, stage_index).
+  long microbatches = 0;
 };
 
 // A box of a reference: `data` (its shape is the box's extent) placed at

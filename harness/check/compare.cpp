@@ -1,4 +1,6 @@
 #include "harness/check/compare.h"
+
+#include "harness/check/microbatches.h"
 #include "harness/check/images.h"
 
 #include <algorithm>
@@ -140,6 +142,7 @@ CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
     if (opts.tolerances && t.reference_shape && !opts.tolerances->find(t.name))
       res.tolerance_fallbacks.push_back(t.name);
     v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!v.reference.pass && t.microbatches > 0) v.wrong_microbatches = wrong_microbatches(set, t, v);
     if (!v.pass() && !res.first_divergence) res.first_divergence = res.taps.size();
     res.taps.push_back(std::move(v));
   }

@@ -136,6 +136,7 @@ struct TapVerdict {
   double seconds = 0;  // this process's time checking the tap (JUnit; not in JSON: it varies)
   std::string stage;      // a pipeline stage's tap: "pp=1" (its `stage` attribute), else empty
   long microbatches = 0;  // its `microbatches` attribute: the piece's first dimension holds these in order
+  std::vector<long> wrong_microbatches;  // of a tap failing against its reference (check/microbatches.h)
   // The microbatch an element is in (0-based), from its index (global, as the
   // reference's worst; else local, as a rank's); -1 when the tap has none.
   long microbatch_of(const std::vector<std::size_t>& index, bool global) const;

@@ -77,7 +77,7 @@ void expect_fault(SweepMeshOptions& sw, const dc::Scenario& s) {
   sw.expected = [f = *f, armed, size = sw.size, tap](const dc::Mesh& m) -> std::pair<std::string, std::string> {
     if (!armed || !f.takes_effect(m)) return {"PASS", ""};
     if (f.crashes_on && f.crashes_on(m, size)) return {"CRASHED", ""};
-    return {f.may_hang ? "FAIL|HANG|DESYNC" : "FAIL", tap};
+    return {f.may_hang ? "FAIL|HANG|DESYNC" : "FAIL", f.first_tap_on ? f.first_tap_on(m) : tap};
   };
 }
 

@@ -52,6 +52,9 @@ struct FaultSpec {
   // when not at first_tap: first_tap depends on the mesh (per_mesh) and is
   // not compared across meshes. Empty: first_tap.
   std::string first_tap_across_meshes = {};
+  // first_tap when it depends on the mesh (the first block of a pipeline's
+  // stage 1 moves with pp); empty: first_tap on every mesh.
+  std::function<std::string(const Mesh&)> first_tap_on = {};
 
   bool takes_effect(const Mesh& m) const { return !takes_effect_on || takes_effect_on(m); }
 };

@@ -256,6 +256,10 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
         microbatch_note(t, ref.worst.index, true), rank_ranges(ref.worst_ranks),
         t.stage.empty() ? std::string() : " (stage " + t.stage + ")", ref.worst_value, yardstick, ref.worst_reference);
     s += "  tolerance " + tolerance_line(ref) + "\n" + math_hint(ref);
+    if (!t.wrong_microbatches.empty())
+      s += fmt::format("  wrong in microbatch{} {} of {}{}\n", t.wrong_microbatches.size() > 1 ? "es" : "",
+                       fmt::join(t.wrong_microbatches, ", "), t.microbatches,
+                       t.stage.empty() ? std::string() : " (stage " + t.stage + ")");
   } else if (ref.present) {
     s += fmt::format("  {} agrees within tolerance{}\n", ref.other_run ? "the other run" : "reference",
                      rc.pass ? "" : " on the replica-group leaders (the ranks that differ from them are listed above)");

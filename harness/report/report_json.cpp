@@ -25,6 +25,7 @@ json tap_json(const TapVerdict& t, std::size_t order) {
   j["global_shape"] = t.global_shape;
   if (!t.stage.empty()) j["stage"] = t.stage;
   if (t.microbatches > 0) j["microbatches"] = t.microbatches;
+  if (!t.wrong_microbatches.empty()) j["wrong_microbatches"] = t.wrong_microbatches;
   j["pass"] = t.pass();
   j["failed_checks"] = t.failed_checks();
   const auto& nf = t.nonfinite;
