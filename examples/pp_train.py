@@ -171,7 +171,7 @@ def work(rank, world, args):
     x, target = x[mine].to(dtype), target[mine].to(dtype)
     layouts = {"param*": None, "*": "dp,-"} if dp > 1 else None  # diffcheck
     mesh = f"pp={pp},dp={dp}" if dp > 1 else f"pp={pp}"  # diffcheck
-    with dct.capture(schedule, f"{args.out}/pp", mesh=mesh, layouts=layouts, backward=True, optimizer=opt):  # diffcheck
+    with dct.capture(schedule, f"{args.out}/pp", mesh=mesh, layouts=layouts, backward=True, optimizer=opt, sketch=args.sketch):  # noqa: E501  # diffcheck
         for i in range(STEPS):
             dct.step(i)  # diffcheck
             first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
@@ -181,7 +181,7 @@ def work(rank, world, args):
                     dist.all_reduce(p.grad, group=g)
             opt.step()
             opt.zero_grad()
-    dct.references(lambda dt: (whole_model(dt), data()), f"{args.out}/ref", dtype=dtype, step=reference_steps, optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=LR), backward=True)  # noqa: E501  # diffcheck
+    dct.references(lambda dt: (whole_model(dt), data()), f"{args.out}/ref", dtype=dtype, step=reference_steps, optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=LR), backward=True, sketch=args.sketch)  # noqa: E501  # diffcheck
 
 
 def reference_steps(model, xt, optimizer):
@@ -198,7 +198,7 @@ def after(args):
 
 
 if __name__ == "__main__":
-    ap = parser(__doc__, "dumps/pp_train", dtypes=DTYPES, sketch=False)
+    ap = parser(__doc__, "dumps/pp_train", dtypes=DTYPES)
     ap.add_argument("--bug", choices=BUGS, help="the pipeline bug to inject")
     ap.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b", help="the pipeline schedule "
                     "(default 1f1b)")

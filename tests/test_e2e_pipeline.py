@@ -13,7 +13,7 @@ import unittest
 import h5py
 import numpy as np
 
-from e2e import E2ETest
+from e2e import EXE, MPIEXEC, E2ETest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "examples", "pp_train.py")
@@ -121,6 +121,43 @@ class StageFiles(E2ETest):
         res = self.diffcheck("compare", self.job("bad", fault=(1, (0, 0))), "--against", f"{one}.rank0.h5")
         self.assertExit(res, 1)
         self.assertIn("tap 'a'", res.out)
+
+
+class MlpPipelineScenario(E2ETest):
+    """The C++ side: `diffcheck --scenario mlp_pp`, its fault over the pipeline meshes, and a pp = 2 run
+    against a pp = 1 run of the same batch with no reference."""
+
+    def test_sweep_mesh_over_pp(self):
+        res = self.run_cmd([EXE, "sweep-mesh", "--scenario", "mlp_pp", "-n", "8", "--inject",
+                            "microbatches_swapped"])
+        self.assertExit(res, 1)
+        for row in ("| pp=1,dp=8 |", "| pp=2,dp=4 |", "| pp=4,dp=2 |", "| pp=8,dp=1 |"):
+            self.assertIn(row, res.out)
+        self.assertIn("FAIL at 'layers.1.fc1' |", res.out)  # pp=8: stage 1 is block 1
+        self.assertIn("every mesh as documented", res.out)
+
+    def test_wrong_microbatches_named_in_run(self):
+        res = self.mpirun(4, "--scenario", "mlp_pp", "--inject", "microbatches_swapped")
+        self.assertExit(res, 1)
+        self.assertFirstDivergence(res, "layers.2.fc1")
+        self.assertIn("wrong in microbatches 1, 2 of 4 (stage pp=1)", res.out)
+        tap = next(t for t in res.report["taps"] if t["name"] == "layers.2.fc1")
+        self.assertEqual((tap["stage"], tap["microbatches"], tap["wrong_microbatches"]), ("pp=1", 4, [1, 2]))
+
+    def test_pp2_against_pp1_without_reference(self):
+        runs = {}
+        for mesh, fault in (("pp=2,dp=1", None), ("pp=1,dp=2", None), ("pp=2,dp=1", "microbatches_swapped")):
+            out = self.path(f"{mesh}-{fault}.h5")
+            args = [MPIEXEC, "-n", "2", EXE, "--scenario", "mlp_pp", "--mesh", mesh, "--no-reference", "--out", out]
+            res = self.run_cmd(args + (["--inject", fault] if fault else []))
+            self.assertIn(res.code, (0, 1), str(res))
+            runs[(mesh, fault)] = out
+        clean = self.diffcheck("compare", runs[("pp=2,dp=1", None)], "--against", runs[("pp=1,dp=2", None)])
+        self.assertExit(clean, 0)
+        wrong = self.diffcheck("compare", runs[("pp=2,dp=1", "microbatches_swapped")], "--against",
+                               runs[("pp=1,dp=2", None)])
+        self.assertExit(wrong, 1)
+        self.assertIn("tap 'layers.4.fc1'", wrong.out)
 
 
 class StandInSchedule:

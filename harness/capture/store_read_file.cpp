@@ -169,12 +169,6 @@ void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapDat
   } catch (const InputError& e) {
     input_error("{}: attributes 'spec'/'partial'{}: {}", where, stage ? "/'stage'" : "", e.what());
   }
-  if (auto m = h5::read_int_attr(ds, "microbatches", where)) {
-    if (*m < 1 || t.local_shape.empty() || t.local_shape[0] % static_cast<std::size_t>(*m) != 0)
-      input_error("{}: attribute 'microbatches' is {}; it must be >= 1 and divide the piece's first dimension "
-                  "(local shape {})", where, *m, shape_str(t.local_shape));
-    t.microbatches = *m;
-  }
   if (auto o = h5::read_int_attr(ds, "order", where)) t.order = *o;
   t.dtype = h5::read_string_attr(ds, "dtype", where).value_or(stored_kind_name(t.stored));
   static const std::vector<std::string> known = {"float16", "bfloat16", "float32", "float64",
@@ -207,6 +201,13 @@ void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapDat
     t.rounding_steps = *n;
   }
   read_sketch_attrs(ds, where, mesh, t);
+  // After the sketch's attributes: a sketch tap's local shape is the sketched tensor's.
+  if (auto m = h5::read_int_attr(ds, "microbatches", where)) {
+    if (*m < 1 || t.local_shape.empty() || t.local_shape[0] % static_cast<std::size_t>(*m) != 0)
+      input_error("{}: attribute 'microbatches' is {}; it must be >= 1 and divide the piece's first dimension "
+                  "(local shape {})", where, *m, shape_str(t.local_shape));
+    t.microbatches = *m;
+  }
 }
 
 // Rank-file naming: "<prefix>.rank<R>.h5".

@@ -186,18 +186,21 @@ class RankDump(_AtomicH5):
         self._order = 0
 
     def tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None, dtype=None,
-            rounding_steps=None, order=None):
+            rounding_steps=None, order=None, stage=None, microbatches=None):
         """Writes this rank's piece `x` of tap `name` (returns its h5py Dataset).
         `dtype`: the logical dtype when `x` holds another one's values (a
         bfloat16 tensor already turned into float32); found by itself otherwise.
         `order`: the tap's place in execution order when taps are written in
-        another order (default: the order of writing)."""
+        another order (default: the order of writing). `stage`: a pipeline
+        stage's tap, "pp=1" (only that stage's ranks write it); `microbatches`:
+        x's first dimension holds this many microbatches laid together in
+        order (docs/FORMAT.md, "Pipeline stages and microbatches")."""
         self.write_tap(name, x, spec=spec, partial=partial, reduction_depth=reduction_depth, atol=atol, rtol=rtol,
-                       dtype=dtype, rounding_steps=rounding_steps, order=order)
+                       dtype=dtype, rounding_steps=rounding_steps, order=order, stage=stage, microbatches=microbatches)
         return self.f[f"taps/{name}"]
 
     def write_tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None, dtype=None,
-                  rounding_steps=None, order=None, more=None):
+                  rounding_steps=None, order=None, more=None, stage=None, microbatches=None):
         """tap() without opening the dataset again (a capture's way); `more`: further scalar attributes."""
         a, logical = to_numpy(x)
         logical = dtype or logical
@@ -205,7 +208,8 @@ class RankDump(_AtomicH5):
                  "order": self._order if order is None else int(order), "dtype": logical or None,
                  "reduction_depth": None if reduction_depth is None else int(reduction_depth),
                  "rounding_steps": None if rounding_steps is None else int(rounding_steps),
-                 "atol": None if atol is None else float(atol), "rtol": None if rtol is None else float(rtol)}
+                 "atol": None if atol is None else float(atol), "rtol": None if rtol is None else float(rtol),
+                 "stage": stage or None, "microbatches": None if microbatches is None else int(microbatches)}
         self._dataset(f"taps/{name}", a, attrs={**{k: v for k, v in attrs.items() if v is not None}, **(more or {})})
         self._order += 1
 

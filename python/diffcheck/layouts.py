@@ -58,8 +58,9 @@ def block_index(entry, rank, axis_sizes):
 
 def replica_axes(attrs, axis_sizes):
     """The mesh axes of size > 1 a tap's layout names in neither spec nor
-    partial, in mesh order: its pieces are equal along them."""
-    used = set()
+    partial, in mesh order: its pieces are equal along them (a pipeline
+    stage's axis, attribute `stage`, is not one: the other stages hold other taps)."""
+    used = {attrs["stage"].split("=")[0]} if attrs.get("stage") else set()
     for part in ((attrs.get("spec") or "").split(",") + [attrs.get("partial") or ""]):
         used.update(a for a in part.split("*") if a and a != "-")
     return [a for a, n in axis_sizes.items() if a not in used and n > 1]

@@ -90,7 +90,8 @@ class PipelineTaps:
         coordinate = (c.rank // after) % c.axis_sizes[axis]
         self.stage_attr = f"{axis}={coordinate}"
         self._chunk = None  # (phase, stage index, microbatch) while a chunk runs
-        self._held = {}  # tap name -> [attrs, order, {microbatch: tensor}]
+        self._held = {}  # tap name -> [attrs, order, {microbatch: its rows}, the step's tap laid together or None]
+        self._complex = {}  # tap name -> a complex output's real view (capture_hooks.complex_view)
         self._next = {}  # (phase, stage key) -> next local position
         self._saved = []
         self._steps = 0  # schedule.step() calls begun
@@ -151,21 +152,34 @@ class PipelineTaps:
         return self._chunk is None
 
     def hold(self, name, tensor, attrs):
-        """A tap made inside a chunk: kept (a copy) until the step ends; True when held."""
+        """A tap made inside a chunk: copied into its place in the step's tap
+        (one copy: microbatch m's rows of a buffer made at the first call,
+        whole microbatches alike) until the step ends; True when held."""
         if self._chunk is None:
             return False
         phase, stage_index, mb = self._chunk
         entry = self._held.get(name)
         if entry is None:
-            entry = self._held[name] = [dict(attrs), self._position(phase, stage_index), {}]
-        if mb in entry[2]:  # a zero-bubble schedule's weight pass hands the same gradient again
+            entry = self._held[name] = [dict(attrs), self._position(phase, stage_index), {}, None]
+        pieces = entry[2]
+        if mb in pieces:  # a zero-bubble schedule's weight pass hands the same gradient again
             return True
-        value = tensor.detach().clone()
-        if phase == _BACKWARD and self.grad_scale != 1:
-            value = value / self.grad_scale
+        value = tensor.detach()
         if getattr(tensor, "_diffcheck_complex", False):
-            value._diffcheck_complex = True
-        entry[2][mb] = value
+            self._complex[name] = True
+        if value.dim() and entry[3] is None and not pieces:
+            entry[3] = value.new_empty((value.shape[0] * self.microbatches, *value.shape[1:]))
+        whole = entry[3]
+        rows = value.shape[0] if value.dim() else 0
+        if whole is not None and rows * self.microbatches == whole.shape[0] and value.shape[1:] == whole.shape[1:]:
+            place = whole[mb * rows:(mb + 1) * rows]
+            place.copy_(value)
+        else:  # a microbatch of another shape: kept apart, laid together at the step's end
+            entry[3] = None
+            place = value.clone()
+        if phase == _BACKWARD and self.grad_scale != 1:
+            place.div_(self.grad_scale)
+        pieces[mb] = place
         return True
 
     def order_of_other(self):
@@ -181,8 +195,9 @@ class PipelineTaps:
     def flush(self):
         """The step's held taps, each with its microbatches laid together in order."""
         held, self._held = self._held, {}
+        complex_views, self._complex = self._complex, {}
         c = self.capture
-        for name, (attrs, order, pieces) in sorted(held.items(), key=lambda kv: kv[1][1]):
+        for name, (attrs, order, pieces, laid) in sorted(held.items(), key=lambda kv: kv[1][1]):
             missing = [m for m in range(self.microbatches) if m not in pieces]
             if missing or len(pieces) != self.microbatches:
                 raise RuntimeError(
@@ -190,8 +205,8 @@ class PipelineTaps:
                     f"{sorted(pieces)} of it, not all {self.microbatches} (missing {missing}); a module that "
                     "runs on some microbatches only cannot be laid together: exclude= it")
             values = [pieces[m] for m in range(self.microbatches)]
-            whole = torch.cat(values, dim=0) if values[0].dim() else torch.stack(values)
-            if getattr(values[0], "_diffcheck_complex", False):
+            whole = laid if laid is not None else torch.cat(values, 0) if values[0].dim() else torch.stack(values)
+            if complex_views.get(name):
                 whole._diffcheck_complex = True
             c._write_values(name, whole, {**attrs, "order": order, "stage": self.stage_attr,
                                           "microbatches": self.microbatches})

@@ -146,9 +146,6 @@ class Capture(ModuleHooks, TapWriting):
         if self.sketches is not None:
             self.root_attrs.setdefault("sketch_rows", self.sketches.rows)
         self.only = None if only is None else drill_down_taps(only)
-        if schedule is not None and sketch:
-            raise ValueError(f"rank {self.rank}: capture() of a pipeline schedule writes whole taps: sketch= is not "
-                             "supported there yet")
         self.pipeline = None if schedule is None else PipelineTaps(self, schedule, pipeline_axis)
 
     # -- naming -------------------------------------------------------------
