@@ -4,8 +4,11 @@ mode within 1.15x of the step without it), on 2 gloo ranks (pp=2, 1F1B, 4
 microbatches), an 8-block MLP stack of width --width, --rows rows per step.
 
 Paired: each round times one step without a capture, one under
-dct.capture(schedule, sketch=True) and one under a whole capture, in an order
-that rotates; the median of --rounds ratios per mode is printed (rank 0).
+dct.capture(schedule, sketch=True), one under a whole capture and one under a
+capture that taps nothing (its fixed cost: hooks, files, the schedule's
+wrappers) and one that sketches the forward's module outputs alone (no
+gradients, no parameters), in an order that rotates; the median of --rounds ratios per mode
+is printed (rank 0).
 
     PYTHONPATH=python .venv/bin/python scripts/studies/pp_capture_cost.py [--rounds 7]
 """
@@ -63,24 +66,28 @@ def rank_main(rank, world, init, args, out):
         if mode == "plain":
             step()
         else:
-            with dct.capture(schedule, os.path.join(out, f"{mode}{i}"), mesh=f"pp={world}", backward=True,
-                             optimizer=opt, sketch=mode == "sketch", derive_depths=False):
+            only = {"include": ["-"], "exclude": ["param*"]} if mode == "fixed" else {}  # open, close, no taps
+            train = {} if mode == "forward" else {"backward": True, "optimizer": opt}  # forward: module outputs only
+            with dct.capture(schedule, os.path.join(out, f"{mode}{i}"), mesh=f"pp={world}", derive_depths=False,
+                             sketch=mode in ("sketch", "fixed", "forward"), **train, **only):
                 step()
         dist.barrier()
         return time.perf_counter() - t0
 
-    modes = ["plain", "sketch", "whole"]
+    modes = ["plain", "sketch", "whole", "fixed", "forward"]
     for m in modes:  # warm-up
         timed(m, -1)
-    ratios = {"sketch": [], "whole": []}
+    ratios = {"sketch": [], "whole": [], "fixed": [], "forward": []}
     for i in range(args.rounds):
-        order = modes[i % 3:] + modes[:i % 3]
+        order = modes[i % 5:] + modes[:i % 5]
         t = {m: timed(m, i) for m in order}
         for m in ratios:
             ratios[m].append(t[m] / t["plain"])
         if rank == 0:
             print(f"round {i}: plain {t['plain'] * 1e3:.1f} ms, sketch {t['sketch'] / t['plain']:.3f}x, "
-                  f"whole {t['whole'] / t['plain']:.3f}x", flush=True)
+                  f"whole {t['whole'] / t['plain']:.3f}x, a capture of nothing {t['fixed'] / t['plain']:.3f}x, "
+                  f"sketches of the forward's taps alone {t['forward'] / t['plain']:.3f}x",
+                  flush=True)
     if rank == 0:
         for m, r in ratios.items():
             print(f"{m}: median {statistics.median(r):.3f}x of the step without a capture ({args.rounds} rounds)")
