@@ -1,0 +1,248 @@
+"""`dct.watch(model, optimizer, mesh=...)`: a live check inside a running
+training job that the ranks which must hold the same bits still do.
+
+Every `every` optimizer steps, just before the step, each rank hashes (on the
+tensor's device, one pass) every parameter, as this step's forward used it,
+and its gradient (after the user's all-reduce); close() compares the
+parameters after the last step once more. One all-gather of 16 bytes per
+tensor and rank brings the hashes to every rank, and the ranks of each
+replica group compare theirs. Replica groups are the ranks whose coordinates
+differ only along a tensor's replica axes: the mesh axes its layout (a
+`layouts=` pattern on `param/<name>`, as for dct.capture, or a DTensor's
+placements) neither splits nor sums over. A data-parallel job gives
+mesh="dp=4"; a tensor-parallel one with replicated norms its layouts.
+
+When replicas disagree the report names the step, the tensor, the ranks
+apart from their group (the odd one out where the group has 3 or more) and
+their hosts; every rank writes its piece of each disagreeing tensor to
+`<out>.rank<R>.h5` (a diffcheck file: `diffcheck compare <out>` gives the
+first differing element), and rank 0 prints that comparison. Then, with
+on_mismatch="stop" (the default), every rank raises ReplicasDiffer (an
+uncaught one ends the job with exit status 1); with "warn" the job goes on
+with a warning.
+
+It never hangs: before each exchange a monitored barrier waits at most
+`timeout` seconds and names the rank that did not come. It never lies: a
+model with nothing replicated is refused when the watch starts, and a
+parameter whose shape or layout changes between steps is refused by name.
+"""
+import fnmatch
+import socket
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from diffcheck.dump import RankDump, mesh_size, mesh_sizes
+from diffcheck.layouts import dtensor_layout, layout_attrs, rank_coords, replica_axes
+
+_INT_OF = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_MIX = 0x9E3779B1
+
+
+class ReplicasDiffer(RuntimeError):
+    """Replicas of a tensor disagree (raised on every rank with on_mismatch="stop")."""
+
+
+def bits_hash(tensor):
+    """Two int64 sums of a tensor's bits (its bytes read as integers of its
+    element width): the plain sum and the sum weighted by a position mix.
+    Any one changed element changes the first; two swapped elements the second.
+    On the tensor's device; (0, 0) for an empty one."""
+    t = tensor.detach().contiguous()
+    if t.numel() == 0:
+        return torch.zeros(2, dtype=torch.int64, device=t.device)
+    bits = t.view(_INT_OF[t.element_size()]).reshape(-1).to(torch.int64)
+    weights = _weights(bits.numel(), bits.device)
+    return torch.stack((bits.sum(), (bits * weights).sum()))
+
+
+_WEIGHTS = {}
+
+
+def _weights(n, device):
+    key = (n, str(device))
+    w = _WEIGHTS.get(key)
+    if w is None:
+        w = (torch.arange(n, dtype=torch.int64, device=device) * _MIX + 1) % (1 << 31)
+        _WEIGHTS[key] = w
+    return w
+
+
+def replica_groups(axis_sizes, attrs, world):
+    """The groups of ranks (each sorted, size > 1) that must hold equal pieces
+    of a tensor laid out as `attrs` ({"spec", "partial", "stage"}) on the mesh."""
+    axes = replica_axes(attrs, axis_sizes)
+    if not axes:
+        return []
+    groups = {}
+    for r in range(world):
+        c = rank_coords(r, axis_sizes)
+        groups.setdefault(tuple(v for a, v in c.items() if a not in axes), []).append(r)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+class Watch:
+    def __init__(self, model, optimizer=None, *, mesh, every=1, layouts=None, out="dumps/watch",
+                 on_mismatch="stop", timeout=300.0, grads=True, group=None):
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("watch(): torch.distributed is not initialized: the watch compares ranks")
+        if on_mismatch not in ("stop", "warn"):
+            raise ValueError(f"watch(on_mismatch={on_mismatch!r}): 'stop' or 'warn'")
+        if int(every) < 1:
+            raise ValueError(f"watch(every={every}): a check every 1 or more steps")
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        if mesh_size(mesh) != self.world:
+            raise ValueError(f"rank {self.rank}: watch(mesh='{mesh}') has {mesh_size(mesh)} ranks, the job {self.world}")
+        self.model, self.optimizer, self.mesh, self.every = model, optimizer, mesh, int(every)
+        self.axis_sizes = mesh_sizes(mesh)
+        self.out, self.on_mismatch, self.timeout, self.grads, self.group = out, on_mismatch, timeout, grads, group
+        self.layouts = [(p, layout_attrs(v, ())) for p, v in (layouts or {}).items()]
+        self.params = list(model.named_parameters())
+        self.steps, self.checks, self.findings = 0, 0, []
+        self._layout = {name: self._layout_of(name, p) for name, p in self.params}
+        self._shapes = {name: tuple(p.shape) for name, p in self.params}
+        self._groups = {name: replica_groups(self.axis_sizes, self._layout[name], self.world) for name, _ in self.params}
+        if not any(self._groups.values()):
+            raise ValueError(f"rank {self.rank}: watch(): no parameter of the model has replicas on mesh '{mesh}' "
+                             "(every one is split or summed over every axis): there is nothing to compare")
+        hosts = [None] * self.world
+        dist.all_gather_object(hosts, socket.gethostname(), group=group)
+        self.hosts = hosts
+        self._step_was = None
+        if optimizer is not None:
+            self._wrap(optimizer)
+
+    # -- the optimizer --------------------------------------------------------
+
+    def _wrap(self, opt):
+        """Before every `every`-th step: the parameters as this step's forward
+        used them, and their gradients (reduced by then), in one exchange."""
+        self._step_was = opt.__dict__.get("step")
+        inner = opt.step
+
+        def step(*args, **kwargs):
+            if (self.steps + 1) % self.every == 0:
+                self.check(grads=self.grads)
+            out = inner(*args, **kwargs)
+            self.steps += 1
+            return out
+        opt.step = step
+
+    def close(self, check=True):
+        """Unwraps the optimizer; check=True (collective): the parameters
+        after the last step are compared once more."""
+        if check and self.optimizer is not None and self.steps:
+            self.check(grads=False, after=True)
+        opt = self.optimizer
+        if opt is not None and "step" in opt.__dict__:
+            if self._step_was is None:
+                del opt.step
+            else:
+                opt.step = self._step_was
+        self.optimizer = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        self.close(check=exc_type is None)
+        return False
+
+    # -- the check ------------------------------------------------------------
+
+    def _layout_of(self, name, p):
+        local = dtensor_layout(p, list(self.axis_sizes))
+        if local is not None:
+            return local[1]
+        for pattern, attrs in self.layouts:
+            if fnmatch.fnmatchcase(f"param/{name}", pattern):
+                return dict(attrs)
+        return {}
+
+    def check(self, grads=True, after=False):
+        """One comparison across the replica groups of every parameter (and,
+        with grads, every gradient); collective."""
+        self.checks += 1
+        kinds = [("param", lambda p: p.detach())] + ([("param_grad", lambda p: p.grad)] if grads else [])
+        hashes, present, names = [], [], []
+        for kind, value in kinds:
+            for name, p in self.params:
+                if tuple(p.shape) != self._shapes[name]:
+                    raise ValueError(f"rank {self.rank}: watch(): parameter '{name}' changed shape from "
+                                     f"{self._shapes[name]} to {tuple(p.shape)} since the watch started")
+                t = value(p)
+                local = dtensor_layout(t, list(self.axis_sizes)) if t is not None else None
+                if local is not None and local[1] != self._layout[name]:
+                    raise ValueError(f"rank {self.rank}: watch(): parameter '{name}' is now laid out as "
+                                     f"{local[1]}, not {self._layout[name]} as when the watch started")
+                t = local[0] if local is not None else t
+                present.append(t is not None)
+                names.append((kind, name, value))
+                hashes.append(bits_hash(t) if t is not None else torch.zeros(2, dtype=torch.int64, device=p.device))
+        mine = torch.cat((torch.stack(hashes).cpu(), torch.tensor(present, dtype=torch.int64).unsqueeze(1)), 1)
+        if dist.get_backend(self.group) == "gloo":  # names a rank that does not come, within the timeout
+            import datetime
+            dist.monitored_barrier(group=self.group, timeout=datetime.timedelta(seconds=self.timeout))
+        everyone = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(everyone, mine, group=self.group)
+        found = []
+        for i, (kind, name, value) in enumerate(names):
+            for g in self._groups[name]:
+                rows = {r: tuple(everyone[r][i].tolist()) for r in g}
+                if len(set(rows.values())) > 1:
+                    found.append(self._finding(kind, name, g, rows, value))
+        if found:
+            self._report(found, after)
+
+    def _finding(self, kind, name, group, rows, value):
+        counts = {}
+        for h in rows.values():
+            counts[h] = counts.get(h, 0) + 1
+        majority = max(counts.values())
+        common = [h for h, n in counts.items() if n == majority]
+        # The odd ones out: ranks whose hash fewer hold (with two, or a tie, every rank apart from the first).
+        base = common[0] if len(common) == 1 else rows[group[0]]
+        apart = [r for r in group if rows[r] != base]
+        return {"step": self.steps, "kind": kind, "tensor": f"{kind}/{name}", "name": name, "group": group,
+                "value": value,
+                "apart": apart, "odd_one_out": len(common) == 1 and len(group) >= 3,
+                "hosts": {r: self.hosts[r] for r in group}}
+
+    def _report(self, found, after):
+        self.findings += found
+        prefix = f"{self.out}.step{self.steps}"
+        by_name = dict(self.params)
+        with RankDump(prefix, self.mesh, self.rank, producer="diffcheck.torch watch") as d:
+            for f in found:
+                t = f["value"](by_name[f["name"]])
+                local = dtensor_layout(t, list(self.axis_sizes))
+                t = local[0] if local is not None else t
+                attrs = {k: v for k, v in self._layout[f["name"]].items() if k in ("spec", "partial") and v}
+                d.tap(f["tensor"], t, **attrs)
+        dist.barrier(group=self.group)
+        when = "after the last" if after else f"before step {self.steps}'s"
+        lines = [f"diffcheck watch: replicas DIFFER {when} optimizer step: {len(found)} tensor(s)"]
+        for f in found:
+            who = ", ".join(f"rank {r} ({f['hosts'][r]})" for r in f["apart"])
+            odd = "is the odd one out" if len(f["apart"]) == 1 else "are the odd ones out"
+            lines.append(f"  {f['tensor']}: {who} {odd if f['odd_one_out'] else 'differ'} "
+                         f"in replica group {f['group']}")
+        lines.append(f"  the pieces: {prefix}.rank<R>.h5 (diffcheck compare {prefix})")
+        message = "\n".join(lines)
+        if self.rank == 0:
+            print(message, flush=True)
+            from diffcheck.compare import DiffcheckError, compare
+            try:
+                print(compare(prefix, check=False)["console"], end="", flush=True)
+            except (DiffcheckError, FileNotFoundError) as e:  # the finding stands without the comparison
+                print(f"  (diffcheck compare {prefix}: {e})", flush=True)
+        if self.on_mismatch == "stop":
+            raise ReplicasDiffer(message)
+        warnings.warn(message, stacklevel=3)
+
+
+def watch(model, optimizer=None, *, mesh, every=1, **kwargs):
+    """Checks, every `every` optimizer steps, that replicas of every parameter
+    and its gradient hold the same bits (see diffcheck/watch.py)."""
+    return Watch(model, optimizer, mesh=mesh, every=every, **kwargs)

@@ -1,0 +1,110 @@
+"""dct.watch: the bits hash finds one flipped bit in float32, bfloat16 and
+float16 and two swapped elements; replica groups from layouts and from DTensor
+placements; examples/watch_train.py clean and with its two faults, each named
+at the first check after it with its ranks and tensor (4 gloo ranks; 1,000
+clean steps in float32 and bfloat16 nightly)."""
+import os
+import subprocess
+import sys
+import unittest
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+from diffcheck.layouts import placement_attrs  # noqa: E402
+from diffcheck.watch import bits_hash, replica_groups  # noqa: E402
+
+from e2e import E2ETest  # noqa: E402
+
+EXAMPLE = os.path.join(HERE, "..", "examples", "watch_train.py")
+FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
+_INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+class BitsHash(unittest.TestCase):
+    def test_one_flipped_bit_is_found_in_every_dtype(self):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for bit in (0, 9, 14):  # a low mantissa bit, a higher one, an exponent bit (float16's)
+                with self.subTest(dtype=dtype, bit=bit):
+                    x = torch.randn(1000, generator=torch.Generator().manual_seed(0)).to(dtype)
+                    y = x.clone()
+                    y.view(_INT[dtype])[321] ^= 1 << bit
+                    self.assertFalse(torch.equal(bits_hash(x), bits_hash(y)))
+                    self.assertTrue(torch.equal(bits_hash(x), bits_hash(x.clone())))
+
+    def test_two_swapped_elements_are_found(self):
+        x = torch.arange(10, dtype=torch.float32)
+        y = x.clone()
+        y[2], y[7] = x[7], x[2]
+        h, g = bits_hash(x), bits_hash(y)
+        self.assertEqual(h[0], g[0])  # the plain sum cannot see a swap
+        self.assertNotEqual(h[1], g[1])
+
+    def test_negative_zero_is_not_zero(self):  # bits, not values
+        self.assertFalse(torch.equal(bits_hash(torch.zeros(4)), bits_hash(-torch.zeros(4))))
+
+
+class ReplicaGroups(unittest.TestCase):
+    SIZES = {"dp": 2, "tp": 2}
+
+    def test_from_layouts(self):
+        self.assertEqual(replica_groups(self.SIZES, {}, 4), [[0, 1, 2, 3]])
+        self.assertEqual(replica_groups(self.SIZES, {"spec": "tp,-"}, 4), [[0, 2], [1, 3]])  # replicas over dp
+        self.assertEqual(replica_groups(self.SIZES, {"spec": "dp,tp"}, 4), [])  # nothing to compare
+        self.assertEqual(replica_groups(self.SIZES, {"partial": "tp"}, 4), [[0, 2], [1, 3]])
+
+    def test_from_dtensor_placements(self):
+        from torch.distributed.tensor import Replicate, Shard
+
+        class Mesh:
+            mesh_dim_names = ("dp", "tp")
+        attrs = placement_attrs((Replicate(), Shard(0)), Mesh(), 2)
+        self.assertEqual(replica_groups(self.SIZES, attrs, 4), [[0, 2], [1, 3]])
+        attrs = placement_attrs((Replicate(), Replicate()), Mesh(), 2)
+        self.assertEqual(replica_groups(self.SIZES, attrs, 4), [[0, 1, 2, 3]])
+
+
+class WatchedTraining(E2ETest):
+    def run_example(self, *args, n=4):
+        out = self.path("-".join(("w", str(n)) + args).replace("--", ""))
+        p = subprocess.run([sys.executable, EXAMPLE, "-n", str(n), "--out", out, *args], capture_output=True,
+                           text=True, timeout=600, cwd=self.path(""))
+        return p, out
+
+    def test_clean_and_both_faults(self):
+        p, _ = self.run_example(n=2)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr[-3000:])
+        self.assertIn("20 steps", p.stdout)
+        self.assertNotIn("DIFFER", p.stdout)
+        p, out = self.run_example("--bug", "bit_flip")
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
+        self.assertIn("replicas DIFFER before step 6's optimizer step: 1 tensor(s)", p.stdout)
+        self.assertRegex(p.stdout, r"param/1.weight: rank 3 \(\S+\) is the odd one out in replica group \[0, 1, 2, 3\]")
+        self.assertIn("rank 0 and rank 3 at local index [0,7]", p.stdout)  # the compare of the pieces
+        self.assertTrue(os.path.exists(f"{out}/watch.step6.rank3.h5"))
+        p, _ = self.run_example("--bug", "allreduce_skipped")
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
+        self.assertIn("replicas DIFFER before step 3's optimizer step: 6 tensor(s)", p.stdout)
+        # ranks 1 and 3 each hold their own half's sum: both apart from the majority {0, 2}
+        self.assertRegex(p.stdout, r"param_grad/0.weight: rank 1 \(\S+\), rank 3 \(\S+\) are the odd ones out")
+        self.assertNotIn("param/", p.stdout.split("replicas DIFFER", 1)[1].split("the pieces")[0])
+
+    @unittest.skipUnless(FULL, "nightly: a check every 4 steps")
+    def test_every_fourth_step(self):
+        p, _ = self.run_example("--bug", "bit_flip", "--every", "4", n=2)  # checks before steps 3, 7, ...
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
+        self.assertIn("replicas DIFFER before step 7's optimizer step", p.stdout)
+        self.assertRegex(p.stdout, r"param/1.weight: rank 1 \(\S+\) differ in replica group \[0, 1\]")
+
+    @unittest.skipUnless(FULL, "nightly: 1,000 clean steps in float32 and bfloat16")
+    def test_no_false_alarm_in_1000_steps(self):
+        for dtype in ("float32", "bfloat16"):
+            with self.subTest(dtype=dtype):
+                p, _ = self.run_example("--steps", "1000", "--dtype", dtype)
+                self.assertEqual(p.returncode, 0, p.stdout + p.stderr[-3000:])
+                self.assertIn("1000 steps", p.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
