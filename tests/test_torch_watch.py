@@ -37,9 +37,19 @@ class BitsHash(unittest.TestCase):
         x = torch.arange(10, dtype=torch.float32)
         y = x.clone()
         y[2], y[7] = x[7], x[2]
-        h, g = bits_hash(x), bits_hash(y)
-        self.assertEqual(h[0], g[0])  # the plain sum cannot see a swap
-        self.assertNotEqual(h[1], g[1])
+        self.assertFalse(torch.equal(bits_hash(x), bits_hash(y)))
+
+    def test_the_accelerator_sums_find_a_flip_and_a_swap(self):
+        """The device hash (two integer sums), on the CPU: what a GPU computes."""
+        from diffcheck import watch
+        x = torch.randn(1000, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+        flipped, swapped = x.clone(), x.clone()
+        flipped.view(torch.int16)[5] ^= 1
+        swapped[2], swapped[7] = x[7], x[2]
+        h, f, s = (watch.device_sums(t) for t in (x, flipped, swapped))
+        self.assertNotEqual(h[0], f[0])
+        self.assertEqual(h[0], s[0])  # the plain sum cannot see a swap
+        self.assertNotEqual(h[1], s[1])
 
     def test_negative_zero_is_not_zero(self):  # bits, not values
         self.assertFalse(torch.equal(bits_hash(torch.zeros(4)), bits_hash(-torch.zeros(4))))

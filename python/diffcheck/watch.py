@@ -28,6 +28,7 @@ parameter whose shape or layout changes between steps is refused by name.
 """
 import fnmatch
 import socket
+import zlib
 import warnings
 
 import torch
@@ -45,26 +46,40 @@ class ReplicasDiffer(RuntimeError):
 
 
 def bits_hash(tensor):
-    """Two int64 sums of a tensor's bits (its bytes read as integers of its
-    element width): the plain sum and the sum weighted by a position mix.
-    Any one changed element changes the first; two swapped elements the second.
-    On the tensor's device; (0, 0) for an empty one."""
+    """Two int64 numbers of a tensor's bits, on its device. On a CPU the CRC-32
+    of its bytes and its size; on an accelerator two sums of its bytes read as
+    integers of its element width: the plain sum and the sum weighted by a
+    position mix. Either way one changed element changes the hash, and two
+    swapped elements do. Ranks compared must hold their tensors on the same
+    kind of device. (0, 0) for an empty tensor."""
     t = tensor.detach().contiguous()
     if t.numel() == 0:
         return torch.zeros(2, dtype=torch.int64, device=t.device)
-    bits = t.view(_INT_OF[t.element_size()]).reshape(-1).to(torch.int64)
-    weights = _weights(bits.numel(), bits.device)
-    return torch.stack((bits.sum(), (bits * weights).sum()))
+    bits = t.view(_INT_OF[t.element_size()]).reshape(-1)
+    if t.device.type == "cpu":  # zlib's CRC-32 of the bytes: 5-10x torch's integer sums on a CPU
+        return torch.tensor([zlib.crc32(memoryview(bits.numpy()).cast("B")), t.numel()], dtype=torch.int64)
+    return device_sums(t)
+
+
+def device_sums(t):
+    """The accelerator's hash (bits_hash), on any device."""
+    bits = t.detach().contiguous().view(_INT_OF[t.element_size()]).reshape(-1)
+    # Sums accumulated in int64 (no widened copy); the product wraps in the
+    # element width, the same on every device.
+    weighted = bits * _weights(bits.numel(), bits.device, bits.dtype)
+    return torch.stack((bits.sum(dtype=torch.int64), weighted.sum(dtype=torch.int64)))
 
 
 _WEIGHTS = {}
 
 
-def _weights(n, device):
-    key = (n, str(device))
+def _weights(n, device, dtype):
+    """Odd multipliers mixed from the position, in the bits' own integer type (cached per size)."""
+    key = (n, str(device), dtype)
     w = _WEIGHTS.get(key)
     if w is None:
-        w = (torch.arange(n, dtype=torch.int64, device=device) * _MIX + 1) % (1 << 31)
+        bits = torch.iinfo(dtype).bits
+        w = ((torch.arange(n, dtype=torch.int64, device=device) * _MIX) % (1 << (bits - 1)) | 1).to(dtype)
         _WEIGHTS[key] = w
     return w
 
