@@ -5,8 +5,10 @@ most 1% at every=1), on 2 gloo ranks: an MLP of width --width (fc1 4x wider),
 
 Paired: each round times --steps steps without a watch and --steps steps
 under dct.watch(every=E) for each E of --every, in an order that rotates; the
-median of --rounds ratios per E is printed (rank 0), with the time of the
-hashes alone (the check's exchange is the rest).
+median of --rounds ratios per E is printed (rank 0). These machines are
+noisy beyond 1%, so the check is also timed where it runs, against the
+step's own time: its share at every=E is its time / (E x a step's), and the
+hashes alone are timed too (the check's exchange is the rest).
 
     PYTHONPATH=python .venv/bin/python scripts/studies/watch_overhead.py [--every 1,10,100]
 """
@@ -66,6 +68,23 @@ def rank_main(rank, world, init, args, out):
         if rank == 0:
             print(f"round {i}: {args.steps} steps {t[0]:.2f} s; " +
                   ", ".join(f"every={e}: {t[e] / t[0]:.4f}x" for e in ratios), flush=True)
+    # The check itself, timed where it runs: its share of a step at every=E is its time / (E x a step's).
+    w = dct.watch(model, opt, mesh=f"dp={world}", every=1, out=os.path.join(out, "w"))
+    check_times = []
+    inner = w.check
+
+    def timed_check(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return inner(*a, **k)
+        finally:
+            check_times.append(time.perf_counter() - t0)
+    w.check = timed_check
+    t0 = time.perf_counter()
+    steps(args.steps)
+    watched = time.perf_counter() - t0
+    w.close(check=False)
+    step_s = (watched - sum(check_times)) / args.steps
     params = [p for p in model.parameters()]
     t0 = time.perf_counter()
     for _ in range(10):
@@ -75,6 +94,10 @@ def rank_main(rank, world, init, args, out):
     if rank == 0:
         for e, r in ratios.items():
             print(f"every={e}: median {statistics.median(r):.4f}x of the steps without a watch ({args.rounds} rounds)")
+        check_s = statistics.median(check_times)
+        print(f"one check (hashes, barrier, all-gather, compare): median {check_s * 1e3:.1f} ms; a step without it "
+              f"{step_s * 1e3:.0f} ms: " + ", ".join(f"every={e}: +{100 * check_s / (e * step_s):.2f}%"
+                                                     for e in (1, 2, 5, 10, 20, 50, 100)))
         print(f"hashing every parameter and gradient once: {hash_s * 1e3:.1f} ms "
               f"({sum(p.numel() for p in params) / 1e6:.1f} M parameters)")
     dist.destroy_process_group()
