@@ -10,13 +10,18 @@ batch, the gradients are averaged over the ranks, as across hosts: an all-reduce
 the ranks, then one across the halves between the ranks of the same place in them; then SGD steps.
 
 --bug bit_flip            after step 5's update the last rank's copy of fc1.weight has one bit flipped
-    (a chip or memory fault): found at the next check, naming that rank and param/fc1.weight.
+    (a chip or memory fault): found at the next check, naming that rank and param/1.weight (fc1's).
 --bug allreduce_skipped   at step 3 the across-halves all-reduce is left out by the last place's group
     (ranks 1 and 3 of 4): found at that step, naming those ranks and the gradients (4 ranks or more).
 
-Exit 1 when the watch finds replicas apart (ReplicasDiffer), 0 after a clean run.
+--bug flaky_matmul        the last rank's fc1 (module "1") is off by 1e-3 in one element every other
+    call on average: the all-reduce averages it away, so replicas agree, but the rerun check (fc1's
+    forward run again every 5th step) names that rank's device and the step: a TRANSIENT fault.
+
+Exit 1 when the watch finds replicas apart or a transient fault (ReplicasDiffer), 0 after a clean run.
 """
 import os
+import random
 import sys
 import time
 
@@ -31,12 +36,26 @@ import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
 D, FFN, ROWS, LR = 64, 256, 32, 0.1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-BUGS = ("bit_flip", "allreduce_skipped")
+BUGS = ("bit_flip", "allreduce_skipped", "flaky_matmul")
 
 
 def model(dtype):
     torch.manual_seed(0)
     return nn.Sequential(nn.LayerNorm(D), nn.Linear(D, FFN), nn.GELU(), nn.Linear(FFN, D)).to(dtype)
+
+
+def flaky_forward(linear, coin):
+    """The bug: a matmul on this rank's device wrong some of the time (one element off by 1e-3, every
+    other call on average), standing in for a faulty chip."""
+    inner = linear.forward
+
+    def forward(x):
+        y = inner(x)
+        if coin.random() < 0.5:
+            y = y.clone()
+            y.view(-1)[11] += 1e-3
+        return y
+    linear.forward = forward
 
 
 def work(rank, world, args):
@@ -48,7 +67,9 @@ def work(rank, world, args):
     local = world // 2 if world >= 4 and world % 2 == 0 else world
     within = [dist.new_group(list(range(h * local, (h + 1) * local))) for h in range(world // local)]
     across = [dist.new_group(list(range(i, world, local))) for i in range(local)]
-    watch = dct.watch(m, opt, mesh=f"dp={world}", every=args.every, out=f"{args.out}/watch") if args.every else None  # noqa: E501  # diffcheck
+    if args.bug == "flaky_matmul" and rank == world - 1:
+        flaky_forward(m[1], random.Random(5))
+    watch = dct.watch(m, opt, mesh=f"dp={world}", every=args.every, out=f"{args.out}/watch", rerun="1", rerun_every=5) if args.every else None  # noqa: E501  # diffcheck
     found = False
     t0 = time.perf_counter()
     try:

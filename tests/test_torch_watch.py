@@ -1,8 +1,9 @@
 """dct.watch: the bits hash finds one flipped bit in float32, bfloat16 and
 float16 and two swapped elements; replica groups from layouts and from DTensor
-placements; examples/watch_train.py clean and with its two faults, each named
-at the first check after it with its ranks and tensor (4 gloo ranks; 1,000
-clean steps in float32 and bfloat16 nightly)."""
+placements; examples/watch_train.py clean and with its three faults, each
+named at the first check after it with its ranks and tensor (a flipped bit
+and a skipped all-reduce at 4 gloo ranks, a flaky matmul found by the rerun
+check at 2; 1,000 clean steps in float32 and bfloat16 nightly)."""
 import os
 import subprocess
 import sys
@@ -55,6 +56,16 @@ class BitsHash(unittest.TestCase):
         self.assertFalse(torch.equal(bits_hash(torch.zeros(4)), bits_hash(-torch.zeros(4))))
 
 
+class RerunDifference(unittest.TestCase):
+    def test_first_differing_bits(self):
+        from diffcheck.watch_rerun import first_difference
+        a = torch.tensor([1.0, 0.0, 3.0])
+        self.assertIsNone(first_difference((a, {"x": a}), (a.clone(), {"x": a.clone()})))
+        self.assertEqual(first_difference(a, torch.tensor([1.0, -0.0, 3.5])), (1, 0.0, -0.0))
+        nan = torch.tensor([float("nan")])
+        self.assertIsNone(first_difference(nan, nan.clone()))  # the same NaN bits are the same
+
+
 class ReplicaGroups(unittest.TestCase):
     SIZES = {"dp": 2, "tp": 2}
 
@@ -99,6 +110,14 @@ class WatchedTraining(E2ETest):
         # ranks 1 and 3 each hold their own half's sum: both apart from the majority {0, 2}
         self.assertRegex(p.stdout, r"param_grad/0.weight: rank 1 \(\S+\), rank 3 \(\S+\) are the odd ones out")
         self.assertNotIn("param/", p.stdout.split("replicas DIFFER", 1)[1].split("the pieces")[0])
+
+    def test_a_flaky_device_is_named_by_the_rerun_check(self):
+        p, _ = self.run_example("--bug", "flaky_matmul", n=2)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
+        self.assertIn("TRANSIENT fault (the rerun check)", p.stdout)
+        self.assertRegex(p.stdout, r"rank 1 \(\S+\), step (4|9|14|19): module '1' gave other bits when run again "
+                                   r"on the same inputs \(first at flat index 11: ")
+        self.assertNotIn("replicas DIFFER", p.stdout)  # the all-reduce averaged the wrong element away
 
     @unittest.skipUnless(FULL, "nightly: a check every 4 steps")
     def test_every_fourth_step(self):

@@ -21,6 +21,12 @@ on_mismatch="stop" (the default), every rank raises ReplicasDiffer (an
 uncaught one ends the job with exit status 1); with "warn" the job goes on
 with a warning.
 
+The rerun check (`rerun="<module path>"`, `rerun_every=M`, diffcheck/watch_rerun.py):
+every M-th step that module's forward runs again on each rank with the same
+inputs and random state; different bits are a transient fault of that rank's
+device, reported (with the step, the module and the first differing element)
+at the next check, as a TRANSIENT fault rather than a replica disagreement.
+
 It never hangs: before each exchange a monitored barrier waits at most
 `timeout` seconds and names the rank that did not come. It never lies: a
 model with nothing replicated is refused when the watch starts, and a
@@ -36,6 +42,7 @@ import torch.distributed as dist
 
 from diffcheck.dump import RankDump, mesh_size, mesh_sizes
 from diffcheck.layouts import dtensor_layout, layout_attrs, rank_coords, replica_axes
+from diffcheck.watch_rerun import Rerun
 
 _INT_OF = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _MIX = 0x9E3779B1
@@ -43,6 +50,10 @@ _MIX = 0x9E3779B1
 
 class ReplicasDiffer(RuntimeError):
     """Replicas of a tensor disagree (raised on every rank with on_mismatch="stop")."""
+
+
+class TransientFault(ReplicasDiffer):
+    """The rerun check found a rank computing other bits from the same inputs (raised on every rank)."""
 
 
 def bits_hash(tensor):
@@ -99,7 +110,7 @@ def replica_groups(axis_sizes, attrs, world):
 
 class Watch:
     def __init__(self, model, optimizer=None, *, mesh, every=1, layouts=None, out="dumps/watch",
-                 on_mismatch="stop", timeout=300.0, grads=True, group=None):
+                 on_mismatch="stop", timeout=300.0, grads=True, group=None, rerun=None, rerun_every=10):
         if not (dist.is_available() and dist.is_initialized()):
             raise ValueError("watch(): torch.distributed is not initialized: the watch compares ranks")
         if on_mismatch not in ("stop", "warn"):
@@ -125,6 +136,7 @@ class Watch:
         dist.all_gather_object(hosts, socket.gethostname(), group=group)
         self.hosts = hosts
         self._step_was = None
+        self.rerun = Rerun(self, rerun, rerun_every) if rerun is not None else None
         if optimizer is not None:
             self._wrap(optimizer)
 
@@ -156,6 +168,8 @@ class Watch:
             else:
                 opt.step = self._step_was
         self.optimizer = None
+        if self.rerun is not None:
+            self.rerun.remove()
 
     def __enter__(self):
         return self
@@ -196,6 +210,8 @@ class Watch:
                 names.append((kind, name, value))
                 hashes.append(bits_hash(t) if t is not None else torch.zeros(2, dtype=torch.int64, device=p.device))
         mine = torch.cat((torch.stack(hashes).cpu(), torch.tensor(present, dtype=torch.int64).unsqueeze(1)), 1)
+        transient = self.rerun.take() if self.rerun is not None else []
+        mine = torch.cat((mine, torch.tensor([[len(transient), 0, 0]], dtype=torch.int64)))  # the last row
         if dist.get_backend(self.group) == "gloo":  # names a rank that does not come, within the timeout
             import datetime
             dist.monitored_barrier(group=self.group, timeout=datetime.timedelta(seconds=self.timeout))
@@ -207,6 +223,8 @@ class Watch:
                 rows = {r: tuple(everyone[r][i].tolist()) for r in g}
                 if len(set(rows.values())) > 1:
                     found.append(self._finding(kind, name, g, rows, value))
+        if any(int(e[-1][0]) for e in everyone):
+            self._report_transient(transient)
         if found:
             self._report(found, after)
 
@@ -254,6 +272,26 @@ class Watch:
                 print(f"  (diffcheck compare {prefix}: {e})", flush=True)
         if self.on_mismatch == "stop":
             raise ReplicasDiffer(message)
+        warnings.warn(message, stacklevel=3)
+
+
+    def _report_transient(self, mine):
+        """Rerun findings of any rank (each rank knows only its own details): collective."""
+        details = [None] * self.world
+        dist.all_gather_object(details, mine, group=self.group)
+        lines = []
+        for r, found in enumerate(details):
+            for f in found or []:
+                lines.append(f"  rank {r} ({self.hosts[r]}), step {f['step']}: module '{f['module']}' gave other bits "
+                             f"when run again on the same inputs (first at flat index {f['index']}: {f['first']:.9g} "
+                             f"then {f['again']:.9g})")
+        message = (f"diffcheck watch: TRANSIENT fault (the rerun check) before step {self.steps}'s optimizer step:\n"
+                   + "\n".join(lines))
+        self.findings.append({"step": self.steps, "kind": "transient", "ranks": [r for r, f in enumerate(details) if f]})
+        if self.rank == 0:
+            print(message, flush=True)
+        if self.on_mismatch == "stop":
+            raise TransientFault(message)
         warnings.warn(message, stacklevel=3)
 
 
