@@ -18,6 +18,9 @@ the ranks, then one across the halves between the ranks of the same place in the
     call on average: the all-reduce averages it away, so replicas agree, but the rerun check (fc1's
     forward run again every 5th step) names that rank's device and the step: a TRANSIENT fault.
 
+--bug stalled_rank        the last rank stops before step 4's update: the check waits --timeout seconds and
+    names it (gloo's monitored barrier).
+
 Exit 1 when the watch finds replicas apart or a transient fault (ReplicasDiffer), 0 after a clean run.
 """
 import os
@@ -36,7 +39,7 @@ import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
 D, FFN, ROWS, LR = 64, 256, 32, 0.1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-BUGS = ("bit_flip", "allreduce_skipped", "flaky_matmul")
+BUGS = ("bit_flip", "allreduce_skipped", "flaky_matmul", "stalled_rank")
 
 
 def model(dtype):
@@ -69,7 +72,7 @@ def work(rank, world, args):
     across = [dist.new_group(list(range(i, world, local))) for i in range(local)]
     if args.bug == "flaky_matmul" and rank == world - 1:
         flaky_forward(m[1], random.Random(5))
-    watch = dct.watch(m, opt, mesh=f"dp={world}", every=args.every, out=f"{args.out}/watch", rerun="1", rerun_every=5) if args.every else None  # noqa: E501  # diffcheck
+    watch = dct.watch(m, opt, mesh=f"dp={world}", every=args.every, out=f"{args.out}/watch", rerun="1", rerun_every=5, timeout=args.timeout) if args.every else None  # noqa: E501  # diffcheck
     found = False
     t0 = time.perf_counter()
     try:
@@ -83,6 +86,8 @@ def work(rank, world, args):
                 if not (args.bug == "allreduce_skipped" and step == 3 and rank % local == local - 1):
                     dist.all_reduce(grad, group=across[rank % local])  # the bug: left out by one group
                 p.grad.copy_(grad / world)
+            if args.bug == "stalled_rank" and step == 4 and rank == world - 1:
+                time.sleep(120)  # the bug: this rank stops answering
             opt.step()
             opt.zero_grad()
             if args.bug == "bit_flip" and step == 5 and rank == world - 1:
@@ -90,6 +95,8 @@ def work(rank, world, args):
                     m[1].weight.view(torch.int16 if dtype == torch.bfloat16 else torch.int32).view(-1)[7] ^= 1 << 3
         if watch is not None:
             watch.close()  # diffcheck
+    except dct.RankUnresponsive:  # diffcheck
+        raise  # a rank that never came: nothing left to finish with it
     except dct.ReplicasDiffer:  # diffcheck
         found = True
     if rank == 0:
@@ -108,6 +115,7 @@ if __name__ == "__main__":
     ap.add_argument("--bug", choices=BUGS, help="the fault to inject")
     ap.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     ap.add_argument("--every", type=int, default=1, help="check every N steps (default 1; 0: no watch)")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds a check waits for every rank (default 300)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     for f in os.listdir(a.out):

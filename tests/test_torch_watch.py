@@ -7,6 +7,7 @@ check at 2; 1,000 clean steps in float32 and bfloat16 nightly)."""
 import os
 import subprocess
 import sys
+import time
 import unittest
 
 import torch
@@ -93,7 +94,7 @@ class WatchedTraining(E2ETest):
                            text=True, timeout=600, cwd=self.path(""))
         return p, out
 
-    def test_clean_and_both_faults(self):
+    def test_clean_and_a_flipped_bit(self):
         p, _ = self.run_example(n=2)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr[-3000:])
         self.assertIn("20 steps", p.stdout)
@@ -104,6 +105,9 @@ class WatchedTraining(E2ETest):
         self.assertRegex(p.stdout, r"param/1.weight: rank 3 \(\S+\) is the odd one out in replica group \[0, 1, 2, 3\]")
         self.assertIn("rank 0 and rank 3 at local index [0,7]", p.stdout)  # the compare of the pieces
         self.assertTrue(os.path.exists(f"{out}/watch.step6.rank3.h5"))
+
+    @unittest.skipUnless(FULL, "nightly: the skipped all-reduce (the suite's time)")
+    def test_a_skipped_allreduce(self):
         p, _ = self.run_example("--bug", "allreduce_skipped")
         self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
         self.assertIn("replicas DIFFER before step 3's optimizer step: 6 tensor(s)", p.stdout)
@@ -118,6 +122,14 @@ class WatchedTraining(E2ETest):
         self.assertRegex(p.stdout, r"rank 1 \(\S+\), step (4|9|14|19): module '1' gave other bits when run again "
                                    r"on the same inputs \(first at flat index 11: ")
         self.assertNotIn("replicas DIFFER", p.stdout)  # the all-reduce averaged the wrong element away
+
+    def test_a_rank_that_stops_answering_is_named_within_the_timeout(self):
+        t0 = time.monotonic()
+        p, _ = self.run_example("--bug", "stalled_rank", "--timeout", "5", n=2)
+        self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr[-3000:])
+        self.assertLess(time.monotonic() - t0, 100)  # not the stalled rank's 120 s
+        self.assertIn("diffcheck watch: rank 0 waited 5 s at the check before step 4's optimizer step", p.stderr)
+        self.assertIn("Rank 1 failed to pass monitoredBarrier", p.stderr)
 
     @unittest.skipUnless(FULL, "nightly: a check every 4 steps")
     def test_every_fourth_step(self):

@@ -46,7 +46,7 @@ from diffcheck import compiled
 from diffcheck.compiled_counts import CompiledCounts
 from diffcheck.reference_runs import references  # noqa: F401  # dct.references(make, out, dtype=...)
 from diffcheck.pipeline import PipelineTaps, StageModules, is_schedule, schedule_stages
-from diffcheck.watch import ReplicasDiffer, TransientFault, watch  # noqa: F401  # dct.watch(model, opt, mesh=...)
+from diffcheck.watch import RankUnresponsive, ReplicasDiffer, TransientFault, watch  # noqa: F401  # dct.watch(model, opt, mesh=...)
 
 # Where launchers put a process's rank and the number of processes, most specific first.
 _LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),

@@ -52,6 +52,10 @@ class ReplicasDiffer(RuntimeError):
     """Replicas of a tensor disagree (raised on every rank with on_mismatch="stop")."""
 
 
+class RankUnresponsive(ReplicasDiffer):
+    """A rank did not come to a check within the watch's timeout (raised on the ranks that waited)."""
+
+
 class TransientFault(ReplicasDiffer):
     """The rerun check found a rank computing other bits from the same inputs (raised on every rank)."""
 
@@ -214,7 +218,11 @@ class Watch:
         mine = torch.cat((mine, torch.tensor([[len(transient), 0, 0]], dtype=torch.int64)))  # the last row
         if dist.get_backend(self.group) == "gloo":  # names a rank that does not come, within the timeout
             import datetime
-            dist.monitored_barrier(group=self.group, timeout=datetime.timedelta(seconds=self.timeout))
+            try:
+                dist.monitored_barrier(group=self.group, timeout=datetime.timedelta(seconds=self.timeout))
+            except RuntimeError as e:  # gloo names the rank: "Rank 1 failed to pass monitoredBarrier in 5000 ms"
+                raise RankUnresponsive(f"diffcheck watch: rank {self.rank} waited {self.timeout:g} s at the check "
+                                       f"before step {self.steps}'s optimizer step: {e}") from e
         everyone = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(everyone, mine, group=self.group)
         found = []
