@@ -272,7 +272,7 @@ class PipelineExample(E2ETest):
     def test_1f1b_clean_and_its_faults(self):
         self.expect_clean(2)
         faults = self.faults()
-        for bug, first, stage, microbatch in faults if FULL else faults[:1] + faults[2:3]:
+        for bug, first, stage, microbatch in faults if FULL else faults[:1]:  # the suite's time: 3 nightly
             with self.subTest(bug=bug):
                 self.expect_fault(2, bug, first, stage, microbatch)
 
