@@ -82,7 +82,6 @@ class PipelineTaps:
         self.n_stages = self.stages[0].num_stages
         self.microbatches = int(schedule._n_microbatches)
         self.grad_scale = self.microbatches if getattr(schedule, "scale_grads", False) else 1
-        coordinate = c.rank
         after = 1
         names = list(c.axis_sizes)
         for name in reversed(names[names.index(axis) + 1:]):
@@ -113,7 +112,6 @@ class PipelineTaps:
                 delattr(obj, name)
         self._saved = []
         self._chunk = None
-        self._steps = 0
 
     def _wrap(self, obj, name, fn):
         had = name in obj.__dict__

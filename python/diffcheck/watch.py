@@ -32,6 +32,7 @@ It never hangs: before each exchange a monitored barrier waits at most
 model with nothing replicated is refused when the watch starts, and a
 parameter whose shape or layout changes between steps is refused by name.
 """
+import datetime
 import fnmatch
 import socket
 import zlib
@@ -42,9 +43,8 @@ import torch.distributed as dist
 
 from diffcheck.dump import RankDump, mesh_size, mesh_sizes
 from diffcheck.layouts import dtensor_layout, layout_attrs, rank_coords, replica_axes
-from diffcheck.watch_rerun import Rerun
+from diffcheck.watch_rerun import _INT_OF, Rerun
 
-_INT_OF = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _MIX = 0x9E3779B1
 
 
@@ -217,7 +217,6 @@ class Watch:
         transient = self.rerun.take() if self.rerun is not None else []
         mine = torch.cat((mine, torch.tensor([[len(transient), 0, 0]], dtype=torch.int64)))  # the last row
         if dist.get_backend(self.group) == "gloo":  # names a rank that does not come, within the timeout
-            import datetime
             try:
                 dist.monitored_barrier(group=self.group, timeout=datetime.timedelta(seconds=self.timeout))
             except RuntimeError as e:  # gloo names the rank: "Rank 1 failed to pass monitoredBarrier in 5000 ms"
