@@ -7,7 +7,7 @@ timestep_broadcast at 16 ranks over 2 hosts give the single-host report, with
 the output directory node-local (run file gathered to rank 0's host, whole)
 and shared (MPI-IO); --store mpiio on node-local storage is refused; a
 sweep-mesh across hosts; a killed host ends the run in bounded time with
-nothing left running. DIFFCHECK_MULTIHOST_FULL=1 (ctest -L multihost) adds
+nothing left running; dct.watch names the host of the rank gone wrong. DIFFCHECK_MULTIHOST_FULL=1 (ctest -L multihost) adds
 every scenario clean and faulted over 2 and 4 hosts, the whole sweep-mesh and
 a bisect across hosts.
 
@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -286,6 +287,44 @@ class MultiHost(unittest.TestCase):
         pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
         cmds = dict(live_processes())
         return [(int(p), cmds.get(int(p), "")) for p in pids if int(p) in cmds]
+
+    def test_watch_names_the_host(self):
+        """dct.watch over 2 hosts (examples/watch_train.py, 2 gloo ranks each,
+        torch's env:// rendezvous at h1): one bit flipped on rank 3 is named
+        with its host, h2; the pieces are compared from the shared directory.
+        Nightly: a gradient all-reduce across the hosts left out by one group."""
+        try:
+            import torch  # noqa: F401  # the ranks run this interpreter
+        except ImportError:
+            self.skipTest("no torch in this interpreter (scripts/torch_env.sh)")
+        rig = self.rigs[2]
+        bugs = ["bit_flip"] + (["allreduce_skipped"] if FULL else [])
+        for bug in bugs:
+            with self.subTest(bug=bug):
+                out = os.path.join(rig.shared, f"mh_watch_{bug}")
+                ranks = []
+                for r in range(4):
+                    env = dict(PYTHONPATH=os.path.join(os.path.dirname(HERE), "python"), RANK=str(r), WORLD_SIZE="4",
+                               MASTER_ADDR="h1", MASTER_PORT="29611", GLOO_SOCKET_IFNAME="eth0",
+                               DIFFCHECK_EXE=os.path.realpath(shutil.which(EXE) or EXE))
+                    cmd = ["bash", RIG, "exec", rig.dir, f"h{1 + r // 2}", "env",
+                           *[f"{k}={v}" for k, v in env.items()], sys.executable,
+                           os.path.join(os.path.dirname(HERE), "examples", "watch_train.py"), "--bug", bug,
+                           "--out", out]
+                    ranks.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                  stdin=subprocess.DEVNULL))
+                try:
+                    logs = [p.communicate(timeout=300)[0] for p in ranks]
+                finally:
+                    for p in ranks:
+                        p.kill()
+                self.assertEqual(ranks[0].returncode, 1, "\n".join(logs))
+                if bug == "bit_flip":
+                    self.assertIn("param/1.weight: rank 3 (h2) is the odd one out in replica group [0, 1, 2, 3]",
+                                  logs[0])
+                    self.assertIn("between rank 0 and rank 3 at local index [0,7]", logs[0])
+                else:  # within each host the all-reduce ran; across them ranks 1 and 3 each kept their host's sum
+                    self.assertIn("param_grad/0.weight: rank 1 (h1), rank 3 (h2) are the odd ones out", logs[0])
 
     @unittest.skipUnless(FULL, "DIFFCHECK_MULTIHOST_FULL=1 (ctest -L multihost)")
     def test_every_scenario_over_2_and_4_hosts(self):

@@ -1,19 +1,22 @@
 """dct.watch: the bits hash finds one flipped bit in float32, bfloat16 and
 float16 and two swapped elements; replica groups from layouts and from DTensor
-placements; examples/watch_train.py clean and with its three faults, each
-named at the first check after it with its ranks and tensor (a flipped bit
-and a skipped all-reduce at 4 gloo ranks, a flaky matmul found by the rerun
-check at 2; 1,000 clean steps in float32 and bfloat16 nightly)."""
+placements; examples/watch_train.py clean and with its faults, each named at
+the first check after it with its ranks and tensor (a flipped bit under data
+parallelism and under FSDP2 x tensor parallelism at 4 gloo ranks, a skipped
+all-reduce, a flaky matmul found by the rerun check at 2; nightly: 1,000
+clean steps of dp, tp, fsdp_tp and hsdp in float32 and bfloat16)."""
 import os
 import subprocess
 import sys
 import time
+import types
 import unittest
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
+from diffcheck import sketch_cpu, watch  # noqa: E402
 from diffcheck.layouts import placement_attrs  # noqa: E402
 from diffcheck.watch import bits_hash, replica_groups  # noqa: E402
 
@@ -24,26 +27,52 @@ FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
 _INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
 
+def both_cpu_hashes():
+    """XXH3 (the kernel library) and zlib's CRC-32 (where it is not loaded): (name, context) pairs."""
+    import contextlib
+    return (("xxh3", contextlib.nullcontext()), ("crc32", sketch_cpu.torch_ops_only()))
+
+
 class BitsHash(unittest.TestCase):
     def test_one_flipped_bit_is_found_in_every_dtype(self):
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
-            for bit in (0, 9, 14):  # a low mantissa bit, a higher one, an exponent bit (float16's)
-                with self.subTest(dtype=dtype, bit=bit):
-                    x = torch.randn(1000, generator=torch.Generator().manual_seed(0)).to(dtype)
-                    y = x.clone()
-                    y.view(_INT[dtype])[321] ^= 1 << bit
-                    self.assertFalse(torch.equal(bits_hash(x), bits_hash(y)))
-                    self.assertTrue(torch.equal(bits_hash(x), bits_hash(x.clone())))
+        for algorithm, within in both_cpu_hashes():
+            with within:
+                for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                    for bit in (0, 9, 14):  # a low mantissa bit, a higher one, an exponent bit (float16's)
+                        with self.subTest(algorithm=algorithm, dtype=dtype, bit=bit):
+                            x = torch.randn(1000, generator=torch.Generator().manual_seed(0)).to(dtype)
+                            y = x.clone()
+                            y.view(_INT[dtype])[321] ^= 1 << bit
+                            self.assertFalse(torch.equal(bits_hash(x), bits_hash(y)))
+                            self.assertTrue(torch.equal(bits_hash(x), bits_hash(x.clone())))
+
+    def test_the_algorithm_travels_with_the_hash(self):
+        x = torch.randn(100)
+        self.assertIsNotNone(sketch_cpu.bytes_hash_function(), "the kernel library is built beside the package")
+        self.assertEqual(int(bits_hash(x)[2]), watch.XXH3)
+        with sketch_cpu.torch_ops_only():
+            self.assertEqual(int(bits_hash(x)[2]), watch.CRC32)
+        self.assertEqual(int(watch.device_sums(x).numel()), 2)
+
+    def test_hashes_made_two_ways_are_refused_not_reported(self):
+        """A rank without the kernel library hashes with the CRC: its hashes never equal the others'."""
+        me = types.SimpleNamespace(rank=0)
+        same = {0: (5, 9, watch.XXH3, 1), 1: (6, 9, watch.XXH3, 1), 2: (0, 0, 0, 0)}  # rank 2: no gradient
+        watch.Watch._same_algorithm(me, "param", "w", same)  # apart, but comparable: not refused
+        with self.assertRaisesRegex(ValueError, r"param/w were hashed in different ways \(rank 0: XXH3 .*; rank 1: "
+                                                r"zlib's CRC-32 .*same diffcheck installation"):
+            watch.Watch._same_algorithm(me, "param", "w", {0: (5, 9, watch.XXH3, 1), 1: (5, 9, watch.CRC32, 1)})
 
     def test_two_swapped_elements_are_found(self):
-        x = torch.arange(10, dtype=torch.float32)
-        y = x.clone()
-        y[2], y[7] = x[7], x[2]
-        self.assertFalse(torch.equal(bits_hash(x), bits_hash(y)))
+        for algorithm, within in both_cpu_hashes():
+            with within, self.subTest(algorithm=algorithm):
+                x = torch.arange(10, dtype=torch.float32)
+                y = x.clone()
+                y[2], y[7] = x[7], x[2]
+                self.assertFalse(torch.equal(bits_hash(x), bits_hash(y)))
 
     def test_the_accelerator_sums_find_a_flip_and_a_swap(self):
         """The device hash (two integer sums), on the CPU: what a GPU computes."""
-        from diffcheck import watch
         x = torch.randn(1000, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
         flipped, swapped = x.clone(), x.clone()
         flipped.view(torch.int16)[5] ^= 1
@@ -88,10 +117,10 @@ class ReplicaGroups(unittest.TestCase):
 
 
 class WatchedTraining(E2ETest):
-    def run_example(self, *args, n=4):
+    def run_example(self, *args, n=4, env=None):
         out = self.path("-".join(("w", str(n)) + args).replace("--", ""))
         p = subprocess.run([sys.executable, EXAMPLE, "-n", str(n), "--out", out, *args], capture_output=True,
-                           text=True, timeout=600, cwd=self.path(""))
+                           text=True, timeout=600, cwd=self.path(""), env=dict(os.environ, **(env or {})))
         return p, out
 
     def test_clean_and_a_flipped_bit(self):
@@ -129,22 +158,44 @@ class WatchedTraining(E2ETest):
         self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr[-3000:])
         self.assertLess(time.monotonic() - t0, 100)  # not the stalled rank's 120 s
         self.assertIn("diffcheck watch: rank 0 waited 5 s at the check before step 4's optimizer step", p.stderr)
-        self.assertIn("Rank 1 failed to pass monitoredBarrier", p.stderr)
+        self.assertRegex(p.stderr, r"rank 1 \(\S+\) did not come to it \(it has not reached that step\)")
 
     @unittest.skipUnless(FULL, "nightly: a check every 4 steps")
     def test_every_fourth_step(self):
         p, _ = self.run_example("--bug", "bit_flip", "--every", "4", n=2)  # checks before steps 3, 7, ...
         self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
         self.assertIn("replicas DIFFER before step 7's optimizer step", p.stdout)
-        self.assertRegex(p.stdout, r"param/1.weight: rank 1 \(\S+\) differ in replica group \[0, 1\]")
+        self.assertRegex(p.stdout, r"param/1.weight: rank 1 \(\S+\) differs in replica group \[0, 1\]")
 
-    @unittest.skipUnless(FULL, "nightly: 1,000 clean steps in float32 and bfloat16")
+    def test_a_flipped_bit_under_fsdp2_and_tensor_parallelism(self):
+        """The groups come from the DTensor placements: FSDP2's shards of a LayerNorm replicated over tp.
+        Hashed as an accelerator hashes (DIFFCHECK_WATCH_HASH=sums: the GPU path's CPU twin)."""
+        p, out = self.run_example("--parallel", "fsdp_tp", "--bug", "bit_flip", env={"DIFFCHECK_WATCH_HASH": "sums"})
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
+        self.assertIn("replicas DIFFER before step 6's optimizer step: 1 tensor(s)", p.stdout)
+        self.assertRegex(p.stdout, r"param/ln1.weight: rank 3 \(\S+\) differs in replica group \[2, 3\]")
+        self.assertIn("between rank 2 and rank 3 at local index [7]", p.stdout)
+
+    @unittest.skipUnless(FULL, "nightly: a flipped bit under tp (2 ranks) and hsdp (4 ranks)")
+    def test_a_flipped_bit_under_tp_and_hsdp(self):
+        for parallel, n, expected in (("tp", 2, r"param/ln1.weight: rank 1 \(\S+\) differs in replica group \[0, 1\]"),
+                                      ("hsdp", 4, r"param/mlp.fc1.weight: rank 3 \(\S+\) differs in replica group \[1, 3\]")):
+            with self.subTest(parallel=parallel):
+                p, _ = self.run_example("--parallel", parallel, "--bug", "bit_flip", n=n)
+                self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
+                self.assertIn("replicas DIFFER before step 6's optimizer step: 1 tensor(s)", p.stdout)
+                self.assertRegex(p.stdout, expected)
+
+    @unittest.skipUnless(FULL, "nightly: 1,000 clean steps of every --parallel in float32 and bfloat16")
     def test_no_false_alarm_in_1000_steps(self):
-        for dtype in ("float32", "bfloat16"):
-            with self.subTest(dtype=dtype):
-                p, _ = self.run_example("--steps", "1000", "--dtype", dtype)
-                self.assertEqual(p.returncode, 0, p.stdout + p.stderr[-3000:])
-                self.assertIn("1000 steps", p.stdout)
+        replicated = {"dp": 6, "tp": 6, "fsdp_tp": 6, "hsdp": 15}
+        for parallel in ("dp", "tp", "fsdp_tp", "hsdp"):
+            for dtype in ("float32", "bfloat16"):
+                with self.subTest(parallel=parallel, dtype=dtype):
+                    p, _ = self.run_example("--steps", "1000", "--dtype", dtype, "--parallel", parallel)
+                    self.assertEqual(p.returncode, 0, p.stdout + p.stderr[-3000:])
+                    self.assertIn("1000 steps", p.stdout)
+                    self.assertIn(f"1001 checks of {replicated[parallel]} parameters with replicas", p.stdout)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ LIBRARY = "libdiffcheck_sketch_cpu.so"
 ENV = "DIFFCHECK_SKETCH_KERNEL"
 GROUP_ROWS = 4  # sign rows per pattern byte, as the kernel takes them
 _PATTERN_CACHE_LIMIT = 64
-_state = {"function": None, "bits": None, "tried": False, "path": None}
+_state = {"function": None, "bits": None, "bytes_hash": None, "tried": False, "path": None}
 _PATTERNS = {}
 
 
@@ -54,6 +54,10 @@ def function():
                           ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int64),
                           ctypes.POINTER(ctypes.c_int64)]
             _state["function"], _state["bits"], _state["path"] = f, b, os.path.abspath(path)
+            h = getattr(library, "diffcheck_bytes_hash", None)  # absent from a library built before it
+            if h is not None:
+                h.restype, h.argtypes = ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_int64]
+                _state["bytes_hash"] = h
             break
         given = os.environ.get(ENV)
         if _state["function"] is None and given and given.lower() != "off":
@@ -70,14 +74,14 @@ def loaded_from():
 
 def reset():
     """Look for the library again."""
-    _state.update(function=None, bits=None, tried=False, path=None)
+    _state.update(function=None, bits=None, bytes_hash=None, tried=False, path=None)
 
 
 @contextlib.contextmanager
 def torch_ops_only():
     """Within: sketches take the torch-ops path, as without the library (the
     tests compare the two); the library is looked for again after."""
-    _state.update(function=None, bits=None, tried=True, path=None)
+    _state.update(function=None, bits=None, bytes_hash=None, tried=True, path=None)
     try:
         yield
     finally:
@@ -146,3 +150,10 @@ def piece_bits(x):
     signed = h.value - (1 << 64) if h.value >= 1 << 63 else h.value
     return (torch.tensor(nan.value, dtype=torch.int64), torch.tensor(inf.value, dtype=torch.int64),
             torch.tensor(signed, dtype=torch.int64))
+
+
+def bytes_hash_function():
+    """XXH3's 64-bit hash of a buffer (address, bytes) -> int, from the
+    library, or None where it is not loaded (dct.watch then takes zlib's CRC-32)."""
+    function()
+    return _state["bytes_hash"]

@@ -4,7 +4,7 @@ training job that the ranks which must hold the same bits still do.
 Every `every` optimizer steps, just before the step, each rank hashes (on the
 tensor's device, one pass) every parameter, as this step's forward used it,
 and its gradient (after the user's all-reduce); close() compares the
-parameters after the last step once more. One all-gather of 16 bytes per
+parameters after the last step once more. One all-gather of 32 bytes per
 tensor and rank brings the hashes to every rank, and the ranks of each
 replica group compare theirs. Replica groups are the ranks whose coordinates
 differ only along a tensor's replica axes: the mesh axes its layout (a
@@ -27,13 +27,13 @@ inputs and random state; different bits are a transient fault of that rank's
 device, reported (with the step, the module and the first differing element)
 at the next check, as a TRANSIENT fault rather than a replica disagreement.
 
-It never hangs: before each exchange a monitored barrier waits at most
-`timeout` seconds and names the rank that did not come. It never lies: a
+It never hangs: each exchange waits at most `timeout` seconds and then names
+the ranks that did not come (diffcheck/watch_exchange.py). It never lies: a
 model with nothing replicated is refused when the watch starts, and a
 parameter whose shape or layout changes between steps is refused by name.
 """
-import datetime
 import fnmatch
+import os
 import socket
 import zlib
 import warnings
@@ -41,8 +41,10 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from diffcheck import sketch_cpu
 from diffcheck.dump import RankDump, mesh_size, mesh_sizes
-from diffcheck.layouts import dtensor_layout, layout_attrs, rank_coords, replica_axes
+from diffcheck.layouts import dtensor_layout, is_dtensor, layout_attrs, placement_attrs, rank_coords, replica_axes
+from diffcheck.watch_exchange import Exchange, Unanswered
 from diffcheck.watch_rerun import _INT_OF, Rerun
 
 _MIX = 0x9E3779B1
@@ -53,27 +55,58 @@ class ReplicasDiffer(RuntimeError):
 
 
 class RankUnresponsive(ReplicasDiffer):
-    """A rank did not come to a check within the watch's timeout (raised on the ranks that waited)."""
+    """A rank did not come to a check within the watch's timeout (raised on the ranks that waited,
+    naming those that did not come)."""
 
 
 class TransientFault(ReplicasDiffer):
     """The rerun check found a rank computing other bits from the same inputs (raised on every rank)."""
 
 
+# How a rank hashed a tensor: its hashes compare only with hashes made the same way.
+CRC32, XXH3, SUMS = 1, 2, 3
+ALGORITHMS = {CRC32: "zlib's CRC-32 (the diffcheck kernel library not found)", XXH3: "XXH3 (the diffcheck kernel library)",
+              SUMS: "integer sums on an accelerator"}
+
+
 def bits_hash(tensor):
-    """Two int64 numbers of a tensor's bits, on its device. On a CPU the CRC-32
-    of its bytes and its size; on an accelerator two sums of its bytes read as
+    """Three int64 numbers of a tensor's bits, on its device: two of the hash
+    and the algorithm that made them. On a CPU XXH3's 64-bit hash of its bytes
+    (python/kernels/sketch_cpu.c; zlib's CRC-32 where that library is not
+    loaded) and its size; on an accelerator two sums of its bytes read as
     integers of its element width: the plain sum and the sum weighted by a
     position mix. Either way one changed element changes the hash, and two
-    swapped elements do. Ranks compared must hold their tensors on the same
-    kind of device. (0, 0) for an empty tensor."""
+    swapped elements do. (0, 0, algorithm) for an empty tensor."""
     t = tensor.detach().contiguous()
+    if t.device.type != "cpu":
+        return torch.cat((device_sums(t), torch.tensor([SUMS], dtype=torch.int64, device=t.device)))
+    return torch.tensor(_cpu_hash(t), dtype=torch.int64)
+
+
+def _cpu_hash(t):
+    """bits_hash of a contiguous CPU tensor, as three ints."""
     if t.numel() == 0:
-        return torch.zeros(2, dtype=torch.int64, device=t.device)
-    bits = t.view(_INT_OF[t.element_size()]).reshape(-1)
-    if t.device.type == "cpu":  # zlib's CRC-32 of the bytes: 5-10x torch's integer sums on a CPU
-        return torch.tensor([zlib.crc32(memoryview(bits.numpy()).cast("B")), t.numel()], dtype=torch.int64)
-    return device_sums(t)
+        return [0, 0, _cpu_algorithm()]
+    xxh3 = sketch_cpu.bytes_hash_function()
+    if xxh3 is not None:  # memory speed: ~3x the CRC, which is the check's cost at every=1
+        h = xxh3(t.data_ptr(), t.numel() * t.element_size())
+        return [h - (1 << 64) if h >= 1 << 63 else h, t.numel(), XXH3]
+    bits = t.view(_INT_OF[t.element_size()]).reshape(-1)  # zlib's CRC-32: 5-10x torch's integer sums on a CPU
+    return [zlib.crc32(memoryview(bits.numpy()).cast("B")), t.numel(), CRC32]
+
+
+def _hash_row(t, sums):
+    """[hash, hash, algorithm, 1] of a CPU tensor as ints; of an accelerator's
+    (or any, with sums), its two sums as a tensor there (the caller brings
+    them over together)."""
+    t = t.detach().contiguous()
+    if sums or t.device.type != "cpu":
+        return device_sums(t)
+    return _cpu_hash(t) + [1]
+
+
+def _cpu_algorithm():
+    return XXH3 if sketch_cpu.bytes_hash_function() is not None else CRC32
 
 
 def device_sums(t):
@@ -133,12 +166,17 @@ class Watch:
         self._layout = {name: self._layout_of(name, p) for name, p in self.params}
         self._shapes = {name: tuple(p.shape) for name, p in self.params}
         self._groups = {name: replica_groups(self.axis_sizes, self._layout[name], self.world) for name, _ in self.params}
-        if not any(self._groups.values()):
+        self.replicated = [name for name, _ in self.params if self._groups[name]]  # the parameters compared
+        if not self.replicated:
             raise ValueError(f"rank {self.rank}: watch(): no parameter of the model has replicas on mesh '{mesh}' "
                              "(every one is split or summed over every axis): there is nothing to compare")
         hosts = [None] * self.world
         dist.all_gather_object(hosts, socket.gethostname(), group=group)
         self.hosts = hosts
+        self.exchange = Exchange(group, self.rank, self.world, hosts, timeout)
+        self._placed = {}  # (placements, device mesh, dimensions) -> layout attrs
+        # DIFFCHECK_WATCH_HASH=sums: the accelerator's hash on every device (its CPU twin, which the suite runs)
+        self._sums = os.environ.get("DIFFCHECK_WATCH_HASH", "") == "sums"
         self._step_was = None
         self.rerun = Rerun(self, rerun, rerun_every) if rerun is not None else None
         if optimizer is not None:
@@ -198,42 +236,69 @@ class Watch:
         with grads, every gradient); collective."""
         self.checks += 1
         kinds = [("param", lambda p: p.detach())] + ([("param_grad", lambda p: p.grad)] if grads else [])
-        hashes, present, names = [], [], []
+        rows, on_device, names = [], [], []
         for kind, value in kinds:
             for name, p in self.params:
                 if tuple(p.shape) != self._shapes[name]:
                     raise ValueError(f"rank {self.rank}: watch(): parameter '{name}' changed shape from "
                                      f"{self._shapes[name]} to {tuple(p.shape)} since the watch started")
-                t = value(p)
-                local = dtensor_layout(t, list(self.axis_sizes)) if t is not None else None
-                if local is not None and local[1] != self._layout[name]:
-                    raise ValueError(f"rank {self.rank}: watch(): parameter '{name}' is now laid out as "
-                                     f"{local[1]}, not {self._layout[name]} as when the watch started")
-                t = local[0] if local is not None else t
-                present.append(t is not None)
+                t = self._local(name, value(p))
                 names.append((kind, name, value))
-                hashes.append(bits_hash(t) if t is not None else torch.zeros(2, dtype=torch.int64, device=p.device))
-        mine = torch.cat((torch.stack(hashes).cpu(), torch.tensor(present, dtype=torch.int64).unsqueeze(1)), 1)
+                row = _hash_row(t, self._sums) if t is not None else [0, 0, 0, 0]
+                if isinstance(row, torch.Tensor):  # an accelerator's: brought over with the others, at once
+                    on_device.append((len(rows), row))
+                rows.append(row)
+        if on_device:
+            for (i, _), h in zip(on_device, torch.stack([h for _, h in on_device]).cpu().tolist()):
+                rows[i] = h + [SUMS, 1]
         transient = self.rerun.take() if self.rerun is not None else []
-        mine = torch.cat((mine, torch.tensor([[len(transient), 0, 0]], dtype=torch.int64)))  # the last row
-        if dist.get_backend(self.group) == "gloo":  # names a rank that does not come, within the timeout
-            try:
-                dist.monitored_barrier(group=self.group, timeout=datetime.timedelta(seconds=self.timeout))
-            except RuntimeError as e:  # gloo names the rank: "Rank 1 failed to pass monitoredBarrier in 5000 ms"
-                raise RankUnresponsive(f"diffcheck watch: rank {self.rank} waited {self.timeout:g} s at the check "
-                                       f"before step {self.steps}'s optimizer step: {e}") from e
-        everyone = [torch.empty_like(mine) for _ in range(self.world)]
-        dist.all_gather(everyone, mine, group=self.group)
+        rows.append([len(transient), 0, 0, 0])  # the last row
+        when = f"before step {self.steps}'s optimizer step" if not after else "after the last optimizer step"
+        try:
+            everyone = self.exchange.gather(torch.tensor(rows, dtype=torch.int64), self.checks, when)
+        except Unanswered as e:
+            raise RankUnresponsive(str(e)) from e
         found = []
         for i, (kind, name, value) in enumerate(names):
             for g in self._groups[name]:
-                rows = {r: tuple(everyone[r][i].tolist()) for r in g}
+                rows = {r: tuple(everyone[r][i]) for r in g}
                 if len(set(rows.values())) > 1:
+                    self._same_algorithm(kind, name, rows)
                     found.append(self._finding(kind, name, g, rows, value))
-        if any(int(e[-1][0]) for e in everyone):
+        if any(e[-1][0] for e in everyone):
             self._report_transient(transient)
         if found:
             self._report(found, after)
+
+    def _local(self, name, t):
+        """This rank's piece of t (a DTensor's local tensor), refused if its
+        layout is not the one the watch started with."""
+        if t is None or not is_dtensor(t):
+            return t
+        try:
+            key = (t.placements, id(t.device_mesh), t.dim())
+            attrs = self._placed.get(key)
+        except TypeError:  # a placement that cannot be a key
+            key, attrs = None, None
+        if attrs is None:
+            attrs = placement_attrs(t.placements, t.device_mesh, t.dim(), list(self.axis_sizes))
+            if key is not None:
+                self._placed[key] = attrs
+        if attrs != self._layout[name]:
+            raise ValueError(f"rank {self.rank}: watch(): parameter '{name}' is now laid out as "
+                             f"{attrs}, not {self._layout[name]} as when the watch started")
+        local = getattr(t, "_local_tensor", None)  # to_local() is an autograd function: 10x the time
+        return local if isinstance(local, torch.Tensor) else t.to_local()
+
+    def _same_algorithm(self, kind, name, rows):
+        """Hashes made two ways never agree: refused (on every rank, which all see
+        the same rows) rather than reported as replicas apart."""
+        made = {r: row[2] for r, row in rows.items() if row[3]}
+        if len(set(made.values())) > 1:
+            ways = "; ".join(f"rank {r}: {ALGORITHMS.get(a, a)}" for r, a in made.items())
+            raise ValueError(f"rank {self.rank}: watch(): the replicas of {kind}/{name} were hashed in different ways "
+                             f"({ways}), which cannot be compared: give every rank the same kind of device and the "
+                             "same diffcheck installation")
 
     def _finding(self, kind, name, group, rows, value):
         counts = {}
@@ -265,8 +330,10 @@ class Watch:
         lines = [f"diffcheck watch: replicas DIFFER {when} optimizer step: {len(found)} tensor(s)"]
         for f in found:
             who = ", ".join(f"rank {r} ({f['hosts'][r]})" for r in f["apart"])
-            odd = "is the odd one out" if len(f["apart"]) == 1 else "are the odd ones out"
-            lines.append(f"  {f['tensor']}: {who} {odd if f['odd_one_out'] else 'differ'} "
+            one = len(f["apart"]) == 1
+            odd = ("is the odd one out" if one else "are the odd ones out") if f["odd_one_out"] else (
+                "differs" if one else "differ")
+            lines.append(f"  {f['tensor']}: {who} {odd} "
                          f"in replica group {f['group']}")
         lines.append(f"  the pieces: {prefix}.rank<R>.h5 (diffcheck compare {prefix})")
         message = "\n".join(lines)

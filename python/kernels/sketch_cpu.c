@@ -162,3 +162,13 @@ VECTOR_CLONES void diffcheck_piece_bits(const void *x, int32_t element_size, int
   *nan = nans;
   *inf = infs;
 }
+
+/* dct.watch's hash of a CPU tensor's bytes (diffcheck/watch.py): XXH3's
+ * 64-bit hash, a strong hash at memory speed (about 3x zlib's CRC-32 here:
+ * the watch's check reads every parameter and gradient, so its speed is the
+ * check's cost). Inlined from libxxhash-dev's header, so the module needs no
+ * shared library at run time. */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+uint64_t diffcheck_bytes_hash(const void *x, int64_t bytes) { return XXH3_64bits(x, (size_t)bytes); }

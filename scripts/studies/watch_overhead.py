@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
-"""What dct.watch costs a data-parallel training step (issue 63's target: at
-most 1% at every=1), on 2 gloo ranks: an MLP of width --width (fc1 4x wider),
---rows rows per rank, SGD after an all-reduce of the gradients.
+"""What dct.watch costs a training step (issue 63's target: at most 1% at
+every=1), on 2 gloo ranks (--ranks).
+
+--parallel dp (default): an MLP of width --width (fc1 4x wider), --rows rows
+per rank, SGD after an all-reduce of the gradients.
+--parallel tp, fsdp_tp, hsdp: examples/watch_train.py's transformer block
+(examples/dtensor_block.py, at its size) under torch's tensor-parallel plan,
+FSDP2 x tensor parallelism, or FSDP2's hybrid sharding, as that example
+trains it (--width and --rows do not apply).
 
 Paired: each round times --steps steps without a watch and --steps steps
 under dct.watch(every=E) for each E of --every, in an order that rotates; the
@@ -10,11 +16,12 @@ noisy beyond 1%, so the check is also timed where it runs, against the
 step's own time: its share at every=E is its time / (E x a step's), and the
 hashes alone are timed too (the check's exchange is the rest).
 
-    PYTHONPATH=python .venv/bin/python scripts/studies/watch_overhead.py [--every 1,10,100]
+    PYTHONPATH=python .venv/bin/python scripts/studies/watch_overhead.py [--parallel fsdp_tp] [--every 1,10,100]
 """
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -26,20 +33,28 @@ import torch.nn as nn
 import diffcheck.torch as dct
 from diffcheck.watch import bits_hash
 
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
+
 
 def rank_main(rank, world, init, args, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     torch.manual_seed(0)
-    d = args.width
-    model = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+    if args.parallel == "dp":
+        d = args.width
+        model = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        x, mesh = torch.randn(args.rows, d), f"dp={world}"
+    else:
+        sys.path.insert(0, EXAMPLES)
+        from watch_train import sharded_block
+        model, mesh, share = sharded_block(args.parallel, world, torch.float32)
+        x = torch.randn(world, 2, 16, model.ln1.normalized_shape[0])[share]
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    x = torch.randn(args.rows, d)
 
     def steps(n):
         for _ in range(n):
             ((model(x) - x) ** 2).mean().backward()
-            for p in model.parameters():
+            for p in model.parameters() if args.parallel == "dp" else ():  # the others reduce their own
                 dist.all_reduce(p.grad)
                 p.grad /= world
             opt.step()
@@ -51,7 +66,7 @@ def rank_main(rank, world, init, args, out):
         if every == 0:
             steps(args.steps)
         else:
-            with dct.watch(model, opt, mesh=f"dp={world}", every=every, out=os.path.join(out, "w")):
+            with dct.watch(model, opt, mesh=mesh, every=every, out=os.path.join(out, "w")):
                 steps(args.steps)
         dist.barrier()
         return time.perf_counter() - t0
@@ -69,7 +84,7 @@ def rank_main(rank, world, init, args, out):
             print(f"round {i}: {args.steps} steps {t[0]:.2f} s; " +
                   ", ".join(f"every={e}: {t[e] / t[0]:.4f}x" for e in ratios), flush=True)
     # The check itself, timed where it runs: its share of a step at every=E is its time / (E x a step's).
-    w = dct.watch(model, opt, mesh=f"dp={world}", every=1, out=os.path.join(out, "w"))
+    w = dct.watch(model, opt, mesh=mesh, every=1, out=os.path.join(out, "w"))
     check_times = []
     inner = w.check
 
@@ -85,11 +100,13 @@ def rank_main(rank, world, init, args, out):
     watched = time.perf_counter() - t0
     w.close(check=False)
     step_s = (watched - sum(check_times)) / args.steps
-    params = [p for p in model.parameters()]
+    local = [getattr(p, "_local_tensor", p) for p in model.parameters()]  # a DTensor's piece on this rank
+    grads = [getattr(p.grad, "_local_tensor", p.grad) if p.grad is not None else q
+             for p, q in zip(model.parameters(), local)]
     t0 = time.perf_counter()
     for _ in range(10):
-        for p in params:
-            bits_hash(p), bits_hash(p.grad if p.grad is not None else p)
+        for p, g in zip(local, grads):
+            bits_hash(p), bits_hash(g)
     hash_s = (time.perf_counter() - t0) / 10
     if rank == 0:
         for e, r in ratios.items():
@@ -99,7 +116,7 @@ def rank_main(rank, world, init, args, out):
               f"{step_s * 1e3:.0f} ms: " + ", ".join(f"every={e}: +{100 * check_s / (e * step_s):.2f}%"
                                                      for e in (1, 2, 5, 10, 20, 50, 100)))
         print(f"hashing every parameter and gradient once: {hash_s * 1e3:.1f} ms "
-              f"({sum(p.numel() for p in params) / 1e6:.1f} M parameters)")
+              f"({sum(p.numel() for p in local) / 1e6:.2f} M parameters on a rank)")
     dist.destroy_process_group()
 
 
@@ -110,6 +127,8 @@ if __name__ == "__main__":
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--rows", type=int, default=512)
     ap.add_argument("--every", default="1,10,100")
+    ap.add_argument("--parallel", choices=("dp", "tp", "fsdp_tp", "hsdp"), default="dp")
+    ap.add_argument("--ranks", type=int, default=2)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(rank_main, args=(2, "file://" + os.path.join(tmp, "rdv"), a, tmp), nprocs=2)
+        mp.spawn(rank_main, args=(a.ranks, "file://" + os.path.join(tmp, "rdv"), a, tmp), nprocs=a.ranks)
