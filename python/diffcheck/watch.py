@@ -95,6 +95,14 @@ def _cpu_hash(t):
     return [zlib.crc32(memoryview(bits.numpy()).cast("B")), t.numel(), CRC32]
 
 
+def _detached(p):
+    return p.detach()
+
+
+def _grad(p):
+    return p.grad
+
+
 def _hash_row(t, sums):
     """[hash, hash, algorithm, 1] of a CPU tensor as ints; of an accelerator's
     (or any, with sums), its two sums as a tensor there (the caller brings
@@ -164,7 +172,8 @@ class Watch:
         self.params = list(model.named_parameters())
         self.steps, self.checks, self.findings = 0, 0, []
         self._layout = {name: self._layout_of(name, p) for name, p in self.params}
-        self._shapes = {name: tuple(p.shape) for name, p in self.params}
+        self._shapes = {name: p.shape for name, p in self.params}
+        self._placements = {name: p.placements for name, p in self.params if is_dtensor(p)}  # as the watch started
         self._groups = {name: replica_groups(self.axis_sizes, self._layout[name], self.world) for name, _ in self.params}
         self.replicated = [name for name, _ in self.params if self._groups[name]]  # the parameters compared
         if not self.replicated:
@@ -235,14 +244,15 @@ class Watch:
         """One comparison across the replica groups of every parameter (and,
         with grads, every gradient); collective."""
         self.checks += 1
-        kinds = [("param", lambda p: p.detach())] + ([("param_grad", lambda p: p.grad)] if grads else [])
+        kinds = [("param", _detached)] + ([("param_grad", _grad)] if grads else [])
         rows, on_device, names = [], [], []
         for kind, value in kinds:
             for name, p in self.params:
-                if tuple(p.shape) != self._shapes[name]:
+                if p.shape != self._shapes[name]:
                     raise ValueError(f"rank {self.rank}: watch(): parameter '{name}' changed shape from "
-                                     f"{self._shapes[name]} to {tuple(p.shape)} since the watch started")
-                t = self._local(name, value(p))
+                                     f"{tuple(self._shapes[name])} to {tuple(p.shape)} since the watch started")
+                # The parameter itself, not p.detach(): a DTensor's detach is a dispatched op (~30 us each)
+                t = self._local(name, p if kind == "param" else p.grad)
                 names.append((kind, name, value))
                 row = _hash_row(t, self._sums) if t is not None else [0, 0, 0, 0]
                 if isinstance(row, torch.Tensor):  # an accelerator's: brought over with the others, at once
@@ -255,26 +265,40 @@ class Watch:
         rows.append([len(transient), 0, 0, 0])  # the last row
         when = f"before step {self.steps}'s optimizer step" if not after else "after the last optimizer step"
         try:
-            everyone = self.exchange.gather(torch.tensor(rows, dtype=torch.int64), self.checks, when)
+            mine = torch.tensor(rows, dtype=torch.int64)
+            table = self.exchange.collect(mine, self.checks, when)  # the hub's alone
+            news = table is not None and (any(row[-1][0] for row in table) or any(self._apart(table, names)))
+            everyone = self.exchange.announce(news, table, self.checks, when)
         except Unanswered as e:
             raise RankUnresponsive(str(e)) from e
+        if everyone is None:  # every replica group agrees
+            return
         found = []
-        for i, (kind, name, value) in enumerate(names):
-            for g in self._groups[name]:
-                rows = {r: tuple(everyone[r][i]) for r in g}
-                if len(set(rows.values())) > 1:
-                    self._same_algorithm(kind, name, rows)
-                    found.append(self._finding(kind, name, g, rows, value))
+        for i, kind, name, value, g, rows in self._apart(everyone, names):
+            self._same_algorithm(kind, name, rows)
+            found.append(self._finding(kind, name, g, rows, value))
         if any(e[-1][0] for e in everyone):
             self._report_transient(transient)
         if found:
             self._report(found, after)
+
+    def _apart(self, everyone, names):
+        """(index, kind, name, value, group, {rank: row}) of every replica group whose rows differ."""
+        for i, (kind, name, value) in enumerate(names):
+            for g in self._groups[name]:
+                rows = {r: tuple(everyone[r][i]) for r in g}
+                if len(set(rows.values())) > 1:
+                    yield i, kind, name, value, g, rows
 
     def _local(self, name, t):
         """This rank's piece of t (a DTensor's local tensor), refused if its
         layout is not the one the watch started with."""
         if t is None or not is_dtensor(t):
             return t
+        local = getattr(t, "_local_tensor", None)  # to_local() is an autograd function: 10x the time
+        local = local if isinstance(local, torch.Tensor) else t.to_local()
+        if t.placements is self._placements.get(name) or t.placements == self._placements.get(name):
+            return local  # the parameter's own placements, as the watch started: its layout
         try:
             key = (t.placements, id(t.device_mesh), t.dim())
             attrs = self._placed.get(key)
@@ -287,8 +311,7 @@ class Watch:
         if attrs != self._layout[name]:
             raise ValueError(f"rank {self.rank}: watch(): parameter '{name}' is now laid out as "
                              f"{attrs}, not {self._layout[name]} as when the watch started")
-        local = getattr(t, "_local_tensor", None)  # to_local() is an autograd function: 10x the time
-        return local if isinstance(local, torch.Tensor) else t.to_local()
+        return local
 
     def _same_algorithm(self, kind, name, rows):
         """Hashes made two ways never agree: refused (on every rank, which all see
