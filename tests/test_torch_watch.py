@@ -116,6 +116,63 @@ class ReplicaGroups(unittest.TestCase):
         self.assertEqual(replica_groups(self.SIZES, attrs, 4), [[0, 1, 2, 3]])
 
 
+def _refusals(rank, world, init, out):
+    """Each refusal's message, from rank `rank` of a 2-rank gloo job, into out.rank<R>."""
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    said = {}
+
+    def refused(name, make):
+        try:
+            make()
+            said[name] = "not refused"
+        except ValueError as e:
+            said[name] = str(e)
+    torch.manual_seed(0)
+    m = nn.Linear(4, 4)
+    refused("nothing replicated", lambda: watch.watch(m, mesh="tp=2", layouts={"param/weight": "tp,-", "param/bias": "tp"}))
+    w = watch.watch(m, mesh="dp=2")
+    w.check(grads=False)  # agrees
+    m.bias.data = torch.zeros(5)  # the shape changes
+    refused("shape", lambda: w.check(grads=False))
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    d = nn.Linear(4, 4)
+    d.weight = nn.Parameter(distribute_tensor(d.weight.detach(), mesh))  # Replicate
+    w = watch.watch(d, mesh="dp=2")
+    d.weight.grad = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])  # the gradient sharded: a new layout
+    refused("layout", lambda: w.check(grads=True))
+    with open(f"{out}.rank{rank}", "w") as f:
+        f.write(repr(said))
+    dist.destroy_process_group()
+
+
+class Refusals(unittest.TestCase):
+    """It never lies: nothing to compare, a shape or a layout changed since the watch started."""
+
+    def test_refused_by_name(self):
+        import ast
+        import tempfile
+        import torch.multiprocessing as mp
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "said")
+            mp.spawn(_refusals, args=(2, "file://" + os.path.join(tmp, "rdv"), out), nprocs=2)
+            said = []
+            for r in range(2):
+                with open(f"{out}.rank{r}") as f:
+                    said.append(ast.literal_eval(f.read()))
+        for r in range(2):
+            self.assertRegex(said[r]["nothing replicated"], rf"rank {r}: watch\(\): no parameter of the model has "
+                                                            r"replicas on mesh 'tp=2'.*nothing to compare")
+            self.assertEqual(said[r]["shape"], f"rank {r}: watch(): parameter 'bias' changed shape from (4,) to (5,) "
+                                               "since the watch started")
+            self.assertEqual(said[r]["layout"], f"rank {r}: watch(): parameter 'weight' is now laid out as "
+                                                "{'spec': 'dp,-'}, not {'spec': None} as when the watch started")
+
+
 class WatchedTraining(E2ETest):
     def run_example(self, *args, n=4, env=None):
         out = self.path("-".join(("w", str(n)) + args).replace("--", ""))
