@@ -2,7 +2,7 @@
 `torchrun --nproc-per-node N example.py` or `mpirun -n N python3 example.py`,
 each process is one torch.distributed rank over gloo (the launcher's world
 size, not `-n`); run plainly, `-n N` processes are started with
-torch.multiprocessing. Either way `work(rank, world, args)` runs on every rank
+torch.multiprocessing (forked: see start_method()). Either way `work(rank, world, args)` runs on every rank
 and `after(args)` once when all are done (on rank 0, or in the parent); its
 return value is the exit status."""
 import argparse
@@ -69,6 +69,20 @@ def launched():
     return None
 
 
+def start_method():
+    """How -n N starts its processes: forked from this one, which has imported
+    torch already (half an example's start on 2 cores: each spawned process
+    imports torch again), unless forking is not safe: CUDA initialized here,
+    or no fork on this platform. DIFFCHECK_EXAMPLE_START=spawn|fork|forkserver
+    chooses."""
+    chosen = os.environ.get("DIFFCHECK_EXAMPLE_START")
+    if chosen:
+        return chosen
+    if "fork" not in mp.get_all_start_methods() or (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return "spawn"
+    return "fork"
+
+
 def launch(work, after, args, n):
     started = launched()
     if started is not None:
@@ -83,5 +97,6 @@ def launch(work, after, args, n):
             sys.exit(after(args))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank, args=(n, "file://" + os.path.join(tmp, "rendezvous"), work, args), nprocs=n)
+        mp.start_processes(_rank, args=(n, "file://" + os.path.join(tmp, "rendezvous"), work, args), nprocs=n,
+                           start_method=start_method())
     sys.exit(after(args))
