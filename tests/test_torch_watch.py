@@ -16,9 +16,10 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
-from diffcheck import sketch_cpu, watch  # noqa: E402
+from diffcheck import sketch_cpu, watch, watch_hash  # noqa: E402
 from diffcheck.layouts import placement_attrs  # noqa: E402
-from diffcheck.watch import bits_hash, replica_groups  # noqa: E402
+from diffcheck.watch import replica_groups  # noqa: E402
+from diffcheck.watch_hash import bits_hash  # noqa: E402
 
 from e2e import E2ETest  # noqa: E402
 
@@ -49,19 +50,19 @@ class BitsHash(unittest.TestCase):
     def test_the_algorithm_travels_with_the_hash(self):
         x = torch.randn(100)
         self.assertIsNotNone(sketch_cpu.bytes_hash_function(), "the kernel library is built beside the package")
-        self.assertEqual(int(bits_hash(x)[2]), watch.XXH3)
+        self.assertEqual(int(bits_hash(x)[2]), watch_hash.XXH3)
         with sketch_cpu.torch_ops_only():
-            self.assertEqual(int(bits_hash(x)[2]), watch.CRC32)
-        self.assertEqual(int(watch.device_sums(x).numel()), 2)
+            self.assertEqual(int(bits_hash(x)[2]), watch_hash.CRC32)
+        self.assertEqual(int(watch_hash.device_sums(x).numel()), 2)
 
     def test_hashes_made_two_ways_are_refused_not_reported(self):
         """A rank without the kernel library hashes with the CRC: its hashes never equal the others'."""
         me = types.SimpleNamespace(rank=0)
-        same = {0: (5, 9, watch.XXH3, 1), 1: (6, 9, watch.XXH3, 1), 2: (0, 0, 0, 0)}  # rank 2: no gradient
+        same = {0: (5, 9, watch_hash.XXH3, 1), 1: (6, 9, watch_hash.XXH3, 1), 2: (0, 0, 0, 0)}  # rank 2: no gradient
         watch.Watch._same_algorithm(me, "param", "w", same)  # apart, but comparable: not refused
         with self.assertRaisesRegex(ValueError, r"param/w were hashed in different ways \(rank 0: XXH3 .*; rank 1: "
                                                 r"zlib's CRC-32 .*same diffcheck installation"):
-            watch.Watch._same_algorithm(me, "param", "w", {0: (5, 9, watch.XXH3, 1), 1: (5, 9, watch.CRC32, 1)})
+            watch.Watch._same_algorithm(me, "param", "w", {0: (5, 9, watch_hash.XXH3, 1), 1: (5, 9, watch_hash.CRC32, 1)})
 
     def test_two_swapped_elements_are_found(self):
         for algorithm, within in both_cpu_hashes():
@@ -77,7 +78,7 @@ class BitsHash(unittest.TestCase):
         flipped, swapped = x.clone(), x.clone()
         flipped.view(torch.int16)[5] ^= 1
         swapped[2], swapped[7] = x[7], x[2]
-        h, f, s = (watch.device_sums(t) for t in (x, flipped, swapped))
+        h, f, s = (watch_hash.device_sums(t) for t in (x, flipped, swapped))
         self.assertNotEqual(h[0], f[0])
         self.assertEqual(h[0], s[0])  # the plain sum cannot see a swap
         self.assertNotEqual(h[1], s[1])

@@ -35,19 +35,17 @@ parameter whose shape or layout changes between steps is refused by name.
 import fnmatch
 import os
 import socket
-import zlib
 import warnings
 
 import torch
 import torch.distributed as dist
 
-from diffcheck import sketch_cpu
 from diffcheck.dump import RankDump, mesh_size, mesh_sizes
 from diffcheck.layouts import dtensor_layout, is_dtensor, layout_attrs, placement_attrs, rank_coords, replica_axes
 from diffcheck.watch_exchange import Exchange, Unanswered
-from diffcheck.watch_rerun import _INT_OF, Rerun
+from diffcheck.watch_hash import ALGORITHMS, SUMS, hash_row
+from diffcheck.watch_rerun import Rerun
 
-_MIX = 0x9E3779B1
 
 
 class ReplicasDiffer(RuntimeError):
@@ -63,83 +61,6 @@ class TransientFault(ReplicasDiffer):
     """The rerun check found a rank computing other bits from the same inputs (raised on every rank)."""
 
 
-# How a rank hashed a tensor: its hashes compare only with hashes made the same way.
-CRC32, XXH3, SUMS = 1, 2, 3
-ALGORITHMS = {CRC32: "zlib's CRC-32 (the diffcheck kernel library not found)", XXH3: "XXH3 (the diffcheck kernel library)",
-              SUMS: "integer sums on an accelerator"}
-
-
-def bits_hash(tensor):
-    """Three int64 numbers of a tensor's bits, on its device: two of the hash
-    and the algorithm that made them. On a CPU XXH3's 64-bit hash of its bytes
-    (python/kernels/sketch_cpu.c; zlib's CRC-32 where that library is not
-    loaded) and its size; on an accelerator two sums of its bytes read as
-    integers of its element width: the plain sum and the sum weighted by a
-    position mix. Either way one changed element changes the hash, and two
-    swapped elements do. (0, 0, algorithm) for an empty tensor."""
-    t = tensor.detach().contiguous()
-    if t.device.type != "cpu":
-        return torch.cat((device_sums(t), torch.tensor([SUMS], dtype=torch.int64, device=t.device)))
-    return torch.tensor(_cpu_hash(t), dtype=torch.int64)
-
-
-def _cpu_hash(t):
-    """bits_hash of a contiguous CPU tensor, as three ints."""
-    if t.numel() == 0:
-        return [0, 0, _cpu_algorithm()]
-    xxh3 = sketch_cpu.bytes_hash_function()
-    if xxh3 is not None:  # memory speed: ~3x the CRC, which is the check's cost at every=1
-        h = xxh3(t.data_ptr(), t.numel() * t.element_size())
-        return [h - (1 << 64) if h >= 1 << 63 else h, t.numel(), XXH3]
-    bits = t.view(_INT_OF[t.element_size()]).reshape(-1)  # zlib's CRC-32: 5-10x torch's integer sums on a CPU
-    return [zlib.crc32(memoryview(bits.numpy()).cast("B")), t.numel(), CRC32]
-
-
-def _detached(p):
-    return p.detach()
-
-
-def _grad(p):
-    return p.grad
-
-
-def _hash_row(t, sums):
-    """[hash, hash, algorithm, 1] of a CPU tensor as ints; of an accelerator's
-    (or any, with sums), its two sums as a tensor there (the caller brings
-    them over together)."""
-    t = t.detach().contiguous()
-    if sums or t.device.type != "cpu":
-        return device_sums(t)
-    return _cpu_hash(t) + [1]
-
-
-def _cpu_algorithm():
-    return XXH3 if sketch_cpu.bytes_hash_function() is not None else CRC32
-
-
-def device_sums(t):
-    """The accelerator's hash (bits_hash), on any device."""
-    bits = t.detach().contiguous().view(_INT_OF[t.element_size()]).reshape(-1)
-    # Sums accumulated in int64 (no widened copy); the product wraps in the
-    # element width, the same on every device.
-    weighted = bits * _weights(bits.numel(), bits.device, bits.dtype)
-    return torch.stack((bits.sum(dtype=torch.int64), weighted.sum(dtype=torch.int64)))
-
-
-_WEIGHTS = {}
-
-
-def _weights(n, device, dtype):
-    """Odd multipliers mixed from the position, in the bits' own integer type (cached per size)."""
-    key = (n, str(device), dtype)
-    w = _WEIGHTS.get(key)
-    if w is None:
-        bits = torch.iinfo(dtype).bits
-        w = ((torch.arange(n, dtype=torch.int64, device=device) * _MIX) % (1 << (bits - 1)) | 1).to(dtype)
-        _WEIGHTS[key] = w
-    return w
-
-
 def replica_groups(axis_sizes, attrs, world):
     """The groups of ranks (each sorted, size > 1) that must hold equal pieces
     of a tensor laid out as `attrs` ({"spec", "partial", "stage"}) on the mesh."""
@@ -151,6 +72,14 @@ def replica_groups(axis_sizes, attrs, world):
         c = rank_coords(r, axis_sizes)
         groups.setdefault(tuple(v for a, v in c.items() if a not in axes), []).append(r)
     return [g for g in groups.values() if len(g) > 1]
+
+
+def _detached(p):
+    return p.detach()
+
+
+def _grad(p):
+    return p.grad
 
 
 class Watch:
@@ -254,7 +183,7 @@ class Watch:
                 # The parameter itself, not p.detach(): a DTensor's detach is a dispatched op (~30 us each)
                 t = self._local(name, p if kind == "param" else p.grad)
                 names.append((kind, name, value))
-                row = _hash_row(t, self._sums) if t is not None else [0, 0, 0, 0]
+                row = hash_row(t, self._sums) if t is not None else [0, 0, 0, 0]
                 if isinstance(row, torch.Tensor):  # an accelerator's: brought over with the others, at once
                     on_device.append((len(rows), row))
                 rows.append(row)

@@ -1,0 +1,80 @@
+"""dct.watch's hash of a tensor's bits (diffcheck/watch.py): on a CPU XXH3
+from the diffcheck kernel library (zlib's CRC-32 without it), on an
+accelerator two integer sums computed there. Each hash carries the algorithm
+that made it: hashes made two ways are never compared."""
+import zlib
+
+import torch
+
+from diffcheck import sketch_cpu
+from diffcheck.watch_rerun import _INT_OF
+
+_MIX = 0x9E3779B1
+
+# How a rank hashed a tensor: its hashes compare only with hashes made the same way.
+CRC32, XXH3, SUMS = 1, 2, 3
+ALGORITHMS = {CRC32: "zlib's CRC-32 (the diffcheck kernel library not found)", XXH3: "XXH3 (the diffcheck kernel library)",
+              SUMS: "integer sums on an accelerator"}
+
+
+def bits_hash(tensor):
+    """Three int64 numbers of a tensor's bits, on its device: two of the hash
+    and the algorithm that made them. On a CPU XXH3's 64-bit hash of its bytes
+    (python/kernels/sketch_cpu.c; zlib's CRC-32 where that library is not
+    loaded) and its size; on an accelerator two sums of its bytes read as
+    integers of its element width: the plain sum and the sum weighted by a
+    position mix. Either way one changed element changes the hash, and two
+    swapped elements do. (0, 0, algorithm) for an empty tensor."""
+    t = tensor.detach().contiguous()
+    if t.device.type != "cpu":
+        return torch.cat((device_sums(t), torch.tensor([SUMS], dtype=torch.int64, device=t.device)))
+    return torch.tensor(_cpu_hash(t), dtype=torch.int64)
+
+
+def _cpu_hash(t):
+    """bits_hash of a contiguous CPU tensor, as three ints."""
+    if t.numel() == 0:
+        return [0, 0, _cpu_algorithm()]
+    xxh3 = sketch_cpu.bytes_hash_function()
+    if xxh3 is not None:  # memory speed: ~3x the CRC, which is the check's cost at every=1
+        h = xxh3(t.data_ptr(), t.numel() * t.element_size())
+        return [h - (1 << 64) if h >= 1 << 63 else h, t.numel(), XXH3]
+    bits = t.view(_INT_OF[t.element_size()]).reshape(-1)  # zlib's CRC-32: 5-10x torch's integer sums on a CPU
+    return [zlib.crc32(memoryview(bits.numpy()).cast("B")), t.numel(), CRC32]
+
+
+def hash_row(t, sums):
+    """[hash, hash, algorithm, 1] of a CPU tensor as ints; of an accelerator's
+    (or any, with sums), its two sums as a tensor there (the caller brings
+    them over together)."""
+    t = t.detach().contiguous()
+    if sums or t.device.type != "cpu":
+        return device_sums(t)
+    return _cpu_hash(t) + [1]
+
+
+def _cpu_algorithm():
+    return XXH3 if sketch_cpu.bytes_hash_function() is not None else CRC32
+
+
+def device_sums(t):
+    """The accelerator's hash (bits_hash), on any device."""
+    bits = t.detach().contiguous().view(_INT_OF[t.element_size()]).reshape(-1)
+    # Sums accumulated in int64 (no widened copy); the product wraps in the
+    # element width, the same on every device.
+    weighted = bits * _weights(bits.numel(), bits.device, bits.dtype)
+    return torch.stack((bits.sum(dtype=torch.int64), weighted.sum(dtype=torch.int64)))
+
+
+_WEIGHTS = {}
+
+
+def _weights(n, device, dtype):
+    """Odd multipliers mixed from the position, in the bits' own integer type (cached per size)."""
+    key = (n, str(device), dtype)
+    w = _WEIGHTS.get(key)
+    if w is None:
+        bits = torch.iinfo(dtype).bits
+        w = ((torch.arange(n, dtype=torch.int64, device=device) * _MIX) % (1 << (bits - 1)) | 1).to(dtype)
+        _WEIGHTS[key] = w
+    return w
