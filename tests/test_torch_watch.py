@@ -194,6 +194,7 @@ class WatchedTraining(E2ETest):
         self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
         self.assertIn("replicas DIFFER before step 6's optimizer step: 1 tensor(s)", p.stdout)
         self.assertRegex(p.stdout, r"param/1.weight: rank 3 \(\S+\) is the odd one out in replica group \[0, 1, 2, 3\]")
+        self.assertIn("    first differing element: local index [0,7], rank 0: ", p.stdout)
         self.assertIn("rank 0 and rank 3 at local index [0,7]", p.stdout)  # the compare of the pieces
         self.assertTrue(os.path.exists(f"{out}/watch.step6.rank3.h5"))
 
@@ -236,6 +237,7 @@ class WatchedTraining(E2ETest):
         self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
         self.assertIn("replicas DIFFER before step 6's optimizer step: 1 tensor(s)", p.stdout)
         self.assertRegex(p.stdout, r"param/ln1.weight: rank 3 \(\S+\) differs in replica group \[2, 3\]")
+        self.assertRegex(p.stdout, r"first differing element: local index \[7\], rank 2: \S+, rank 3: ")
         self.assertIn("between rank 2 and rank 3 at local index [7]", p.stdout)
 
     @unittest.skipUnless(FULL, "nightly: a flipped bit under tp (2 ranks) and hsdp (4 ranks)")

@@ -262,31 +262,39 @@ class Watch:
         base = common[0] if len(common) == 1 else rows[group[0]]
         apart = [r for r in group if rows[r] != base]
         return {"step": self.steps, "kind": kind, "tensor": f"{kind}/{name}", "name": name, "group": group,
-                "value": value,
+                "value": value, "base": next(r for r in group if rows[r] == base),
                 "apart": apart, "odd_one_out": len(common) == 1 and len(group) >= 3,
+                "everywhere": all(row[3] for row in rows.values()),  # every rank of the group has the tensor
                 "hosts": {r: self.hosts[r] for r in group}}
 
     def _report(self, found, after):
         self.findings += found
         prefix = f"{self.out}.step{self.steps}"
         by_name = dict(self.params)
+        pieces = []
         with RankDump(prefix, self.mesh, self.rank, producer="diffcheck.torch watch") as d:
             for f in found:
                 t = f["value"](by_name[f["name"]])
                 local = dtensor_layout(t, list(self.axis_sizes))
                 t = local[0] if local is not None else t
+                pieces.append(t)
                 attrs = {k: v for k, v in self._layout[f["name"]].items() if k in ("spec", "partial") and v}
                 d.tap(f["tensor"], t, **attrs)
+        firsts = self.exchange.first_differences([(f["base"], f["apart"]) if f["everywhere"] else None
+                                                  for f in found], pieces)
         dist.barrier(group=self.group)
         when = "after the last" if after else f"before step {self.steps}'s"
         lines = [f"diffcheck watch: replicas DIFFER {when} optimizer step: {len(found)} tensor(s)"]
-        for f in found:
+        for f, first in zip(found, firsts):
             who = ", ".join(f"rank {r} ({f['hosts'][r]})" for r in f["apart"])
             one = len(f["apart"]) == 1
             odd = ("is the odd one out" if one else "are the odd ones out") if f["odd_one_out"] else (
                 "differs" if one else "differ")
             lines.append(f"  {f['tensor']}: {who} {odd} "
                          f"in replica group {f['group']}")
+            for r, (index, base, theirs) in sorted(first.items()):
+                lines.append(f"    first differing element: local index [{','.join(map(str, index))}], "
+                             f"rank {f['base']}: {base:.9g}, rank {r}: {theirs:.9g}")
         lines.append(f"  the pieces: {prefix}.rank<R>.h5 (diffcheck compare {prefix})")
         message = "\n".join(lines)
         if self.rank == 0:

@@ -26,6 +26,8 @@ import itertools
 import torch
 import torch.distributed as dist
 
+from diffcheck.watch_rerun import first_difference
+
 _WATCHES = itertools.count()  # the same on every rank: a watch is made by every rank of its group, in order
 
 
@@ -85,6 +87,34 @@ class Exchange:
                                                                                              dtype=torch.int64)
             dist.broadcast(full, src=self.members[0], group=self.group)
             return full.tolist()
+
+    def first_differences(self, pairs, pieces):
+        """For each finding, (base rank, apart ranks) or None, and this rank's
+        piece of its tensor: the base rank sends its piece to each apart rank,
+        which finds the first element whose bits differ from its own. Returns,
+        on every rank, per finding {apart rank: (local index, the base's value,
+        its value)}. Collective; only after a finding (the pieces travel)."""
+        mine = []
+        for pair, piece in zip(pairs, pieces):
+            got = {}
+            if pair is not None:
+                base, apart = pair
+                piece = piece.detach().contiguous().cpu()
+                if self.rank == base:
+                    for r in apart:
+                        dist.send(piece, dst=self.members[r], group=self.group)
+                elif self.rank in apart:
+                    theirs = torch.empty_like(piece)
+                    dist.recv(theirs, src=self.members[base], group=self.group)
+                    d = first_difference(theirs, piece)
+                    if d is not None:
+                        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(d[0]), piece.shape)) \
+                            if piece.dim() else ()
+                        got[self.rank] = (index, d[1], d[2])
+            mine.append(got)
+        everyone = [None] * self.world
+        dist.all_gather_object(everyone, mine, group=self.group)
+        return [{r: v for e in everyone for r, v in e[i].items()} for i in range(len(pairs))]
 
     @contextlib.contextmanager
     def _named(self, check, when):
