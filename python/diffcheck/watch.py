@@ -196,7 +196,7 @@ class Watch:
         try:
             mine = torch.tensor(rows, dtype=torch.int64)
             table = self.exchange.collect(mine, self.checks, when)  # the hub's alone
-            news = table is not None and (any(row[-1][0] for row in table) or any(self._apart(table, names)))
+            news = table is not None and (any(ranks[-1][0] for ranks in table) or any(self._apart(table, names)))
             everyone = self.exchange.announce(news, table, self.checks, when)
         except Unanswered as e:
             raise RankUnresponsive(str(e)) from e
