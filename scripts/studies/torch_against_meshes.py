@@ -10,7 +10,8 @@ ranks: cfg=1; cfg=2; cfg=2,sp=2), float32 and bfloat16, whole and sketch.
     the bug shows: tp_block's bias on every rank shows at tp > 1,
     cfg_denoise's timestep broadcast on more than one rank), with the clean
     runs of the other two: the bugged run must leave the consensus, at the
-    example's first tap (tp_block attn.out, cfg_denoise step1/time_embed.mlp.0);
+    example's first tap (tp_block attn.out, cfg_denoise step1/time_embed.mlp.0;
+    cfg_denoise in bfloat16 a step late, as docs/usage.md says);
   - sketch and whole agree: the same odd run out at the same tap.
 
     .venv/bin/python scripts/studies/torch_against_meshes.py [--exe build/diffcheck] [--examples tp_block cfg_denoise]
@@ -31,6 +32,9 @@ EXAMPLES = {  # name: (prefix inside --out, the bug's first tap, rank counts)
     "tp_block": ("tp", "attn.out", (1, 2, 4)),
     "cfg_denoise": ("cfg", "step1/time_embed.mlp.0", (1, 2, 4)),
 }
+# Named a step late, as docs/usage.md says: in bfloat16 step 1's error is
+# err/tol 0.70 under two runs' bounds (against a float64 reference it fails there).
+LATE = {("cfg_denoise", "bfloat16"): "step2/time_embed.mlp.0"}
 
 
 def capture(a, example, n, dtype, sketch, bug):
@@ -94,11 +98,15 @@ def main():
                         standing = rep.get("consensus", {}).get("runs", [])
                         odd = [meshes[i] for i, r in enumerate(standing) if "leaves_at" in r]
                         tap = [r["leaves_at"]["tap"] for r in standing if "leaves_at" in r]
-                        found = code == 1 and odd == [bugged] and tap == [first_tap]
+                        late = LATE.get((example, dtype))
+                        found = code == 1 and odd == [bugged] and tap in ([first_tap], [late])
                         bug_rows.append({"example": example, "dtype": dtype, "mode": mode, "bug_on": bugged,
-                                         "odd": odd, "tap": tap[0] if tap else None, "found": found})
+                                         "odd": odd, "tap": tap[0] if tap else None, "found": found,
+                                         "first": found and tap == [first_tap]})
                         print(f"bug {example} {dtype} {mode} on {bugged} ranks: exit {code}, odd run {odd} at "
-                              f"{tap}: {'FOUND' if found else 'MISSED'}", flush=True)
+                              f"{tap}: {'FOUND' if found else 'MISSED'}"
+                              f"{'' if not found or tap == [first_tap] else ' (a step late, as documented)'}",
+                              flush=True)
     print("\n| example | dtype | mode | exit (3 clean runs) | worst err/tol |\n|---|---|---|---|---|")
     for e, d, m, c, w in clean_rows:
         print(f"| {e} | {d} | {m} | {c} | {w:.3g} |")
@@ -116,7 +124,9 @@ def main():
               f"{'yes' if r['found'] and s['found'] else 'NO'} | {'yes' if agree else 'NO'} |")
     fp = sum(1 for row in clean_rows if row[3] != 0)
     found = sum(r["found"] for r in bug_rows)
-    print(f"\n{fp} false positives of {len(clean_rows)} clean triples; {found} of {len(bug_rows)} bugs named; "
+    first = sum(r["first"] for r in bug_rows)
+    print(f"\n{fp} false positives of {len(clean_rows)} clean triples; {found} of {len(bug_rows)} bugs named "
+          f"({first} at the first tap, {found - first} a step late as documented); "
           f"sketch and whole {'agree on every bug' if agree_all else 'DISAGREE'}; {time.monotonic() - t0:.0f} s")
     return 0 if fp == 0 and found == len(bug_rows) and agree_all else 1
 
