@@ -36,19 +36,23 @@ from diffcheck.watch_hash import bits_hash
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
 
 
-def rank_main(rank, world, init, args, out):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+def model_and_input(args, world):
+    """(model, this rank's input, the watch's mesh) of --parallel."""
     torch.manual_seed(0)
     if args.parallel == "dp":
         d = args.width
         model = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-        x, mesh = torch.randn(args.rows, d), f"dp={world}"
-    else:
-        sys.path.insert(0, EXAMPLES)
-        from watch_train import sharded_block
-        model, mesh, share = sharded_block(args.parallel, world, torch.float32)
-        x = torch.randn(world, 2, 16, model.ln1.normalized_shape[0])[share]
+        return model, torch.randn(args.rows, d), f"dp={world}"
+    sys.path.insert(0, EXAMPLES)
+    from watch_train import sharded_block
+    model, mesh, share = sharded_block(args.parallel, world, torch.float32)
+    return model, torch.randn(world, 2, 16, model.ln1.normalized_shape[0])[share], mesh
+
+
+def rank_main(rank, world, init, args, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    model, x, mesh = model_and_input(args, world)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 
     def steps(n):
@@ -113,7 +117,7 @@ def rank_main(rank, world, init, args, out):
         for e, r in ratios.items():
             print(f"every={e}: median {statistics.median(r):.4f}x of the steps without a watch ({args.rounds} rounds)")
         check_s = statistics.median(check_times)
-        print(f"one check (hashes, barrier, all-gather, compare): median {check_s * 1e3:.1f} ms; a step without it "
+        print(f"one check (hashes, exchange, compare): median {check_s * 1e3:.1f} ms; a step without it "
               f"{step_s * 1e3:.0f} ms: " + ", ".join(f"every={e}: +{100 * check_s / (e * step_s):.2f}%"
                                                      for e in (1, 2, 5, 10, 20, 50, 100)))
         print(f"hashing every parameter and gradient once: {hash_s * 1e3:.1f} ms "
