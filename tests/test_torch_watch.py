@@ -146,13 +146,16 @@ def _refusals(rank, world, init, out):
     w = watch.watch(d, mesh="dp=2")
     d.weight.grad = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])  # the gradient sharded: a new layout
     refused("layout", lambda: w.check(grads=True))
+    refused("other parameters", lambda: watch.watch(nn.Linear(4, 4) if rank == 0 else nn.Linear(4, 4, bias=False),
+                                                    mesh="dp=2"))
     with open(f"{out}.rank{rank}", "w") as f:
         f.write(repr(said))
     dist.destroy_process_group()
 
 
 class Refusals(unittest.TestCase):
-    """It never lies: nothing to compare, a shape or a layout changed since the watch started."""
+    """It never lies: nothing to compare, ranks with other parameters (pipeline stages), a shape or a
+    layout changed since the watch started."""
 
     def test_refused_by_name(self):
         import ast
@@ -170,6 +173,10 @@ class Refusals(unittest.TestCase):
                                                             r"replicas on mesh 'tp=2'.*nothing to compare")
             self.assertEqual(said[r]["shape"], f"rank {r}: watch(): parameter 'bias' changed shape from (4,) to (5,) "
                                                "since the watch started")
+            self.assertEqual(said[r]["other parameters"], f"rank {r}: watch(): rank 1's model has other parameters "
+                                                          "than rank 0's (1 against 2): the ranks watched together "
+                                                          "must hold the same model (give group= the ranks of one "
+                                                          "pipeline stage)")
             self.assertEqual(said[r]["layout"], f"rank {r}: watch(): parameter 'weight' is now laid out as "
                                                 "{'spec': 'dp,-'}, not {'spec': None} as when the watch started")
 

@@ -108,9 +108,15 @@ class Watch:
         if not self.replicated:
             raise ValueError(f"rank {self.rank}: watch(): no parameter of the model has replicas on mesh '{mesh}' "
                              "(every one is split or summed over every axis): there is nothing to compare")
-        hosts = [None] * self.world
-        dist.all_gather_object(hosts, socket.gethostname(), group=group)
+        everyone = [None] * self.world
+        dist.all_gather_object(everyone, (socket.gethostname(), [name for name, _ in self.params]), group=group)
+        hosts = [host for host, _ in everyone]
         self.hosts = hosts
+        other = next((r for r, (_, names) in enumerate(everyone) if names != everyone[0][1]), None)
+        if other is not None:  # a pipeline's stages, say: the rows of the hashes would not line up
+            raise ValueError(f"rank {self.rank}: watch(): rank {other}'s model has other parameters than rank 0's "
+                             f"({len(everyone[other][1])} against {len(everyone[0][1])}): the ranks watched together "
+                             "must hold the same model (give group= the ranks of one pipeline stage)")
         self.exchange = Exchange(group, self.rank, self.world, hosts, timeout)
         self._placed = {}  # (placements, device mesh, dimensions) -> layout attrs
         # DIFFCHECK_WATCH_HASH=sums: the accelerator's hash on every device (its CPU twin, which the suite runs)
