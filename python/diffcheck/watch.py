@@ -280,9 +280,7 @@ class Watch:
         pieces = []
         with RankDump(prefix, self.mesh, self.rank, producer="diffcheck.torch watch") as d:
             for f in found:
-                t = f["value"](by_name[f["name"]])
-                local = dtensor_layout(t, list(self.axis_sizes))
-                t = local[0] if local is not None else t
+                t = self._local(f["name"], f["value"](by_name[f["name"]]))
                 pieces.append(t)
                 attrs = {k: v for k, v in self._layout[f["name"]].items() if k in ("spec", "partial") and v}
                 d.tap(f["tensor"], t, **attrs)
