@@ -55,7 +55,7 @@ class TorchE2E(E2ETest):
                         np.testing.assert_array_equal(cap[name][0], values, err_msg=f"rank {r} tap {name}")
                         counts = {k: cap[name][1].pop(k, None) for k in ("reduction_depth", "rounding_steps")}
                         self.assertEqual(cap[name][1], attrs, f"rank {r} tap {name}")
-                        # beyond the hand-written attributes: the rounding counts of diffcheck/rounding.py
+                        # beyond the hand-written attributes: the rounding counts of diffcheck/torch/rounding.py
                         self.assertTrue(all(v and v >= 1 for v in counts.values()), f"rank {r} tap {name}")
                     with h5py.File(f"{out}/capture.rank{r}.h5") as c, h5py.File(f"{out}/hand.rank{r}.h5") as h:
                         for key in ("mesh", "world_size", "rank", "diffcheck_schema"):

@@ -15,8 +15,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import diffcheck.jax as dcj  # noqa: E402
-from diffcheck.jax_layouts import LayoutError, array_layout, block_index, spec_strings  # noqa: E402
-from diffcheck.jax_taps import TapError  # noqa: E402
+from diffcheck.jax.layouts import LayoutError, array_layout, block_index, spec_strings  # noqa: E402
+from diffcheck.jax.taps import TapError  # noqa: E402
 
 AXES = ["dp", "fsdp", "tp"]
 
@@ -345,7 +345,7 @@ class NnxModules(unittest.TestCase):
 
 class Sketches(unittest.TestCase):
     def test_signs_are_format_mds(self):
-        from diffcheck.jax_sketch import signs
+        from diffcheck.jax.sketch import signs
         got = np.asarray(signs(0, 3, jnp.uint32(0), 8))
         want = ["+-+++---", "--+--+--", "---+--++"]  # docs/FORMAT.md, "Sketch taps"
         self.assertEqual(["".join("+" if v > 0 else "-" for v in row) for row in got], want)
@@ -369,7 +369,7 @@ class Sketches(unittest.TestCase):
                          (8, 5, "tp,-", 0))
         # dp is a replica axis: its 2 ranks share the piece's 8 tokens, rank 6 (dp 1) sketching 20-23
         self.assertEqual(attrs["sketch_shared"], "dp")
-        from diffcheck.jax_sketch import signs
+        from diffcheck.jax.sketch import signs
         r = np.concatenate([np.asarray(signs(5, 3, jnp.uint32(20), 4)), np.ones((1, 4))]).astype(np.float64)
         piece = np.asarray(x, np.float64)[20:24] * 2
         np.testing.assert_allclose(sketch, r @ piece, rtol=1e-6)

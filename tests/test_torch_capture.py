@@ -470,7 +470,7 @@ class WriterTest(unittest.TestCase):
     def test_a_dead_writer_thread_raises_instead_of_hanging(self):
         """Found while sweeping seeds: a writer thread that died left the next submit waiting forever."""
         import threading
-        from diffcheck.writer import BackgroundWriter
+        from diffcheck.dump.writer import BackgroundWriter
         w = BackgroundWriter()
         w._jobs.put(None)  # the thread ends as if it had died
         w._thread.join()
@@ -493,7 +493,7 @@ class WriterTest(unittest.TestCase):
 class DumpWritesAsH5pyDoes(unittest.TestCase):
     """diffcheck.dump writes datasets and attributes through HDF5's C
     functions or h5py's low-level API (h5py's high-level calls cost a sketch
-    capture most of its writing, diffcheck/hdf5_writes.py): either way, the
+    capture most of its writing, diffcheck/dump/hdf5_writes.py): either way, the
     file must read back exactly as h5py's own calls write it."""
 
     ARRAYS = {"f32": np.arange(6, dtype=np.float32).reshape(2, 3), "f64": np.linspace(0, 1, 5),
@@ -505,7 +505,8 @@ class DumpWritesAsH5pyDoes(unittest.TestCase):
     ROOT_ATTRS = {"flag": True, "counts": np.arange(3), "seed": 5, "producer": "x"}
 
     def written(self, path, low_level):
-        from diffcheck import h5_direct, hdf5_writes
+        from diffcheck.dump import h5_direct
+        from diffcheck.dump import hdf5_writes
         saved = dict(h5_direct._state)
         if low_level:
             h5_direct._state.update(lib=None, tried=True)

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 import diffcheck.torch as dct
-from diffcheck import staging
+from diffcheck.torch import session, staging
 
 
 class InPlace(nn.Module):
@@ -47,7 +47,7 @@ class DeviceTwinTest(unittest.TestCase):
 
     def tearDown(self):
         self._tmp.cleanup()
-        dct._CPU_TWIN_OF_DEVICE_COPIES = False
+        session._CPU_TWIN_OF_DEVICE_COPIES = False
 
     def test_host_staging_writes_what_the_hook_saw(self):
         torch.manual_seed(0)
@@ -63,7 +63,7 @@ class DeviceTwinTest(unittest.TestCase):
             made.append(self)
         staging.HostStaging.__init__ = spy
         try:
-            dct._CPU_TWIN_OF_DEVICE_COPIES = True
+            session._CPU_TWIN_OF_DEVICE_COPIES = True
             with torch.no_grad(), dct.capture(model, out=os.path.join(self.dir, "staged")):
                 model(x)
         finally:

@@ -1,4 +1,4 @@
-"""diffcheck/dtensor_plan.py on this torch, in one process (a one-rank gloo
+"""diffcheck/torch/dtensor_plan.py on this torch, in one process (a one-rank gloo
 group): the output placements each of torch's parallel styles declares are
 read from its hook (a torch that stores them elsewhere fails here, not
 silently in a user's capture); a plain output takes the declared layout over
@@ -19,8 +19,8 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOut
                                                SequenceParallel, parallelize_module)
 
 import diffcheck.torch as dct
-from diffcheck.dtensor_plan import UnknownLayout, _declared_output, _dtensor_types
-from diffcheck.layouts import placement_attrs
+from diffcheck.torch.dtensor_plan import UnknownLayout, _declared_output, _dtensor_types
+from diffcheck.dump.layouts import placement_attrs
 
 
 def setUpModule():

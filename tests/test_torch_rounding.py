@@ -1,4 +1,4 @@
-"""diffcheck.torch's rounding counts (python/diffcheck/rounding.py): the
+"""diffcheck.torch's rounding counts (python/diffcheck/torch/rounding.py): the
 reduction depth each op type adds, rounding steps, the deepest input path,
 a partial sum's global depth, a user's depth winning, the capture's own ops
 not counted, derive_depths=False, and the mode gone after the block (also
@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import diffcheck.torch as dct
-from diffcheck import rounding
+from diffcheck.torch import rounding
 
 
 def counted(fn, *xs):

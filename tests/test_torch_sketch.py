@@ -1,4 +1,4 @@
-"""Sketch mode of diffcheck.torch (python/diffcheck/sketch.py) and the
+"""Sketch mode of diffcheck.torch (python/diffcheck/sketch/__init__.py) and the
 comparator's sketch taps (harness/check/sketch_check.cpp):
 - the signs are the documented function (docs/FORMAT.md), the same in Python and C++;
 - linearity across layouts at 1-4 gloo ranks: token-sharded pieces and
@@ -26,11 +26,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import diffcheck.torch as dct
-from diffcheck import sketch, sketch_cpu
+from diffcheck import sketch
+from diffcheck.sketch import cpu_kernel as sketch_cpu
 from diffcheck.compare import find_executable
 from diffcheck.dump import RankDump, ReferenceDump
-from diffcheck.drill_down import drill_down_taps
-from diffcheck.layouts import dtensor_layout
+from diffcheck.torch.drill_down import drill_down_taps
+from diffcheck.dump.layouts import dtensor_layout
 
 # Signs of rows 0..2, tokens 0..7, seed 0: the values docs/FORMAT.md's
 # definition gives (also asserted by the C++ test SketchCheck.Signs).
@@ -53,7 +54,7 @@ def write_sketch_files(prefix, ref_path, pieces, mesh, spec, partial, reference,
     sk = sketch.Sketcher(k, seed)
     sizes = dict(part.split("=") for part in mesh.split(","))
     sizes = {a: int(n) for a, n in sizes.items()}
-    from diffcheck.layouts import block_index, spec_entry
+    from diffcheck.dump.layouts import block_index, spec_entry
     for rank, piece in enumerate(pieces):
         t = torch.from_numpy(piece)
         first = block_index(spec_entry(spec, -2, t.dim()), rank, sizes) * t.shape[-2]
@@ -301,7 +302,7 @@ class SketchTest(unittest.TestCase):
         self.assertEqual(sorted(order, key=order.get), ["0", "1", "model", "small"])
 
     def test_cpu_summaries_held_until_the_step_ends_within_a_bound(self):
-        from diffcheck import sketch_capture
+        from diffcheck.torch import sketch_capture
         torch.manual_seed(0)
         m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 3))
         x = torch.randn(40, 8)

@@ -16,10 +16,12 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
-from diffcheck import sketch_cpu, watch, watch_hash  # noqa: E402
-from diffcheck.layouts import placement_attrs  # noqa: E402
+from diffcheck import watch  # noqa: E402
+from diffcheck.sketch import cpu_kernel as sketch_cpu
+from diffcheck.watch import hashing as watch_hash
+from diffcheck.dump.layouts import placement_attrs  # noqa: E402
 from diffcheck.watch import replica_groups  # noqa: E402
-from diffcheck.watch_hash import bits_hash  # noqa: E402
+from diffcheck.watch.hashing import bits_hash  # noqa: E402
 
 from e2e import E2ETest  # noqa: E402
 
@@ -89,7 +91,7 @@ class BitsHash(unittest.TestCase):
 
 class RerunDifference(unittest.TestCase):
     def test_first_differing_bits(self):
-        from diffcheck.watch_rerun import first_difference
+        from diffcheck.watch.rerun import first_difference
         a = torch.tensor([1.0, 0.0, 3.0])
         self.assertIsNone(first_difference((a, {"x": a}), (a.clone(), {"x": a.clone()})))
         self.assertEqual(first_difference(a, torch.tensor([1.0, -0.0, 3.5])), (1, 0.0, -0.0))

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sysconfig
 import tempfile
 
 
@@ -44,12 +45,21 @@ class Divergence(DiffcheckError, AssertionError):
 REPORT_JSON_VARIABLE = "DIFFCHECK_REPORT_JSON"
 
 
+def _beside_interpreter():
+    """The executable `pip install .` put in this environment's scripts folder
+    (found also when the venv is not activated: its bin/ is then not on PATH)."""
+    path = os.path.join(sysconfig.get_path("scripts"), "diffcheck")
+    return path if os.access(path, os.X_OK) else None
+
+
 def find_executable(exe=None):
-    """`exe`, else $DIFFCHECK_EXE, else `diffcheck` on PATH."""
-    exe = exe or os.environ.get("DIFFCHECK_EXE") or shutil.which("diffcheck")
+    """`exe`, else $DIFFCHECK_EXE, else `diffcheck` on PATH, else the one
+    beside this interpreter (a venv's bin/, where `pip install .` puts it)."""
+    exe = exe or os.environ.get("DIFFCHECK_EXE") or shutil.which("diffcheck") or _beside_interpreter()
     if not exe:
-        raise DiffcheckError("the diffcheck executable was not found: run `bash scripts/setup.sh` "
-                             "(installs it into /usr/local/bin) or set DIFFCHECK_EXE")
+        raise DiffcheckError("the diffcheck executable was not found: `pip install .` from the checkout (into "
+                             "this environment), or `bash scripts/setup.sh` (into /usr/local/bin), or set "
+                             "DIFFCHECK_EXE")
     return exe
 
 

@@ -1,6 +1,6 @@
 /* The CPU sketch of a float32 or float64 tap in one pass, summed in float64
  * (diffcheck/sketch.py, docs/FORMAT.md "Sketch taps"): the fused twin of the
- * torch-ops path, loaded by diffcheck/sketch_cpu.py through ctypes.
+ * torch-ops path, loaded by diffcheck/sketch/cpu_kernel.py through ctypes.
  *
  * Why not a matrix product: with k = 8 sign rows the torch path widens each
  * float32 tap to float64 (a float32 sketch's own rounding swamps a float32

@@ -13,8 +13,8 @@ sync after a capture is reported too (what making the taps durable adds).
                                                     [--without sketch writes] [--compile]
 
 --sketch: the capture in sketch mode (every tap a sketch of K = 8 rows,
-diffcheck/sketch.py), against the same uninstrumented forward. The summary
-line says whether the fused CPU kernel (diffcheck/sketch_cpu.py) or torch
+diffcheck/sketch/__init__.py), against the same uninstrumented forward. The summary
+line says whether the fused CPU kernel (diffcheck/sketch/cpu_kernel.py) or torch
 ops sketched the taps.
 
 --steps N: a round is N forwards in one capture, each under dct.step(t) (every
@@ -22,7 +22,7 @@ tap of every step of a denoising loop, one file), against N uninstrumented
 forwards: the file's creation and closing are then shared by N steps.
 
 --compile: the block torch.compile'd (inductor) on both sides: the
-compiled forward against the compiled forward captured (diffcheck/compiled.py).
+compiled forward against the compiled forward captured (diffcheck/torch/compiled.py).
 
 --backward: a training step's worth instead, forward and backward of the sum
 of the output, uninstrumented against captured with backward=True (every
@@ -177,8 +177,8 @@ def rank_main(rank, n, a, init, out_dir, results):
 
 
 def kernel_in_use():
-    """Which path sketches the taps: the fused CPU kernel or torch ops (diffcheck/sketch_cpu.py)."""
-    from diffcheck import sketch_cpu
+    """Which path sketches the taps: the fused CPU kernel or torch ops (diffcheck/sketch/cpu_kernel.py)."""
+    from diffcheck.sketch import cpu_kernel as sketch_cpu
     path = sketch_cpu.loaded_from()
     return f"the fused CPU kernel {path}" if path else "torch ops: no CPU kernel built"
 

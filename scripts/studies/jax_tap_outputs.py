@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import diffcheck.jax as dcj  # noqa: E402
-from diffcheck import jax_taps  # noqa: E402
+from diffcheck.jax import taps as jax_taps  # noqa: E402
 
 
 HEADS = 8

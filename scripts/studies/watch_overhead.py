@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 import diffcheck.torch as dct
-from diffcheck.watch_hash import bits_hash
+from diffcheck.watch.hashing import bits_hash
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
 

@@ -1,12 +1,12 @@
-"""A sharded capture in sketch mode (jax_sketch.py): the function jitted with
+"""A sharded capture in sketch mode (sketch.py): the function jitted with
 each sketchable tap replaced by its devices' sketches, counts and hashes;
 the rest (small, 1-D, integer taps) leave whole as in a full capture."""
 import numpy as np
 
 import jax
 
-from diffcheck import jax_sketch
-from diffcheck.jax_layouts import spec_strings
+from diffcheck.jax import sketch as jax_sketch
+from diffcheck.jax.layouts import spec_strings
 
 
 class _NewTaps(Exception):

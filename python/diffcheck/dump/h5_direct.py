@@ -1,4 +1,4 @@
-"""HDF5's C functions called directly (ctypes) for what diffcheck/dump.py
+"""HDF5's C functions called directly (ctypes) for what diffcheck/dump/__init__.py
 writes most often: a tap's dataset and its dozen scalar attributes.
 
 Why: a sketch capture writes a dozen small taps per forward, and through
@@ -13,7 +13,7 @@ Debian's): handles are interchangeable (an h5py object's `.id` is the C
 library's hid_t), and the types and property lists are made by h5py once,
 then passed by handle. Every call is made holding h5py's lock, as h5py's
 own are (its HDF5 is not built thread-safe). Where the functions cannot be
-found, `available()` is False and dump.py uses h5py's low-level API, which
+found, `available()` is False and diffcheck.dump uses h5py's low-level API, which
 writes the same file (the suite compares both with h5py's high-level calls).
 """
 import ctypes

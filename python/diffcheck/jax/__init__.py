@@ -27,17 +27,20 @@ import os
 
 import jax
 
-from diffcheck import __version__, jax_host_taps, jax_nnx, jax_taps
-from diffcheck import jax_one_device as one
+from diffcheck import __version__
+from diffcheck.jax import host_taps as jax_host_taps
+from diffcheck.jax import nnx as jax_nnx
+from diffcheck.jax import taps as jax_taps
+from diffcheck.jax import one_device as one
 from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: F401
 from diffcheck.dump import RankDump, ReferenceDump
-from diffcheck.jax_layouts import LayoutError, array_layout, mesh_string  # noqa: F401
-from diffcheck.jax_reference_cache import fetch as reference_cache_fetch, key as reference_cache_key
-from diffcheck.jax_reference_cache import store as reference_cache_store
-from diffcheck.jax_rounding import output_depths
-from diffcheck.jax_sketch_run import SketchRun
-from diffcheck.jax_taps import TapError  # noqa: F401
-from diffcheck.keywords import check_root_keywords, root_attributes
+from diffcheck.jax.layouts import LayoutError, array_layout, mesh_string  # noqa: F401
+from diffcheck.jax.reference_cache import fetch as reference_cache_fetch, key as reference_cache_key
+from diffcheck.jax.reference_cache import store as reference_cache_store
+from diffcheck.jax.rounding import output_depths
+from diffcheck.jax.sketch_run import SketchRun
+from diffcheck.jax.taps import TapError  # noqa: F401
+from diffcheck.dump.keywords import check_root_keywords, root_attributes
 
 ONE_DEVICE_SUFFIX = ".one_device"
 REFERENCE_SUFFIX = ".reference"
@@ -308,7 +311,7 @@ def check(target, *args, out, mesh=None, kwargs=None, reference=True, one_device
     and in its own dtype, and compares: returns the JSON report of `diffcheck
     compare`; raises Divergence (an AssertionError) when a check fails.
     reference_cache=DIR: the two one-device runs are read from DIR when a run
-    of the same program on the same inputs made them (jax_reference_cache.py:
+    of the same program on the same inputs made them (reference_cache.py:
     XLA flags are not in the key, so runs under other flags are judged against
     the references made without them, as a flag bisect's first trial makes
     them), and kept there otherwise. Every process of a multi-process job

@@ -26,13 +26,13 @@ import itertools
 import torch
 import torch.distributed as dist
 
-from diffcheck.watch_rerun import first_difference
+from diffcheck.watch.rerun import first_difference
 
 _WATCHES = itertools.count()  # the same on every rank: a watch is made by every rank of its group, in order
 
 
 class Unanswered(RuntimeError):
-    """A rank did not come within the timeout (watch.py raises it as dct.RankUnresponsive)."""
+    """A rank did not come within the timeout (diffcheck/watch raises it as dct.RankUnresponsive)."""
 
 
 def _job_store():

@@ -1,5 +1,5 @@
 """The sketch mode of a capture (`dct.capture(..., sketch=True)`): each tap
-whose tensor is worth it becomes a sketch tap (diffcheck/sketch.py), computed
+whose tensor is worth it becomes a sketch tap (diffcheck/sketch/__init__.py), computed
 in the hook on the tensor's device and written when the step ends (dct.step)
 or the capture closes: a device's summaries come home in one copy (no
 synchronisation in a hook), and the writes of a step go to the writer thread
@@ -14,7 +14,7 @@ before: it costs no more.
 import functools
 
 from diffcheck import sketch
-from diffcheck.layouts import block_index, replica_axes, spec_entry
+from diffcheck.dump.layouts import block_index, replica_axes, spec_entry
 
 CPU_HELD_BYTES = 64 << 20  # CPU summaries held until the step ends, at most
 

@@ -1,9 +1,9 @@
 """The fused CPU sketch (python/kernels/sketch_cpu.c, built by CMake as
 libdiffcheck_sketch_cpu.so) through ctypes: a float32 or float64 tap on the
 CPU sketched in one pass, summed in float64, where the torch-ops path of
-diffcheck/sketch.py makes three passes. Same sketch, same verdicts (the
-suite checks the two agree); where the library is not found (a pip install
-builds none) the torch-ops path serves.
+diffcheck/sketch/__init__.py makes three passes. Same sketch, same verdicts (the
+suite checks the two agree); where the library is not found the torch-ops
+path serves, and a warning says so once.
 
 Where it is looked for: $DIFFCHECK_SKETCH_KERNEL (a path; "off": not at
 all), beside this package (CMake's install puts it there), then the build
@@ -29,7 +29,7 @@ def _candidates():
     if given:
         return [] if given.lower() == "off" else [given]
     here = os.path.dirname(os.path.abspath(__file__))
-    return [os.path.join(here, LIBRARY), os.path.join(here, "..", "..", "build", "python", LIBRARY)]
+    return [os.path.join(here, LIBRARY), os.path.join(here, "..", "..", "..", "build", "python", LIBRARY)]
 
 
 def function():
@@ -63,6 +63,13 @@ def function():
         if _state["function"] is None and given and given.lower() != "off":
             logging.getLogger("diffcheck").warning("diffcheck: %s=%s is not a loadable kernel: sketches use torch ops",
                                                    ENV, os.environ[ENV])
+        elif _state["function"] is None and not given:
+            # Named once per process, never replaced in silence: the fallbacks are slower
+            # (sketches in torch ops, the watch's CRC-32 in place of XXH3).
+            logging.getLogger("diffcheck").warning(
+                "diffcheck: the CPU kernel %s was not found (looked in %s): sketches use torch ops and "
+                "dct.watch hashes with CRC-32; `pip install .` from the checkout builds it, or set %s to "
+                "its path (\"off\": do without, and say nothing)", LIBRARY, ", ".join(_candidates()), ENV)
     return _state["function"]
 
 
@@ -142,7 +149,7 @@ def takes_bits(x):
 
 def piece_bits(x):
     """(nan, inf, hash) of x in one read, as int64 tensors: the exact NaN and
-    Inf counts and sketch.py's bits_hash (a 64-bit two's-complement value)."""
+    Inf counts and diffcheck.sketch's bits_hash (a 64-bit two's-complement value)."""
     width = x.shape[-1] if x.dim() else 1
     h, nan, inf = ctypes.c_uint64(), ctypes.c_int64(), ctypes.c_int64()
     _state["bits"](x.data_ptr(), x.element_size(), x.numel() // width, width, ctypes.byref(h), ctypes.byref(nan),

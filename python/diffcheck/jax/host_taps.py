@@ -19,7 +19,7 @@ import numpy as np
 import jax
 from jax import lax
 
-from diffcheck.jax_layouts import LayoutError, spec_strings
+from diffcheck.jax.layouts import LayoutError, spec_strings
 
 
 class HostedTap:

@@ -19,6 +19,8 @@ goes to the sharded one.
     dct.references(lambda dt: (Block(w).to(dt), (x.to(dt),)), "dumps/ref", dtype=torch.bfloat16)"""
 import torch
 
+from diffcheck.torch.session import capture, rank_and_world
+
 _NOT_FOR_REFERENCES = ("mesh", "layouts", "reference", "one_device", "rank", "world_size")
 
 
@@ -26,7 +28,6 @@ def references(make, out, *, dtype, step=None, optimizer=None, one_device=True, 
     """Makes the float64 reference and (one_device=True) the yardstick in
     `dtype` on rank 0; a no-op on the other ranks. Returns the reference
     file's path on rank 0, else None."""
-    from diffcheck.torch import capture, rank_and_world  # diffcheck.torch imports this module's user
     given = sorted(k for k in capture_kwargs if k in _NOT_FOR_REFERENCES)
     if given:
         raise TypeError(f"references(): {', '.join(given)} {'is' if len(given) == 1 else 'are'} the sharded "

@@ -1,4 +1,4 @@
-"""The hooking half of a capture (diffcheck/torch.py's Capture): which
+"""The hooking half of a capture (diffcheck/torch/session.py's Capture): which
 modules get hooks, what their taps are called (module paths, `@k` for a
 module called again, `step<t>/`, `rename=`), and what a hook does with the
 output it is handed (compiled.py hands it over, eagerly or from a compiled
@@ -8,7 +8,8 @@ import functools
 
 import torch
 
-from diffcheck import compiled, rounding
+from diffcheck.torch import compiled
+from diffcheck.torch import rounding
 
 ROOT_NAME = "model"
 

@@ -1,52 +1,28 @@
-"""Capture a PyTorch model's module outputs as diffcheck taps.
-
-    import diffcheck.torch as dct
-
-    # every rank of the sharded run: <out>.rank<R>.h5
-    with dct.capture(model, out="dumps/tp", mesh="tp=4",
-                     layouts={"*.fc1": "-,-,tp", "*.fc2.matmul": (None, "tp")}):
-        y = model(x)
-
-    # one process, the unsharded model: <out>.h5 with /reference/<same names>
-    with dct.capture(ref_model, out="dumps/ref", reference=True):
-        ref_model(x)
-
-    dct.compare("dumps/tp", reference="dumps/ref.h5")    # the JSON report; Divergence on a failure
-
-Tap names are module paths (`blocks.0.attn`, the root module is `model`);
-tuple, list and dict outputs are flattened (`blocks.0.attn/0`,
-`blocks.0.attn/hidden`); a module called again is numbered in execution order
-(`embed`, `embed@1`, ...), and `dct.step(t)` puts later taps under `step<t>/`
-(the numbering starts again), which `diffcheck compare` reports step by step.
-Layouts map glob patterns on tap names (without `step<t>/` and `@k`) to a
-`spec`, a `(spec, partial)` pair or a dict of tap attributes; a tap no pattern
-matches is replicated. See docs/torch.md.
-"""
+"""A capture session: the `Capture` context manager `dct.capture()` returns,
+and the functions that reach the open captures of this process (tap, grads,
+params, step). diffcheck/torch/__init__.py is the public face."""
 import os
 
 import torch
 
 from diffcheck import __version__
-from diffcheck.compare import DiffcheckError, Divergence, InputError, compare, verdict  # noqa: F401
 from diffcheck.dump import RankDump, ReferenceDump, mesh_size, mesh_sizes
-from diffcheck.layouts import layout_attrs
-from diffcheck.keywords import check_root_keywords, root_attributes, unexpected
-from diffcheck.math_mode import math_mode
-from diffcheck import rounding
-from diffcheck.backward import Gradients
-from diffcheck.writer import BackgroundWriter
-from diffcheck.capture_writing import TORCH_DTYPES, TapWriting
-from diffcheck.capture_hooks import ModuleHooks
-from diffcheck.staging import HostStaging
+from diffcheck.dump.layouts import layout_attrs
+from diffcheck.dump.keywords import check_root_keywords, root_attributes, unexpected
+from diffcheck.torch.math_mode import math_mode
+from diffcheck.torch import rounding
+from diffcheck.torch.backward import Gradients
+from diffcheck.dump.writer import BackgroundWriter
+from diffcheck.torch.capture_writing import TORCH_DTYPES, TapWriting
+from diffcheck.torch.capture_hooks import ModuleHooks
+from diffcheck.torch.staging import HostStaging
 from diffcheck.sketch import DEFAULT_ROWS
-from diffcheck.sketch_capture import SketchTaps
-from diffcheck.drill_down import drill_down_taps
-from diffcheck.dtensor_plan import PlanLayouts
-from diffcheck import compiled
-from diffcheck.compiled_counts import CompiledCounts
-from diffcheck.reference_runs import references  # noqa: F401  # dct.references(make, out, dtype=...)
-from diffcheck.pipeline import PipelineTaps, StageModules, is_schedule, schedule_stages
-from diffcheck.watch import RankUnresponsive, ReplicasDiffer, TransientFault, watch  # noqa: F401  # dct.watch(model, opt, mesh=...)
+from diffcheck.torch.sketch_capture import SketchTaps
+from diffcheck.torch.drill_down import drill_down_taps
+from diffcheck.torch.dtensor_plan import PlanLayouts
+from diffcheck.torch import compiled
+from diffcheck.torch.compiled_counts import CompiledCounts
+from diffcheck.torch.pipeline import PipelineTaps, StageModules, is_schedule, schedule_stages
 
 # Where launchers put a process's rank and the number of processes, most specific first.
 _LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
@@ -327,17 +303,17 @@ def capture(model, out, mesh=None, **kwargs):
               (`grad/<tap>`, when backward computes it) and, with optimizer=
               or dct.grads()/dct.params(), every parameter's gradient before
               the step (`param_grad/<name>`) and value after it
-              (`param/<name>`); see diffcheck/backward.py for their layouts
+              (`param/<name>`); see diffcheck/torch/backward.py for their layouts
     optimizer the training run's optimizer (backward=True): its step() taps
               the gradients before it and the parameters after it
     derive_depths  mark each tap with the rounding its value went through
-              (python/diffcheck/rounding.py), for the tolerance diffcheck
+              (python/diffcheck/torch/rounding.py), for the tolerance diffcheck
               derives when no one-device run is there; False: none
               (then every tap is held as one rounding of its dtype)
     pipeline_axis  for a torch.distributed.pipelining schedule given as
               `model`: the mesh axis of its stages (default "pp"); each
               rank taps its own stages' modules, every microbatch's call
-              laid together per tap (diffcheck/pipeline.py)
+              laid together per tap (diffcheck/torch/pipeline.py)
     rank, world_size   override what torch.distributed or the launcher say
     scenario, flags, dtype, seed, producer, size   root attributes of the file
     attrs     {name: str | number | bool}: other root attributes
@@ -376,7 +352,7 @@ def params():
 def unhook(model):
     """Removes the hooks that captures of a torch.compile'd model leave on its
     modules (they do nothing between captures, but each costs a call per
-    forward; diffcheck/compiled.py). The model recompiles on its next call."""
+    forward; diffcheck/torch/compiled.py). The model recompiles on its next call."""
     compiled.unhook(model)
     eager = compiled_original(model)
     if eager is not None:

@@ -8,7 +8,7 @@ traces, a capture's hook only hands the module's output tensors to one
 custom op, `diffcheck::tap`, with the hook's slot number: one node in the
 graph, no break, no recompile per hook. The op's implementation runs when
 the compiled graph does, with the real tensors, and calls what the capture
-put in the slot (the eager hook's work: diffcheck/torch.py's `_record`).
+put in the slot (the eager hook's work: diffcheck/torch/session.py's `_record`).
 Run eagerly, the hook calls the slot directly.
 
 On a compiled model (a torch.compile wrapper given to capture()) the hooks

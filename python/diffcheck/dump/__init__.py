@@ -28,7 +28,7 @@ import os
 import h5py
 import numpy as np
 
-from diffcheck import hdf5_writes
+from diffcheck.dump import hdf5_writes
 
 SCHEMA_VERSION = 1
 SKETCH_KIND = "rademacher1"  # docs/FORMAT.md, "Sketch taps" (here: writing one needs no torch)
@@ -40,15 +40,15 @@ def to_numpy(x):
     logical = None
     mod = type(x).__module__
     if mod.startswith("torch"):
-        import torch
+        # torch's own dtypes by name: the format layer never imports torch
         t = x.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        if t.dtype == torch.bfloat16:
+        if str(t.dtype) == "torch.bfloat16":
             logical = "bfloat16"
             t = t.float()
-        elif t.dtype == torch.bool:
-            t = t.to(torch.uint8)
+        elif str(t.dtype) == "torch.bool":
+            t = t.byte()
         return t.contiguous().numpy(), logical
     if "jax" in mod or "jaxlib" in mod:
         if str(x.dtype) == "bfloat16":

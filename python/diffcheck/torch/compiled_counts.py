@@ -20,7 +20,7 @@ import weakref
 
 import torch
 
-from diffcheck import rounding
+from diffcheck.torch import rounding
 
 
 _known = weakref.WeakKeyDictionary()  # eager module -> {input signature: {tap name: counts}}

@@ -6,7 +6,7 @@ module called again as `path@1`, `path@2`, ..."""
 import contextlib
 import threading
 
-from diffcheck import jax_taps
+from diffcheck.jax import taps as jax_taps
 
 _calls = threading.local()
 PATH_ATTRIBUTE = "_diffcheck_tap_path"

@@ -18,7 +18,7 @@ import shutil
 import jax
 import numpy as np
 
-from diffcheck import jax_one_device as one
+from diffcheck.jax import one_device as one
 
 CACHED = (".h5", ".one_device.rank0.h5")  # the reference, the yardstick
 

@@ -1,4 +1,4 @@
-"""dct.watch's hash of a tensor's bits (diffcheck/watch.py): on a CPU XXH3
+"""dct.watch's hash of a tensor's bits (diffcheck/watch/__init__.py): on a CPU XXH3
 from the diffcheck kernel library (zlib's CRC-32 without it), on an
 accelerator two integer sums computed there. Each hash carries the algorithm
 that made it: hashes made two ways are never compared."""
@@ -6,8 +6,8 @@ import zlib
 
 import torch
 
-from diffcheck import sketch_cpu
-from diffcheck.watch_rerun import _INT_OF
+from diffcheck.sketch import cpu_kernel as sketch_cpu
+from diffcheck.watch.rerun import _INT_OF
 
 _MIX = 0x9E3779B1
 

@@ -28,7 +28,7 @@ import warnings
 
 import torch
 
-from diffcheck import rounding
+from diffcheck.torch import rounding
 
 GRAD, PARAM_GRAD, PARAM = "grad/", "param_grad/", "param/"
 

@@ -1,4 +1,4 @@
-"""How diffcheck/dump.py writes a dataset and scalar attributes: the file
+"""How diffcheck/dump/__init__.py writes a dataset and scalar attributes: the file
 h5py's `create_dataset(name, data=a)` and `obj.attrs[k] = v` make (int64,
 float64, variable-length UTF-8 strings; contiguous layout, no times), at a
 fraction of their cost. A sketch capture writes a dozen small taps of a
@@ -6,13 +6,13 @@ dozen attributes each per forward: through h5py's high-level calls, that
 was most of its writing.
 
 Two ways, the same file: HDF5's C functions called directly
-(diffcheck/h5_direct.py), or, where those cannot be found, h5py's
+(diffcheck/dump/h5_direct.py), or, where those cannot be found, h5py's
 low-level API. Types and property lists are made once, by h5py.
 """
 import h5py
 import numpy as np
 
-from diffcheck import h5_direct
+from diffcheck.dump import h5_direct
 
 _MADE = {}
 

@@ -4,7 +4,7 @@ concrete arrays when it runs eagerly) become extra outputs of the compiled
 program, so they leave it with the result, with no host round trip per tap.
 
 A value of an inner trace cannot leave that way. Inside a shard_map body,
-each device hands its block to the host (jax_host_taps.py). Elsewhere (the
+each device hands its block to the host (host_taps.py). Elsewhere (the
 body of a lax.scan, jax.checkpoint or an inner jax.jit outside shard_map)
 such a tap is reported by name, never dropped in silence. A pytree is
 tapped leaf by leaf, `name/<key path>`."""
@@ -16,7 +16,7 @@ import threading
 import jax
 from jax._src import core as jax_core
 
-from diffcheck import jax_host_taps
+from diffcheck.jax import host_taps as jax_host_taps
 
 _state = threading.local()
 
@@ -70,7 +70,7 @@ class Collector:
         leaves wrapped so that their gradients are tapped as `grad/<name>`
         when a jax.grad inside the function computes them).
         numbered: a module's output, `name@k` when the name is taken (its k-th call).
-        spec: the layout of a value inside a shard_map body (jax_host_taps.py)."""
+        spec: the layout of a value inside a shard_map body (host_taps.py)."""
         again = self.unroll and any(n == name or n.startswith(name + "/") for n in self.names)
         if numbered or again:
             self.calls[name] = k = self.calls.get(name, 0 if again else -1) + 1
@@ -154,7 +154,7 @@ def _gradient_tap(collector, name, x):
     return identity(x)
 
 
-HOSTED = object()  # a value list entry: the tap leaves from each device (jax_host_taps.py)
+HOSTED = object()  # a value list entry: the tap leaves from each device (host_taps.py)
 
 
 def index_of(key):

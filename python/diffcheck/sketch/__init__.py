@@ -1,6 +1,6 @@
 """Linear sketches of taps: a small summary of a tensor, computed where the
 tensor is (in torch ops on a GPU; on the CPU by the fused kernel of
-sketch_cpu.py where it is built, else in torch ops), from which `diffcheck
+sketch/cpu_kernel.py where it is built, else in torch ops), from which `diffcheck
 compare` makes the three checks without the tensor (docs/FORMAT.md, "Sketch
 taps").
 
@@ -29,7 +29,7 @@ import weakref
 import numpy as np
 import torch
 
-from diffcheck import sketch_cpu
+from diffcheck.sketch import cpu_kernel as sketch_cpu
 from diffcheck.dump import SKETCH_KIND
 
 KIND = SKETCH_KIND
@@ -155,7 +155,7 @@ class Sketcher:
         lo, hi = share or (0, tokens)
         acc = accumulator(x.dtype)
         r = self._sign_rows(first_token + lo, hi - lo, x.device, acc)
-        # The fused CPU kernel (sketch_cpu.py) where it takes x: the same sums in one pass.
+        # The fused CPU kernel (sketch/cpu_kernel.py) where it takes x: the same sums in one pass.
         sketch = sketch_cpu.sketch(x[:, lo:hi], r, self.k) if sketch_cpu.takes(x) else None
         if sketch is None:
             sketch = self._torch_sketch(x[:, lo:hi], r, acc)

@@ -37,7 +37,7 @@ import sys
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from diffcheck.layouts import placement_attrs
+from diffcheck.dump.layouts import placement_attrs
 
 
 def _dtensor_types():

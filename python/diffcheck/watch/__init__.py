@@ -21,14 +21,14 @@ on_mismatch="stop" (the default), every rank raises ReplicasDiffer (an
 uncaught one ends the job with exit status 1); with "warn" the job goes on
 with a warning.
 
-The rerun check (`rerun="<module path>"`, `rerun_every=M`, diffcheck/watch_rerun.py):
+The rerun check (`rerun="<module path>"`, `rerun_every=M`, diffcheck/watch/rerun.py):
 every M-th step that module's forward runs again on each rank with the same
 inputs and random state; different bits are a transient fault of that rank's
 device, reported (with the step, the module and the first differing element)
 at the next check, as a TRANSIENT fault rather than a replica disagreement.
 
 It never hangs: each exchange waits at most `timeout` seconds and then names
-the ranks that did not come (diffcheck/watch_exchange.py). It never lies: a
+the ranks that did not come (diffcheck/watch/exchange.py). It never lies: a
 model with nothing replicated is refused when the watch starts, and a
 parameter whose shape or layout changes between steps is refused by name.
 """
@@ -41,10 +41,10 @@ import torch
 import torch.distributed as dist
 
 from diffcheck.dump import RankDump, mesh_size, mesh_sizes
-from diffcheck.layouts import dtensor_layout, is_dtensor, layout_attrs, placement_attrs, rank_coords, replica_axes
-from diffcheck.watch_exchange import Exchange, Unanswered
-from diffcheck.watch_hash import ALGORITHMS, SUMS, hash_row
-from diffcheck.watch_rerun import Rerun
+from diffcheck.dump.layouts import dtensor_layout, is_dtensor, layout_attrs, placement_attrs, rank_coords, replica_axes
+from diffcheck.watch.exchange import Exchange, Unanswered
+from diffcheck.watch.hashing import ALGORITHMS, SUMS, hash_row
+from diffcheck.watch.rerun import Rerun
 
 
 
@@ -335,5 +335,5 @@ class Watch:
 
 def watch(model, optimizer=None, *, mesh, every=1, **kwargs):
     """Checks, every `every` optimizer steps, that replicas of every parameter
-    and its gradient hold the same bits (see diffcheck/watch.py)."""
+    and its gradient hold the same bits (see diffcheck/watch/__init__.py)."""
     return Watch(model, optimizer, mesh=mesh, every=every, **kwargs)

@@ -1,4 +1,4 @@
-"""The writing half of a capture (diffcheck/torch.py's Capture): a tap's
+"""The writing half of a capture (diffcheck/torch/session.py's Capture): a tap's
 layout checked, its rounding counts added, and its values handed to the
 writer thread — whole (copied if the model may change them; a device
 tensor's through host staging, staging.py), or as a sketch
@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from diffcheck.dump import to_numpy
-from diffcheck.layouts import check_layout, dtensor_layout, is_dtensor
+from diffcheck.dump.layouts import check_layout, dtensor_layout, is_dtensor
 
 TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                 torch.float16: "float16"}
