@@ -39,6 +39,8 @@ def write_rank_files(prefix, corrupt=None):
             if corrupt == "reference" and tp == 1:
                 y = y * 1.5
             d.tap("block/y", y, partial="tp", reduction_depth=2)
+            if corrupt == "unreferenced":  # a tied weight's second name, say: no reference tap of that name
+                d.tap("head.weight", q, spec="-,tp")
             if r == 0:
                 d.reference("block/q", g)
                 d.reference("block/y", g.sum(axis=0))
@@ -53,6 +55,45 @@ class CompareRankFiles(E2ETest):
             self.assertExit(res, 0)
             self.assertTrue(res.report["pass"])
             self.assertEqual([t["name"] for t in res.report["taps"]], ["block/q", "block/y"])
+
+    def test_a_tap_with_no_reference_is_unchecked_never_a_pass(self):
+        prefix = self.path("dump")
+        write_rank_files(prefix, corrupt="unreferenced")
+        junit, page = self.path("report.xml"), self.path("report.html")
+        res = self.diffcheck("compare", prefix, "--junit", junit, "--html", page, json=True)
+        self.assertExit(res, 0)  # the checks that ran pass; the run has no failure
+        row = next(line for line in res.out.splitlines() if "head.weight" in line)
+        self.assertIn("UNCHECKED (no reference)", row)
+        self.assertNotIn("PASS", row)
+        self.assertIn("PASS: 2 taps pass; 1 not checked against the reference (no reference tap): head.weight",
+                      res.out)
+        self.assertNotIn("all 3 taps pass", res.out)
+        tap = next(t for t in res.report["taps"] if t["name"] == "head.weight")
+        self.assertEqual((tap["pass"], tap["verdict"]), (False, "unchecked"))
+        self.assertEqual(tap["reference"], {"present": False, "pass": False, "unchecked": True})
+        self.assertTrue(tap["replica"]["pass"])  # its other checks still ran
+        self.assertEqual(res.report["unchecked_taps"], ["head.weight"])
+        self.assertTrue(res.report["pass"])
+        with open(junit) as f:
+            xml = f.read()
+        self.assertIn('skipped="1"', xml)
+        self.assertIn("head.weight&apos; was not checked against the reference", xml)
+        with open(page) as f:
+            html = f.read()
+        self.assertIn('<tr class="unchecked" data-tap="head.weight">', html)
+        self.assertIn("PASS, 1 unchecked", html)
+        # --require-reference: the same tap is a failure, and the first divergence.
+        res = self.diffcheck("compare", prefix, "--require-reference", json=True)
+        self.assertExit(res, 1)
+        self.assertFirstDivergence(res, "head.weight", ["no reference"])
+        self.assertIn("FAIL: 1 of 3 taps fail.", res.out)
+        # A real failure beside it: both said, the unchecked tap not counted as failing.
+        write_rank_files(prefix, corrupt="unreferenced")
+        with h5py.File(prefix + ".rank0.h5", "r+") as f:
+            f["taps/block/q"][0, 0] += 1.0
+        res = self.diffcheck("compare", prefix, json=True)
+        self.assertExit(res, 1)
+        self.assertIn("1 not checked against the reference (no reference tap): head.weight", res.out)
 
     def test_nan_is_first_divergence_with_rank_and_index(self):
         prefix = self.path("dump")

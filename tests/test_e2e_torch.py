@@ -202,7 +202,10 @@ class TorchE2E(E2ETest):
         installed = os.path.dirname(p.stdout.strip())
         self.assertNotEqual(installed, os.path.join(SOURCE, "python", "diffcheck"))
         same, differ, missing = filecmp.cmpfiles(os.path.join(SOURCE, "python", "diffcheck"), installed,
-                                                 ["__init__.py", "dump.py", "compare.py", "torch.py"], shallow=False)
+                                                 ["__init__.py", "dump/__init__.py", "compare.py", "torch/__init__.py",
+                                                  "torch/session.py", "sketch/cpu_kernel.py"], shallow=False)
+        # Nothing of an earlier layout left beside it (the install removes the old package first).
+        self.assertFalse(os.path.exists(os.path.join(installed, "torch.py")), installed)
         self.assertEqual((differ, missing), ([], []), f"{installed} is stale: run bash scripts/setup.sh")
         # The torch environment imports this checkout's diffcheck.torch, with no PYTHONPATH.
         p = subprocess.run([PYTHON, "-c", "import diffcheck.torch, torch; print(diffcheck.__file__, torch.__version__)"],

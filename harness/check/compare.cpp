@@ -115,7 +115,29 @@ std::vector<std::string> TapVerdict::failed_checks() const {
   if (nonfinite.nan || nonfinite.inf) out.push_back("nonfinite");
   if (!replica.pass) out.push_back("replica");
   if (!reference.pass) out.push_back("reference");
+  if (unchecked && unchecked_fails) out.push_back("no reference");
   return out;
+}
+
+std::vector<std::string> CompareResult::unchecked_taps() const {
+  std::vector<std::string> out;
+  for (const auto& t : taps)
+    if (t.unchecked) out.push_back(t.name);
+  return out;
+}
+
+// A run has a reference when any of its taps was compared with one; each tap
+// that was not is then unchecked, not passed (a tied weight's second name, a
+// module the reference model lacks), and a failure under --require-reference.
+static void mark_unchecked(CompareResult& res, bool require_reference) {
+  const bool has_reference =
+      std::any_of(res.taps.begin(), res.taps.end(), [](const TapVerdict& t) { return t.reference.present; });
+  if (!has_reference) return;
+  for (auto& t : res.taps)
+    if (!t.reference.present) {
+      t.unchecked = true;
+      t.unchecked_fails = require_reference;
+    }
 }
 
 CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
@@ -143,9 +165,11 @@ CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
       res.tolerance_fallbacks.push_back(t.name);
     v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!v.reference.pass && t.microbatches > 0) v.wrong_microbatches = wrong_microbatches(set, t, v);
-    if (!v.pass() && !res.first_divergence) res.first_divergence = res.taps.size();
     res.taps.push_back(std::move(v));
   }
+  mark_unchecked(res, opts.require_reference);
+  for (std::size_t i = 0; i < res.taps.size() && !res.first_divergence; ++i)
+    if (!res.taps[i].pass()) res.first_divergence = i;
   res.images = judge_images(set, opts);
   return res;
 }

@@ -46,6 +46,9 @@ struct CompareOptions {
   // checks its share of every tap's chunks and the statistics are merged, so
   // every process gets the same result as one process alone. Null: alone.
   const Comm* processes = nullptr;
+  // A tap with no reference to be compared with, in a run that has one, is a
+  // failure (--require-reference) rather than "unchecked".
+  bool require_reference = false;
 };
 
 inline constexpr std::size_t kProcessAllowance = std::size_t{48} << 20;
@@ -140,7 +143,16 @@ struct TapVerdict {
   // The microbatch an element is in (0-based), from its index (global, as the
   // reference's worst; else local, as a rank's); -1 when the tap has none.
   long microbatch_of(const std::vector<std::size_t>& index, bool global) const;
-  bool pass() const { return nonfinite.nan == 0 && nonfinite.inf == 0 && replica.pass && reference.pass; }
+  // In a run that has a reference, a tap with none to be compared with (no
+  // reference tap of its name): never a pass. Its non-finite and replica
+  // checks still run; it fails only when `unchecked_fails` (--require-reference).
+  bool unchecked = false;
+  bool unchecked_fails = false;
+  bool pass() const {
+    return nonfinite.nan == 0 && nonfinite.inf == 0 && replica.pass && reference.pass && !(unchecked && unchecked_fails);
+  }
+  // Every check that ran passed, and the reference check ran (or the run has no reference).
+  bool passed_every_check() const { return pass() && !unchecked; }
   std::vector<std::string> failed_checks() const;
 };
 
@@ -177,6 +189,8 @@ struct CompareResult {
   // Taps marked as images, judged on the first process (empty elsewhere).
   std::vector<ImageVerdict> images;
   bool pass() const { return !first_divergence.has_value(); }
+  // The taps not checked against the reference (TapVerdict::unchecked), in order.
+  std::vector<std::string> unchecked_taps() const;
 };
 
 CompareResult compare(const ActivationSet& set, const CompareOptions& opts);

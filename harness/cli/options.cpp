@@ -68,6 +68,9 @@ void add_report_options(CLI::App& app, dc::ReportOptions& r, std::string& tolera
   app.add_option("--rtol", r.compare.rtol, "Relative tolerance for every tap (same precedence as --atol)");
   app.add_option("--replica-ulps", r.compare.replica_ulps, "Allowed ULP distance between replicas (default 0: bitwise)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--require-reference", r.compare.require_reference,
+               "A tap with no reference tap to be compared with, in a run that has a reference, fails (by default it "
+               "is reported UNCHECKED and counted apart: never a pass; its non-finite and replica checks still run)");
 }
 
 void add_pipeline_options(CLI::App& app, dc::PipelineOptions& p) {

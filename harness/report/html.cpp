@@ -88,6 +88,7 @@ table{border-collapse:collapse;font:12px ui-monospace,monospace}
 th,td{padding:2px 8px;border-bottom:1px solid #e0e0e0;text-align:right}
 td.l,th.l{text-align:left}
 tr.fail td.v{color:#c62828;font-weight:600}
+tr.unchecked td.v{color:#b26a00;font-weight:600}
 tr.first{background:#ffebee;outline:2px solid #c62828}
 tr.wrong td.name{text-decoration:line-through;color:#9e9e9e}
 )";

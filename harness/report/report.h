@@ -35,6 +35,8 @@ std::string describe_tap(const TapVerdict& t, std::size_t index);
 // its noise floor and clean margin (tolerance / floor), in one line:
 // "calibrated: rtol 1.1e-06 (floor 4.2e-07, clean margin 2.6x), rel L2 <= ...".
 std::string tolerance_line(const ReferenceCheck& ref);
+// "N not checked against the reference (no reference tap): a, b, ..." (the first five named).
+std::string unchecked_sentence(const std::vector<std::string>& names);
 // The report table's tolerance cell: the source, and for a derived tolerance
 // its depth and math ("derived d1536 TF32").
 std::string tolerance_cell(const Tolerance& tol);

@@ -82,7 +82,7 @@ class ConsoleReporter final : public Reporter {
     for (std::size_t i = 0; i < res.taps.size(); ++i) {
       const auto& t = res.taps[i];
       const auto& rc = t.reference;
-      std::string verdict = t.pass() ? "PASS" : "FAIL";
+      std::string verdict = !t.pass() ? "FAIL" : t.unchecked ? "UNCHECKED (no reference)" : "PASS";
       if (!t.pass()) {
         std::string checks;
         for (const auto& c : t.failed_checks()) checks += (checks.empty() ? "" : ",") + c;
@@ -103,13 +103,19 @@ class ConsoleReporter final : public Reporter {
     std::size_t failed = std::count_if(res.taps.begin(), res.taps.end(),
                                        [](const TapVerdict& t) { return !t.pass(); });
     out << "\n";
-    if (res.pass()) {
+    const auto unchecked = res.unchecked_taps();
+    if (res.pass() && unchecked.empty()) {
       const bool referenced = std::any_of(res.taps.begin(), res.taps.end(),
                                           [](const TapVerdict& t) { return t.reference.present; });
       out << fmt::format("PASS: all {} taps pass ({})\n", res.taps.size(),
                          referenced ? "non-finite, replica, reference checks" : "non-finite and replica checks; no reference");
+    } else if (res.pass()) {
+      out << fmt::format("PASS: {} taps pass; {}\n", res.taps.size() - unchecked.size(), unchecked_sentence(unchecked));
     } else {
       out << fmt::format("FAIL: {} of {} taps fail.\n", failed, res.taps.size());
+      // Under --require-reference they are failures, counted above; else they are said apart.
+      if (!unchecked.empty() && !res.taps[*res.first_divergence].unchecked_fails)
+        out << fmt::format("{}\n", unchecked_sentence(unchecked));
       out << describe_first_divergence(set, res);
     }
   }
@@ -122,6 +128,13 @@ std::unique_ptr<Reporter> make_console_reporter() { return std::make_unique<Cons
 std::string describe_first_divergence(const ActivationSet&, const CompareResult& res) {
   if (res.pass()) return "";
   return "First divergence: " + describe_tap(res.taps[*res.first_divergence], *res.first_divergence);
+}
+
+std::string unchecked_sentence(const std::vector<std::string>& names) {
+  constexpr std::size_t kNamed = 5;
+  std::vector<std::string> first(names.begin(), names.begin() + std::min(names.size(), kNamed));
+  return fmt::format("{} not checked against the reference (no reference tap): {}{}", names.size(),
+                     fmt::join(first, ", "), names.size() > kNamed ? fmt::format(" and {} more", names.size() - kNamed) : "");
 }
 
 std::string tolerance_cell(const Tolerance& tol) {

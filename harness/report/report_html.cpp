@@ -93,14 +93,14 @@ std::string tap_table(const CompareResult& res) {
   for (std::size_t i = 0; i < res.taps.size(); ++i) {
     const TapVerdict& t = res.taps[i];
     const auto& ref = t.reference;
-    std::string verdict = "PASS";
+    std::string verdict = t.unchecked && t.pass() ? "UNCHECKED (no reference)" : "PASS";
     if (!t.pass()) {
       verdict = "FAIL (";
       const auto checks = t.failed_checks();
       for (std::size_t k = 0; k < checks.size(); ++k) verdict += (k ? ", " : "") + checks[k];
       verdict += ")";
     }
-    std::string cls = t.pass() ? "pass" : "fail";
+    std::string cls = !t.pass() ? "fail" : t.unchecked ? "unchecked" : "pass";
     if (res.first_divergence == i) cls += " first";
     s += fmt::format(
         "<tr class=\"{}\" data-tap=\"{}\"><td>{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td>"
@@ -132,12 +132,16 @@ class HtmlReporter final : public Reporter {
     std::size_t failing = 0;
     for (const auto& t : res.taps) failing += !t.pass();
     out << html::page_begin(title);
-    out << "<h1>" << esc(title) << " " << html::verdict_badge(res.pass(), res.pass() ? "PASS" : "FAIL")
+    out << "<h1>" << esc(title) << " " << html::verdict_badge(res.pass(), !res.pass()                     ? "FAIL"
+                                                   : res.unchecked_taps().empty() ? "PASS"
+                                                   : fmt::format("PASS, {} unchecked", res.unchecked_taps().size()))
         << "</h1>\n<div class=\"meta\">" << meta << " &middot; " << res.taps.size() << " taps, " << failing
         << " failing</div>\n";
     if (!res.pass())
       out << "<pre id=\"first-divergence\">" << esc(describe_first_divergence(set, res)) << "</pre>\n";
-    else
+    if (const auto unchecked = res.unchecked_taps(); !unchecked.empty())
+      out << "<p id=\"unchecked\">" << esc(unchecked_sentence(unchecked)) << "</p>\n";
+    else if (res.pass())
       out << "<p id=\"all-pass\">Every check of every tap passes.</p>\n";
     if (!res.tolerance_note.empty())
       out << "<p id=\"tolerance-note\">" << esc(res.tolerance_note) << "</p>\n";

@@ -26,7 +26,9 @@ json tap_json(const TapVerdict& t, std::size_t order) {
   if (!t.stage.empty()) j["stage"] = t.stage;
   if (t.microbatches > 0) j["microbatches"] = t.microbatches;
   if (!t.wrong_microbatches.empty()) j["wrong_microbatches"] = t.wrong_microbatches;
-  j["pass"] = t.pass();
+  // A tap never compared with the reference is no pass, whatever the run's verdict.
+  j["pass"] = t.passed_every_check();
+  j["verdict"] = !t.pass() ? "fail" : t.unchecked ? "unchecked" : "pass";
   j["failed_checks"] = t.failed_checks();
   const auto& nf = t.nonfinite;
   j["nonfinite"] = {{"nan", nf.nan}, {"inf", nf.inf}, {"first_nan", element(nf.first_nan)},
@@ -40,7 +42,8 @@ json tap_json(const TapVerdict& t, std::size_t order) {
                              {"leader_value", json_number(rc.leader_value)},
                              {"other_value", json_number(rc.other_value)}};
   const auto& ref = t.reference;
-  j["reference"] = {{"present", ref.present}, {"pass", ref.pass}};
+  j["reference"] = {{"present", ref.present}, {"pass", ref.pass && !t.unchecked}};
+  if (t.unchecked) j["reference"]["unchecked"] = true;
   if (ref.other_run) j["reference"]["other_run"] = true;  // compare --against: no reference was used
   if (ref.present) {
     j["reference"].update({{"atol", json_number(ref.tol.atol)}, {"rtol", json_number(ref.tol.rtol)},
@@ -99,6 +102,7 @@ class JsonReporter final : public Reporter {
     j["world_size"] = set.world_size;
     j["info"] = set.info;
     j["pass"] = res.pass();
+    j["unchecked_taps"] = res.unchecked_taps();  // not compared with the reference: no pass (--require-reference: a failure)
     j["taps"] = json::array();
     for (std::size_t i = 0; i < res.taps.size(); ++i) j["taps"].push_back(tap_json(res.taps[i], i));
     if (res.first_divergence) {

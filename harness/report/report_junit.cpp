@@ -31,6 +31,10 @@ JUnitSuite junit_suite(const ActivationSet& set, const CompareResult& res, const
       c.message = fmt::format("tap '{}' fails its {} check{}{}", t.name, c.type, checks.size() > 1 ? "s" : "",
                               res.first_divergence == i ? " (the first divergence)" : "");
       c.text = (res.first_divergence == i ? "First divergence: " : "") + describe_tap(t, i);
+    } else if (t.unchecked) {
+      c.outcome = JUnitCase::Outcome::skipped;
+      c.message = fmt::format("tap '{}' was not checked against the reference (no reference tap of that name); "
+                              "its non-finite and replica checks pass", t.name);
     }
     suite.cases.push_back(std::move(c));
   }

@@ -80,7 +80,7 @@ def child_environment(env=None):
 
 
 def compare(prefix, reference=None, *, against=None, exact=False, tolerances=None, noise_floor=None, atol=None,
-            rtol=None, html=None, junit=None, args=(), check=True, exe=None, timeout=None):
+            rtol=None, html=None, junit=None, require_reference=False, args=(), check=True, exe=None, timeout=None):
     """Runs `diffcheck compare PREFIX [--reference REF] ...` and returns its
     JSON report as a dict (`report["pass"]`, `report["first_divergence"]`,
     `report["taps"]`). With check=True (default) a failed check raises
@@ -90,13 +90,18 @@ def compare(prefix, reference=None, *, against=None, exact=False, tolerances=Non
     Without a reference: `against=OTHER` (a prefix or run file, or a list of
     one) compares the run with another run of the same model, on any mesh;
     each tolerance is the sum of both runs' bounds. `exact=True` wants every
-    bit equal (an earlier run on the same mesh and build)."""
+    bit equal (an earlier run on the same mesh and build).
+
+    A tap the reference has no tap for is UNCHECKED (`report["unchecked_taps"]`),
+    never a pass; `require_reference=True` makes it a failure."""
     cmd = [find_executable(exe), "compare", os.fspath(prefix)]
     if against is not None:
         for other in ([against] if isinstance(against, (str, os.PathLike)) else against):
             cmd += ["--against", os.fspath(other)]
     if exact:
         cmd.append("--exact")
+    if require_reference:
+        cmd.append("--require-reference")
     for flag, value in (("--reference", reference), ("--tolerances", tolerances), ("--noise-floor", noise_floor),
                         ("--atol", atol), ("--rtol", rtol), ("--html", html), ("--junit", junit)):
         if value is not None:
