@@ -223,11 +223,36 @@ class CompareBadInput(E2ETest):
             f.create_dataset("taps/q", data=np.zeros((3, 3), np.float32))
         self.expect_error(p, "shape.h5", "tap 'q'", "world_size=2")
 
-    def test_reference_shape_mismatch(self):
+    def test_reference_shape_mismatch_is_a_finding_at_that_tap(self):
+        # A fault that changes a shape (an all-to-all's dimensions swapped, a gather left out) is a FAIL at
+        # its tap, in order, with the table printed and every other tap checked; not an input error.
         p = self.good_run_file(self.path("ref.h5"))
         with h5py.File(p, "a") as f:
             f.create_dataset("reference/q", data=np.zeros((5,)))
-        self.expect_error(p, "reference/q", "global shape [6]")
+        res = self.diffcheck("compare", p, json=True)
+        self.assertExit(res, 1)
+        self.assertFirstDivergence(res, "q", ["shape"])
+        self.assertRegex(res.out, r"q .*FAIL \(shape\)")
+        self.assertIn("SHAPE differs: the tap's global shape [6]", res.out)
+        self.assertIn("against the reference's [5]: dimension 0 differs in size", res.out)
+        tap = res.report["taps"][0]
+        self.assertEqual(tap["reference"]["shape"], {"reference": [5], "global": [6]})
+
+    def test_every_shape_finding_is_listed_at_once_and_a_permutation_named(self):
+        prefix = self.path("dump")
+        write_rank_files(prefix)
+        with h5py.File(prefix + ".rank0.h5", "r+") as f:
+            g = f["reference/block/q"][()]
+            del f["reference/block/q"]
+            f.create_dataset("reference/block/q", data=g.T.copy())   # [8,2] against the tap's [2,8]
+            y = f["reference/block/y"][()]
+            del f["reference/block/y"]
+            f.create_dataset("reference/block/y", data=np.concatenate([y, y]))
+        res = self.diffcheck("compare", prefix, json=True)
+        self.assertExit(res, 1)
+        self.assertIn("FAIL: 2 of 2 taps fail.", res.out)
+        self.assertEqual([t["failed_checks"] for t in res.report["taps"]], [["shape"], ["shape"]])
+        self.assertIn("dimensions 0, 1 hold the same sizes in another order (swapped)", res.out)
 
     def test_missing_rank_file(self):
         prefix = self.path("dump")

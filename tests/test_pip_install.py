@@ -25,10 +25,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def python_of(version):
     """An interpreter of `version` ("3.11"): on PATH, Debian's, or pyenv's."""
-    candidates = [shutil.which(f"python{version}"), f"/usr/bin/python{version}"]
+    candidates = [f"/usr/bin/python{version}"]
     candidates += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))
+    candidates.append(shutil.which(f"python{version}"))
     for c in candidates:
-        if c and os.access(c, os.X_OK):
+        # pyenv's shims answer for every version but run only the selected one
+        if c and "/shims/" not in c and os.access(c, os.X_OK):
             return c
     raise AssertionError(f"no Python {version} on this machine (PATH, /usr/bin, ~/.pyenv): the test needs one")
 
@@ -61,8 +63,13 @@ class PipInstall(unittest.TestCase):
         return p.returncode, p.stdout + p.stderr
 
     def check_installed(self, py):
-        probe = ("import diffcheck, diffcheck.compare as c; from diffcheck.sketch import cpu_kernel as k; "
-                 "print(diffcheck.__file__); print(k.loaded_from()); print(c.find_executable())")
+        # The kernel beside the package (it loads through diffcheck.sketch, which needs torch, where torch is).
+        probe = ("import os, importlib.util, diffcheck, diffcheck.compare as c; print(diffcheck.__file__); "
+                 "print(c.find_executable()); "
+                 "lib = os.path.join(os.path.dirname(diffcheck.__file__), 'sketch', 'libdiffcheck_sketch_cpu.so'); "
+                 "assert os.path.exists(lib), lib; print(lib)\n"
+                 "if importlib.util.find_spec('torch'):\n"
+                 "    from diffcheck.sketch import cpu_kernel; print(cpu_kernel.loaded_from())")
         p = subprocess.run([py, "-c", probe], cwd="/", env=user_env(), capture_output=True, text=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         venv = os.path.dirname(os.path.dirname(py))

@@ -67,6 +67,11 @@ struct TapData {
   long microbatches = 0;  // the `complex` attribute: a complex tensor's real view (last dimension: re, im)
   Shape local_shape;
   std::optional<Shape> reference_shape;  // the global shape, when the tap has a reference
+  // A reference whose shape is not the tap's global shape: a finding at this
+  // tap (a fault that changes a shape: an all-to-all's dimensions swapped, a
+  // gather left out), not an input error. The reference's shape; the tap then
+  // has no reference_shape and is not compared element by element.
+  std::optional<Shape> mismatched_reference_shape;
   std::optional<SketchInfo> sketch;      // a sketch tap
   // Run against run (compare --against): the same tap of the run this one is
   // compared against. Its global values stand where a reference would, and

@@ -114,7 +114,7 @@ std::vector<std::string> TapVerdict::failed_checks() const {
   std::vector<std::string> out;
   if (nonfinite.nan || nonfinite.inf) out.push_back("nonfinite");
   if (!replica.pass) out.push_back("replica");
-  if (!reference.pass) out.push_back("reference");
+  if (!reference.pass) out.push_back(reference.mismatched_shape ? "shape" : "reference");
   if (unchecked && unchecked_fails) out.push_back("no reference");
   return out;
 }
@@ -130,11 +130,10 @@ std::vector<std::string> CompareResult::unchecked_taps() const {
 // that was not is then unchecked, not passed (a tied weight's second name, a
 // module the reference model lacks), and a failure under --require-reference.
 static void mark_unchecked(CompareResult& res, bool require_reference) {
-  const bool has_reference =
-      std::any_of(res.taps.begin(), res.taps.end(), [](const TapVerdict& t) { return t.reference.present; });
-  if (!has_reference) return;
+  auto referenced = [](const TapVerdict& t) { return t.reference.present || t.reference.mismatched_shape; };
+  if (!std::any_of(res.taps.begin(), res.taps.end(), referenced)) return;
   for (auto& t : res.taps)
-    if (!t.reference.present) {
+    if (!referenced(t)) {
       t.unchecked = true;
       t.unchecked_fails = require_reference;
     }
@@ -165,6 +164,10 @@ CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
       res.tolerance_fallbacks.push_back(t.name);
     v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!v.reference.pass && t.microbatches > 0) v.wrong_microbatches = wrong_microbatches(set, t, v);
+    if (t.mismatched_reference_shape) {
+      v.reference.mismatched_shape = t.mismatched_reference_shape;
+      v.reference.pass = false;
+    }
     res.taps.push_back(std::move(v));
   }
   mark_unchecked(res, opts.require_reference);

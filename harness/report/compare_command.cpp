@@ -84,6 +84,13 @@ std::optional<ToleranceTable> measured_tolerances(const ActivationSet& set, cons
   } catch (const InputError& e) {
     input_error("noise floor {}: {}", floor_source, e.what());
   }
+  // The one-device run is the same model as the reference, unsharded: a shape that differs is a wrong file
+  // (another size, another model), not a finding of the run under check.
+  for (const auto& t : floor_set.taps)
+    if (t.mismatched_reference_shape)
+      input_error("noise floor {}: {}:/reference/{}: reference shape {} does not match the tap's global shape {}",
+                  floor_source, reference, t.name, shape_str(*t.mismatched_reference_shape),
+                  shape_str(t.layout.global_shape(floor_set.mesh, t.local_shape)));
   require_same_computation(set, floor_set);
   ToleranceFile f;
   f.floors = floors_of(compare(floor_set, floor_measuring_options(opts.compare)));

@@ -202,6 +202,41 @@ static std::string microbatch_note(const TapVerdict& t, const std::vector<std::s
   return mb < 0 ? std::string() : fmt::format(" (microbatch {} of {})", mb, t.microbatches);
 }
 
+// The dimensions where two shapes of one rank differ, and whether they hold
+// the same sizes in another order (a transpose, an all-to-all's scatter and
+// gather dimensions swapped) or other sizes (a gather left out, a wrong split).
+static std::string shape_difference(const Shape& got, const Shape& want) {
+  if (got.size() != want.size())
+    return fmt::format("{} dimensions against {}", got.size(), want.size());
+  std::vector<std::size_t> dims, a, b;
+  for (std::size_t d = 0; d < got.size(); ++d)
+    if (got[d] != want[d]) {
+      dims.push_back(d);
+      a.push_back(got[d]);
+      b.push_back(want[d]);
+    }
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  const bool many = dims.size() > 1;
+  return fmt::format("dimension{} {} {}", many ? "s" : "", fmt::join(dims, ", "),
+                     a == b ? "hold the same sizes in another order (swapped)" : many ? "differ in size" : "differs in size");
+}
+
+// A tap whose global shape is not its reference's: what each is, where they
+// differ, and where a missing layout could be the cause, that possibility.
+static std::string shape_paragraph(const TapVerdict& t) {
+  const Shape& ref = *t.reference.mismatched_shape;
+  std::string s = fmt::format("  SHAPE differs: the tap's global shape {} (local {}, layout {}) against the "
+                              "reference's {}: {}\n",
+                              shape_str(t.global_shape), shape_str(t.local_shape), t.layout, shape_str(ref),
+                              shape_difference(t.global_shape, ref));
+  if (t.layout.rfind("replicated", 0) == 0 && t.local_shape.size() == ref.size() &&
+      numel(t.local_shape) * 2 <= numel(ref))
+    s += "  the rank files call it replicated and the reference is larger: if the tap is sharded, give it a layout "
+         "(its 'spec' attribute; layouts= in diffcheck.torch)\n";
+  return s;
+}
+
 std::string describe_tap(const TapVerdict& t, std::size_t index) {
   std::string s = fmt::format("tap '{}' (#{}), layout {}, local {} global {}\n", t.name, index, t.layout,
                               shape_str(t.local_shape), shape_str(t.global_shape));
@@ -238,6 +273,7 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
     s += "  replicas agree (bitwise)\n";
   }
   const auto& ref = t.reference;
+  if (ref.mismatched_shape) s += shape_paragraph(t);
   if (ref.present && !ref.pass && ref.estimated) {
     s += fmt::format("  reference DISAGREES (from sketches): rel L2 ~{} (+-{:.0f}%, estimated) over its limit {} "
                      "({:.3g}x){}; a sketch has no element values: capture again with only=report for the worst "
@@ -262,7 +298,7 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
                                 sci(*ref.tol.rel_l2_limit), *ref.l2_ratio)
                   : "") +
             (column_fails ? fmt::format(", and the column-mean error {} over its limit {} ({:.3g}x: an error shared by "
-                                        "every token of a column, as from a bias added twice)",
+                                        "every token of a column)",
                                         sci(*ref.column_mean), sci(*ref.tol.column_mean_limit), *ref.column_ratio)
                           : ""),
         sci(ref.max_abs), sci(ref.max_rel), sci(ref.rel_l2), index_str(ref.worst.index),
