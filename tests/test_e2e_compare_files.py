@@ -95,6 +95,19 @@ class CompareRankFiles(E2ETest):
         self.assertExit(res, 1)
         self.assertIn("1 not checked against the reference (no reference tap): head.weight", res.out)
 
+    def test_long_tap_names_are_never_cut_into_one_name(self):
+        # Two MaxText taps that share their first 40 characters each keep a name of their own.
+        prefix = self.path("dump")
+        names = ["decoder.layers_1.self_attention.rotary_query", "decoder.layers_1.self_attention.rotary_key"]
+        for r in range(2):
+            with RankDump(prefix, "dp=2", r) as d:
+                for n in names:
+                    d.tap(n, np.ones(4, np.float32))
+        res = self.diffcheck("compare", prefix)
+        self.assertExit(res, 0)
+        for n in names:
+            self.assertIn(f" {n} ", res.out)
+
     def test_nan_is_first_divergence_with_rank_and_index(self):
         prefix = self.path("dump")
         write_rank_files(prefix, corrupt="nan")
@@ -253,6 +266,14 @@ class CompareBadInput(E2ETest):
         self.assertIn("FAIL: 2 of 2 taps fail.", res.out)
         self.assertEqual([t["failed_checks"] for t in res.report["taps"]], [["shape"], ["shape"]])
         self.assertIn("dimensions 0, 1 hold the same sizes in another order (swapped)", res.out)
+
+    def test_stale_rank_files_of_a_larger_mesh_are_named(self):
+        prefix = self.path("dump")
+        write_rank_files(prefix)
+        for r in (4, 5):  # an earlier run at 8 ranks under the same prefix
+            shutil.copy(prefix + ".rank0.h5", f"{prefix}.rank{r}.h5")
+        self.expect_error(prefix, "2 rank file(s) beyond this run's 4 ranks (mesh dp=2,tp=2)", "dump.rank4.h5",
+                          "dump.rank5.h5")
 
     def test_missing_rank_file(self):
         prefix = self.path("dump")

@@ -64,8 +64,9 @@ class PipInstall(unittest.TestCase):
 
     def check_installed(self, py):
         # The kernel beside the package (it loads through diffcheck.sketch, which needs torch, where torch is).
-        probe = ("import os, importlib.util, diffcheck, diffcheck.compare as c; print(diffcheck.__file__); "
-                 "print(c.find_executable()); "
+        probe = ("import os, importlib.util, diffcheck; from diffcheck.compare import find_executable; "
+                 "print(diffcheck.__file__); "
+                 "print(find_executable()); "
                  "lib = os.path.join(os.path.dirname(diffcheck.__file__), 'sketch', 'libdiffcheck_sketch_cpu.so'); "
                  "assert os.path.exists(lib), lib; print(lib)\n"
                  "if importlib.util.find_spec('torch'):\n"

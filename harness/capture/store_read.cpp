@@ -204,6 +204,31 @@ void check_rank_taps(ActivationSet& set, const std::string& prefix, int r, const
   }
 }
 
+// Rank files of the prefix beyond this run's ranks: left by an earlier run on
+// a larger mesh, they would be read by nothing and mislead whoever reads the
+// folder. An input error naming them (the run's own files are not touched).
+void refuse_stale_rank_files(const std::string& prefix, const ActivationSet& set) {
+  const fs::path p(prefix);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string base = p.filename().string();
+  std::vector<std::string> stale;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= base.size() + 8 || name.compare(0, base.size() + 5, base + ".rank") != 0 ||
+        name.compare(name.size() - 3, 3, ".h5") != 0)
+      continue;
+    const std::string digits = name.substr(base.size() + 5, name.size() - base.size() - 8);
+    if (digits.empty() || digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+    if (std::stol(digits) >= set.world_size) stale.push_back(entry.path().string());
+  }
+  if (stale.empty()) return;
+  std::sort(stale.begin(), stale.end());
+  input_error("{}: {} rank file(s) beyond this run's {} ranks (mesh {}), left by another run: {}{}; remove them or "
+              "write each run under its own prefix", prefix, stale.size(), set.world_size, set.mesh.str(),
+              stale.front(), stale.size() > 1 ? fmt::format(" ... {}", stale.back()) : "");
+}
+
 // Each rank's file lists its taps. A tap of one pipeline stage (attribute
 // `stage`) is in the files of that stage's ranks only; any other tap is in
 // every file. Taps are taken in the order the files first show them (rank 0's
@@ -244,6 +269,7 @@ ActivationSet read_rank_files(const std::string& prefix, const std::string& firs
       }
   }
   if (set.taps.empty()) input_error("{}: no tap datasets under /taps", f0);
+  refuse_stale_rank_files(prefix, set);
   data = H5Data::rank_files(rank_files(prefix, set.world_size));
   for (auto& t : set.taps) t.data_id = data->add_tap("/taps/" + t.name);
   read_first_holders(set, prefix, first_holder, open);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "harness/report/report.h"
 #include "harness/report/steps.h"
@@ -31,6 +32,21 @@ std::string replica_cell(const ReplicaCheck& rc) {
 
 std::string truncate(const std::string& s, std::size_t w) {
   return s.size() <= w ? s : s.substr(0, w - 1) + "~";
+}
+
+// The tap column's width: 40, or as wide as the longest name where cutting at
+// 40 would print two different taps under one name.
+std::size_t tap_name_width(const CompareResult& res) {
+  constexpr std::size_t kCut = 40;
+  std::size_t longest = 4;
+  std::set<std::string> cut, seen;
+  bool collide = false;
+  for (const auto& t : res.taps) {
+    longest = std::max(longest, t.name.size());
+    if (!seen.insert(t.name).second) continue;  // one tap's name twice (steps, stages) is no collision
+    collide = !cut.insert(truncate(t.name, kCut)).second || collide;
+  }
+  return collide ? longest : std::min(longest, kCut);
 }
 
 // One line per step of a pipeline: its worst err/tol and where.
@@ -67,8 +83,7 @@ class ConsoleReporter final : public Reporter {
     out << "\n";
     if (!res.reference_source.empty()) out << res.reference_source << "\n";
     if (!res.tolerance_note.empty()) out << res.tolerance_note << "\n";
-    std::size_t wname = 4;
-    for (const auto& t : res.taps) wname = std::max(wname, std::min<std::size_t>(t.name.size(), 40));
+    const std::size_t wname = tap_name_width(res);
     std::size_t wlay = 6;
     for (const auto& t : res.taps) wlay = std::max(wlay, std::min<std::size_t>(t.layout.size(), 28));
     std::size_t wtol = 11;
@@ -89,7 +104,7 @@ class ConsoleReporter final : public Reporter {
         verdict += " (" + checks + ")";
       }
       if (res.first_divergence == i) verdict += "  <- first divergence";
-      row(i, truncate(t.name, 40), wname, truncate(t.layout, 28), wlay, nonfinite_cell(t.nonfinite),
+      row(i, truncate(t.name, wname), wname, truncate(t.layout, 28), wlay, nonfinite_cell(t.nonfinite),
           replica_cell(t.replica), rc.present && !rc.estimated ? sci(rc.max_abs) : rc.present ? "(sketch)" : "-",
           rc.present && !rc.estimated ? sci(rc.max_rel) : "-",
           rc.present ? (rc.estimated ? "~" : "") + sci(rc.rel_l2) : "-",
