@@ -16,9 +16,10 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
+import diffcheck.torch as dct  # noqa: E402
 from diffcheck import watch  # noqa: E402
-from diffcheck.sketch import cpu_kernel as sketch_cpu
-from diffcheck.watch import hashing as watch_hash
+from diffcheck.sketch import cpu_kernel as sketch_cpu  # noqa: E402
+from diffcheck.watch import hashing as watch_hash  # noqa: E402
 from diffcheck.dump.layouts import placement_attrs  # noqa: E402
 from diffcheck.watch import replica_groups  # noqa: E402
 from diffcheck.watch.hashing import bits_hash  # noqa: E402
@@ -153,6 +154,15 @@ def _refusals(rank, world, init, out):
     with open(f"{out}.rank{rank}", "w") as f:
         f.write(repr(said))
     dist.destroy_process_group()
+
+
+class Errors(unittest.TestCase):
+    def test_a_stalled_rank_is_no_finding(self):
+        # `except dct.ReplicasDiffer:` around a training loop must not swallow a rank that never came
+        # (the job would hang at its next collective); one `except dct.WatchError:` catches both.
+        self.assertFalse(issubclass(dct.RankUnresponsive, dct.ReplicasDiffer))
+        for e in (dct.RankUnresponsive, dct.ReplicasDiffer, dct.TransientFault):
+            self.assertTrue(issubclass(e, dct.WatchError), e)
 
 
 class Refusals(unittest.TestCase):

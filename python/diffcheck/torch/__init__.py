@@ -30,4 +30,5 @@ from diffcheck.dump import RankDump, ReferenceDump  # noqa: F401
 from diffcheck.torch.session import (  # noqa: F401
     ONE_DEVICE_SUFFIX, Capture, capture, compiled_original, grads, params, rank_and_world, step, tap, unhook)
 from diffcheck.torch.reference_runs import references  # noqa: F401  # dct.references(make, out, dtype=...)
-from diffcheck.watch import RankUnresponsive, ReplicasDiffer, TransientFault, watch  # noqa: F401  # dct.watch(model, opt, mesh=...)
+from diffcheck.watch import (  # noqa: F401  # dct.watch(model, opt, mesh=...)
+    RankUnresponsive, ReplicasDiffer, TransientFault, WatchError, watch)

@@ -48,13 +48,18 @@ from diffcheck.watch.rerun import Rerun
 
 
 
-class ReplicasDiffer(RuntimeError):
+class WatchError(RuntimeError):
+    """What dct.watch raises: a finding (ReplicasDiffer) or a rank that never came (RankUnresponsive)."""
+
+
+class ReplicasDiffer(WatchError):
     """Replicas of a tensor disagree (raised on every rank with on_mismatch="stop")."""
 
 
-class RankUnresponsive(ReplicasDiffer):
+class RankUnresponsive(WatchError):
     """A rank did not come to a check within the watch's timeout (raised on the ranks that waited,
-    naming those that did not come)."""
+    naming those that did not come). No ReplicasDiffer: `except dct.ReplicasDiffer` must not swallow
+    a stalled rank, whose job would then hang at its next collective."""
 
 
 class TransientFault(ReplicasDiffer):
