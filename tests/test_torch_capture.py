@@ -138,6 +138,15 @@ class CaptureTest(InTempDir):
         with h5py.File(c.path) as f:
             self.assertEqual(f.attrs["dtype"], "bfloat16")
 
+    def test_the_run_dtype_as_a_torch_dtype_or_a_string(self):
+        # dct.references takes a torch dtype; dct.capture(dtype=...) takes one too (it crashed inside h5py).
+        lin = nn.Linear(4, 4)
+        for given in (torch.bfloat16, "bfloat16"):
+            with dct.capture(lin, out=self.out(f"d{given}"), dtype=given) as c:
+                lin(self.x)
+            with h5py.File(c.path) as f:
+                self.assertEqual(f.attrs["dtype"], "bfloat16")
+
     def test_layouts(self):
         net = Net()
         layouts = {"inner.*": "-,tp", "pair/1/*": ("-,tp", "dp"), "shared@1": {"spec": "tp,-", "reduction_depth": 8}}

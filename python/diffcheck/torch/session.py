@@ -105,6 +105,9 @@ class Capture(ModuleHooks, TapWriting):
         # The sharded run's taps get the counts of rounding.py (the reference
         # and the one-device run are not held to a derived tolerance).
         self.derive_depths = derive_depths and not reference and not one_device
+        if isinstance(root_attrs.get("dtype"), torch.dtype):  # dtype=torch.bfloat16 as dtype="bfloat16"
+            given = root_attrs["dtype"]
+            root_attrs["dtype"] = TORCH_DTYPES.get(given, str(given).replace("torch.", ""))
         self.root_attrs = {"producer": f"diffcheck.torch {__version__}", "dtype": self._model_dtype(),
                            "math": math_mode(self._model_device()), **extra_attrs, **root_attrs}
         self._writer, self._thread, self._handles, self._calls, self._step = None, None, [], {}, ""
