@@ -144,6 +144,16 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(placement_attrs((Shard(0), Shard(0)), mesh, 2), {"spec": "dp*tp,-"})
         self.assertEqual(placement_attrs((Shard(0), Shard(1)), mesh, 2), {"spec": "dp,tp"})
 
+    def test_the_dtensor_meshs_axes_are_checked_when_the_capture_starts(self):
+        # torchtitan names its axes ('fsdp', 'tp'): a capture that says 'dp=1' is refused at once, naming
+        # the parameter and the spelling, not after a whole forward and backward at the optimizer step.
+        net = Net()
+        parallelize_module(net, MESH, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        with self.assertRaisesRegex(ValueError, r"parameter 'up.weight' is a DTensor on the mesh \(tp=1\) but the "
+                                                r"capture's mesh 'dp=1' has no axis 'tp'.*mesh=\"tp=1\""):
+            dct.capture(net, out=os.path.join(self.dir, "q"), mesh="dp=1")
+        self.assertIn("up", self.capture(net))  # the right name passes
+
     def test_a_model_without_a_plan_is_untouched(self):
         original = DTensor.to_local
         taps = self.capture(Net())

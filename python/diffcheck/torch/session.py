@@ -7,7 +7,7 @@ import torch
 
 from diffcheck import __version__
 from diffcheck.dump import RankDump, ReferenceDump, mesh_size, mesh_sizes
-from diffcheck.dump.layouts import layout_attrs
+from diffcheck.dump.layouts import is_dtensor, layout_attrs
 from diffcheck.dump.keywords import check_root_keywords, root_attributes, unexpected
 from diffcheck.torch.math_mode import math_mode
 from diffcheck.torch import rounding
@@ -102,6 +102,8 @@ class Capture(ModuleHooks, TapWriting):
         self.mesh = mesh
         self.axis_sizes = mesh_sizes(mesh) if mesh else {}
         self.axes = set(self.axis_sizes)
+        if not reference and not one_device:
+            self._check_dtensor_mesh()
         # The sharded run's taps get the counts of rounding.py (the reference
         # and the one-device run are not held to a derived tolerance).
         self.derive_depths = derive_depths and not reference and not one_device
@@ -134,6 +136,23 @@ class Capture(ModuleHooks, TapWriting):
         for p in self.model.parameters():
             return p.device.type
         return None
+
+    def _check_dtensor_mesh(self):
+        """The DTensor parameters' mesh axes must be the capture's: checked when the
+        capture starts, not at the first tap that names an axis (after a whole
+        forward and backward were captured)."""
+        parameters = getattr(self.model, "named_parameters", None)
+        for name, p in (parameters() if parameters else ()):
+            if not is_dtensor(p):
+                continue
+            names = tuple(getattr(p.device_mesh, "mesh_dim_names", None) or ())
+            missing = [n for n in names if n not in self.axes]
+            if missing:
+                sizes = ",".join(f"{n}={k}" for n, k in zip(names, p.device_mesh.shape))
+                raise ValueError(f"rank {self.rank}: parameter '{name}' is a DTensor on the mesh ({sizes}) but the "
+                                 f"capture's mesh '{self.mesh}' has no axis {', '.join(repr(m) for m in missing)}: "
+                                 f"name the capture's axes as the DeviceMesh does (mesh=\"{sizes}\", with any "
+                                 "other axes of the job)")
 
     def _model_dtype(self):
         for p in self.model.parameters():
