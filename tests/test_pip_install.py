@@ -76,23 +76,21 @@ class PipInstall(unittest.TestCase):
         for line in p.stdout.split():
             self.assertTrue(line.startswith(venv), f"{line} is not from the venv {venv}")
 
-    def test_torch_311(self):
-        py = self.install("3.11", "torch")
+    def check_example(self, version, extra, script, *args):
+        """The venv made and checked; the example clean (exit 0, PASS) and with --bug (exit 1)."""
+        py = self.install(version, extra)
         self.check_installed(py)
-        code, out = self.run_example(py, "tp_block.py", "-n", "2")
+        code, out = self.run_example(py, script, *args)
         self.assertEqual(code, 0, out)
         self.assertIn("PASS", out)
-        code, out = self.run_example(py, "tp_block.py", "-n", "2", "--bug")
+        code, out = self.run_example(py, script, *args, "--bug")
         self.assertEqual(code, 1, out)
 
+    def test_torch_311(self):
+        self.check_example("3.11", "torch", "tp_block.py", "-n", "2")
+
     def test_jax_312(self):
-        py = self.install("3.12", "jax")
-        self.check_installed(py)
-        code, out = self.run_example(py, "jax_reshard.py", "--mesh", "dp=2,fsdp=1,sp=2,tp=2")
-        self.assertEqual(code, 0, out)
-        self.assertIn("PASS", out)
-        code, out = self.run_example(py, "jax_reshard.py", "--mesh", "dp=2,fsdp=1,sp=2,tp=2", "--bug")
-        self.assertEqual(code, 1, out)
+        self.check_example("3.12", "jax", "jax_reshard.py", "--mesh", "dp=2,fsdp=1,sp=2,tp=2")
 
 
 if __name__ == "__main__":
