@@ -25,6 +25,10 @@ The watch takes the replica groups of the DTensors from their placements (no lay
 --bug allreduce_skipped   (dp) at step 3 the across-halves all-reduce is left out by the last place's
     group (ranks 1 and 3 of 4): found at that step, naming those ranks and the gradients (4 ranks or more).
 
+--bug dp_grad_unreduced   (hsdp) at step 2 the second dp replica (ranks n/2 to n-1) keeps mlp.fc1.weight's
+    gradient unaveraged over dp, on every fsdp shard: one tensor apart in every replica group at once
+    ([0, 2] and [1, 3] at 4 ranks), each group named.
+
 --bug flaky_matmul        (dp) the last rank's fc1 (module "1") is off by 1e-3 in one element every other
     call on average: the all-reduce averages it away, so replicas agree, but the rerun check (fc1's
     forward run again every 5th step) names that rank's device and the step: a TRANSIENT fault.
@@ -51,7 +55,7 @@ import diffcheck.torch as dct  # noqa: E402  # diffcheck
 D, FFN, ROWS, LR = 64, 256, 32, 0.1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PARALLEL = ("dp", "tp", "fsdp_tp", "hsdp")
-BUGS = ("bit_flip", "allreduce_skipped", "flaky_matmul", "stalled_rank")
+BUGS = ("bit_flip", "allreduce_skipped", "dp_grad_unreduced", "flaky_matmul", "stalled_rank")
 
 
 def model(dtype):
@@ -136,6 +140,9 @@ def work(rank, world, args):
                 if not (args.bug == "allreduce_skipped" and step == 3 and rank % local == local - 1):
                     dist.all_reduce(grad, group=across[rank % local])  # the bug: left out by one group
                 p.grad.copy_(grad / world)
+            if args.bug == "dp_grad_unreduced" and step == 2 and rank >= world // 2:  # the bug: not averaged over dp
+                p = dict(m.named_parameters())["mlp.fc1.weight"]
+                (p.grad._local_tensor if hasattr(p.grad, "_local_tensor") else p.grad).mul_(2)
             if args.bug == "stalled_rank" and step == 4 and rank == world - 1:
                 time.sleep(120)  # the bug: this rank stops answering
             opt.step()
@@ -170,6 +177,8 @@ if __name__ == "__main__":
     a = ap.parse_args()
     if a.parallel != "dp" and a.bug in ("allreduce_skipped", "flaky_matmul"):
         ap.error(f"--bug {a.bug} is a fault of --parallel dp's own all-reduce and MLP")
+    if a.parallel != "hsdp" and a.bug == "dp_grad_unreduced":
+        ap.error("--bug dp_grad_unreduced is a fault of --parallel hsdp's reduction over dp")
     if a.parallel in ("fsdp_tp", "hsdp") and (a.n < 2 or a.n % 2):
         ap.error(f"--parallel {a.parallel}: -n must be a multiple of 2")
     os.makedirs(a.out, exist_ok=True)

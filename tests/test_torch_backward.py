@@ -162,6 +162,34 @@ class BackwardTest(InTempDir):
         self.assertNotIn("spec", a["0"])
         self.assertEqual(a["grad/1"]["spec"], "sp,-")  # no grad/ pattern: the output's layout, not "*"'s
 
+    def test_a_catch_all_layout_is_the_activations_not_the_parameters(self):
+        # "*" meant for [tokens, width] activations gave a 1-D norm weight a 2-entry spec and stopped the
+        # capture: a pattern is a parameter tap's only if it names it ("param...").
+        net = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with dct.capture(net, out=self.out(), mesh="sp=2", rank=0, world_size=2, layouts={"*": "sp,-"},
+                         backward=True, optimizer=opt):
+            net(self.x[:2]).sum().backward()
+            opt.step()
+        a = {n: v[1] for n, v in taps(self.out() + ".rank0.h5").items()}
+        self.assertEqual(a["1"]["spec"], "sp,-")
+        for name in ("param_grad/1.weight", "param/1.weight", "param/0.weight"):
+            self.assertNotIn("spec", a[name], name)
+
+    def test_a_layout_message_names_the_pattern_that_set_it(self):
+        for layouts, message in (
+                ({"param*/0.weight": "sp"}, r"tap 'param_grad/0.weight' \(shape \(4, 4\)\), layout 'param\*/0.weight': "
+                                            r"spec 'sp' has 1 entries for 2 dimensions"),
+                ({"*": "sp,-", "grad/1": "sp"}, r"tap 'grad/1' \(shape \(2, 4\)\), layout 'grad/1': spec 'sp' has 1 "),
+                ({"1": "sp"}, r"tap '1' \(shape \(2, 4\)\), layout '1': spec 'sp' has 1 ")):
+            with self.subTest(layouts=layouts):
+                net = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+                with self.assertRaisesRegex(ValueError, message):
+                    with dct.capture(net, out=self.out(), mesh="sp=2", rank=0, world_size=2, layouts=layouts,
+                                     backward=True):
+                        net(self.x[:2]).sum().backward()
+                        dct.grads()
+
     def test_hooks_gone_and_optimizer_restored_after_an_exception_in_backward(self):
         net = Net()
         opt = torch.optim.SGD(net.parameters(), lr=0.1)

@@ -12,6 +12,7 @@ import time
 import types
 import unittest
 
+import h5py
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -120,6 +121,35 @@ class ReplicaGroups(unittest.TestCase):
         self.assertEqual(replica_groups(self.SIZES, attrs, 4), [[0, 1, 2, 3]])
 
 
+def _close_after_a_finding(rank, out):
+    """A finding caught, then close(): its check after the last step must not overwrite the finding's
+    pieces (it did: same prefix, the gradient's piece lost). (the finding's taps, whether the after-check
+    wrote files of its own)"""
+    import h5py
+    import torch.nn as nn
+    torch.manual_seed(0)
+    m = nn.Linear(4, 4)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    w = watch.watch(m, opt, mesh="dp=2", out=f"{out}.w")
+    for step in range(2):
+        m(torch.ones(1, 4)).sum().backward()
+        if step == 1 and rank == 1:  # the parameter and its gradient apart on rank 1
+            m.weight.data[0, 0] += 1
+            m.weight.grad[0, 0] += 1
+        try:
+            opt.step()
+        except watch.ReplicasDiffer:
+            pass
+        opt.zero_grad()
+    try:
+        w.close()  # checks the parameters once more: still apart
+    except watch.ReplicasDiffer:
+        pass
+    with h5py.File(f"{out}.w.step1.rank{rank}.h5") as f:
+        kept = sorted(f"{kind}/{name}" for kind in f["taps"] for name in f["taps"][kind])
+    return kept, os.path.exists(f"{out}.w.step1.after.rank{rank}.h5")
+
+
 def _refusals(rank, world, init, out):
     """Each refusal's message, from rank `rank` of a 2-rank gloo job, into out.rank<R>."""
     import torch.distributed as dist
@@ -151,6 +181,7 @@ def _refusals(rank, world, init, out):
     refused("layout", lambda: w.check(grads=True))
     refused("other parameters", lambda: watch.watch(nn.Linear(4, 4) if rank == 0 else nn.Linear(4, 4, bias=False),
                                                     mesh="dp=2"))
+    said["kept"] = _close_after_a_finding(rank, out)
     with open(f"{out}.rank{rank}", "w") as f:
         f.write(repr(said))
     dist.destroy_process_group()
@@ -181,6 +212,7 @@ class Refusals(unittest.TestCase):
                 with open(f"{out}.rank{r}") as f:
                     said.append(ast.literal_eval(f.read()))
         for r in range(2):
+            self.assertEqual(said[r]["kept"], (["param/weight", "param_grad/weight"], True))
             self.assertRegex(said[r]["nothing replicated"], rf"rank {r}: watch\(\): no parameter of the model has "
                                                             r"replicas on mesh 'tp=2'.*nothing to compare")
             self.assertEqual(said[r]["shape"], f"rank {r}: watch(): parameter 'bias' changed shape from (4,) to (5,) "
@@ -247,7 +279,8 @@ class WatchedTraining(E2ETest):
         p, _ = self.run_example("--bug", "bit_flip", "--every", "4", n=2)  # checks before steps 3, 7, ...
         self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
         self.assertIn("replicas DIFFER before step 7's optimizer step", p.stdout)
-        self.assertRegex(p.stdout, r"param/1.weight: rank 1 \(\S+\) differs in replica group \[0, 1\]")
+        self.assertRegex(p.stdout, r"param/1.weight: replica group \[0, 1\] holds 2 values with no majority: "
+                                   r"rank 0 \(\S+\) against rank 1 \(\S+\)")
 
     def test_a_flipped_bit_under_fsdp2_and_tensor_parallelism(self):
         """The groups come from the DTensor placements: FSDP2's shards of a LayerNorm replicated over tp.
@@ -255,14 +288,31 @@ class WatchedTraining(E2ETest):
         p, out = self.run_example("--parallel", "fsdp_tp", "--bug", "bit_flip", env={"DIFFCHECK_WATCH_HASH": "sums"})
         self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
         self.assertIn("replicas DIFFER before step 6's optimizer step: 1 tensor(s)", p.stdout)
-        self.assertRegex(p.stdout, r"param/ln1.weight: rank 3 \(\S+\) differs in replica group \[2, 3\]")
+        self.assertRegex(p.stdout, r"param/ln1.weight: replica group \[2, 3\] holds 2 values with no majority: "
+                                   r"rank 2 \(\S+\) against rank 3 \(\S+\)")
         self.assertRegex(p.stdout, r"first differing element: local index \[7\], rank 2: \S+, rank 3: ")
         self.assertIn("between rank 2 and rank 3 at local index [7]", p.stdout)
 
+    def test_one_gradient_apart_in_every_replica_group_at_once(self):
+        """HSDP at 4 ranks: mlp.fc1.weight's gradient left unaveraged over dp by the second dp replica, on
+        both fsdp shards: replica groups [0, 2] and [1, 3] both differ in one tensor. Reported with both
+        groups named and the piece written once (it crashed: the tap's name written twice)."""
+        p, out = self.run_example("--parallel", "hsdp", "--bug", "dp_grad_unreduced", "--steps", "3")
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
+        self.assertNotIn("name already exists", p.stderr)
+        self.assertIn("replicas DIFFER before step 2's optimizer step: 1 tensor(s) in 2 replica groups", p.stdout)
+        for group, a, b in (("0, 2", 0, 2), ("1, 3", 1, 3)):
+            self.assertRegex(p.stdout, rf"param_grad/mlp.fc1.weight: replica group \[{group}\] holds 2 values with "
+                                       rf"no majority: rank {a} \(\S+\) against rank {b} \(\S+\)")
+        for r in range(4):
+            with h5py.File(os.path.join(out, f"watch.step2.rank{r}.h5")) as f:
+                self.assertEqual(list(f["taps/param_grad"]), ["mlp.fc1.weight"])
+
     @unittest.skipUnless(FULL, "nightly: a flipped bit under tp (2 ranks) and hsdp (4 ranks)")
     def test_a_flipped_bit_under_tp_and_hsdp(self):
-        for parallel, n, expected in (("tp", 2, r"param/ln1.weight: rank 1 \(\S+\) differs in replica group \[0, 1\]"),
-                                      ("hsdp", 4, r"param/mlp.fc1.weight: rank 3 \(\S+\) differs in replica group \[1, 3\]")):
+        no_majority = r"replica group \[{}\] holds 2 values with no majority: rank {} \(\S+\) against rank {}"
+        for parallel, n, expected in (("tp", 2, r"param/ln1.weight: " + no_majority.format("0, 1", 0, 1)),
+                                      ("hsdp", 4, r"param/mlp.fc1.weight: " + no_majority.format("1, 3", 1, 3))):
             with self.subTest(parallel=parallel):
                 p, _ = self.run_example("--parallel", parallel, "--bug", "bit_flip", n=n)
                 self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])

@@ -46,16 +46,18 @@ class Gradients:
 
     # -- module outputs -----------------------------------------------------
 
-    def watch(self, name, tensor, attrs):
-        """`tensor` (tap `name`, layout `attrs`) was just computed: tap its gradient when backward reaches it."""
+    def watch(self, name, tensor, attrs, pattern=None):
+        """`tensor` (tap `name`, layout `attrs`, set by `pattern`) was just computed: tap its gradient when
+        backward reaches it."""
         if not (tensor.requires_grad and torch.is_grad_enabled()):
             return
         c = self.capture
         step = c._step
         grad_name = step + GRAD + name[len(step):]
-        layout = self._grad_layout(grad_name[len(step):])
+        grad_pattern, layout = self._grad_layout(grad_name[len(step):])
         if layout is None:
             layout = {k: v for k, v in attrs.items() if k == "spec"}  # a partial sum's gradient is replicated
+            grad_pattern = f"{pattern}, its output's" if pattern else None
         depth, steps = rounding.counts(tensor)
         steps = rounding.in_units_of(steps, tensor.dtype, torch.float64)  # one unit for every dtype
         rows = tensor.numel() // max(tensor.shape[-1], 1) if tensor.dim() else 1
@@ -65,7 +67,7 @@ class Gradients:
         def hook(grad):
             self._grads_seen = True
             if c._thread is not None:  # a backward after the capture closed writes nothing
-                c._write_now(grad_name, grad, self._with_counts(layout, grad.dtype))
+                c._write_now(grad_name, grad, self._with_counts(layout, grad.dtype), grad_pattern)
         tensor.register_hook(hook)
 
     def _with_counts(self, layout, dtype):
@@ -115,22 +117,28 @@ class Gradients:
             name = kind + c._renamed(path)
             if any(fnmatch.fnmatchcase(name, glob) for glob in c.exclude if glob.startswith("param")):
                 continue  # exclude= names parameter taps by their tap names (param/..., param_grad/...)
-            c._write_now(c._step + name, tensor, self._param_layout(name, tensor))
+            pattern, layout = self._param_layout(name, tensor)
+            c._write_now(c._step + name, tensor, layout, pattern)
 
     def _grad_layout(self, name):
-        """The layout a `grad/` pattern of the capture gives gradient tap `name`; None: none does."""
+        """(the pattern, the layout) a `grad/` pattern of the capture gives gradient tap `name`; (None, None):
+        none does."""
         for pattern, attrs in self.capture.layouts:
             if pattern.startswith(GRAD) and fnmatch.fnmatchcase(name, pattern):
-                return dict(attrs)
-        return None
+                return pattern, dict(attrs)
+        return None, None
 
     def _param_layout(self, name, tensor):
-        """The layout a pattern gives the parameter tap (none: whole); a
+        """(the pattern, the layout it gives the parameter tap; none: whole); a
         gradient's with its counts, a layout named for it or not (a sum over
-        every token: without a depth the derived rule holds it to one rounding)."""
+        every token: without a depth the derived rule holds it to one rounding).
+        Only a pattern that names parameter taps (it starts with "param":
+        "param*", "param_grad/blocks.*") is theirs: a catch-all "*" meant for
+        activations is not."""
         c = self.capture
-        layout = next((dict(attrs) for pattern, attrs in c.layouts if fnmatch.fnmatchcase(name, pattern)), {})
-        return self._with_counts(layout, tensor.dtype) if name.startswith(PARAM_GRAD) else layout
+        pattern, layout = next(((pattern, dict(attrs)) for pattern, attrs in c.layouts
+                                if pattern.startswith("param") and fnmatch.fnmatchcase(name, pattern)), (None, {}))
+        return pattern, self._with_counts(layout, tensor.dtype) if name.startswith(PARAM_GRAD) else layout
 
     # -- the optimizer ------------------------------------------------------
 

@@ -37,7 +37,7 @@ class TapWriting:
         if self._plan is not None and not is_dtensor(tensor):
             self._plan.remember(tensor, attrs)
         if watch and self.gradients is not None:
-            self.gradients.watch(name, tensor, attrs)
+            self.gradients.watch(name, tensor, attrs, pattern)
         self._write_now(name, tensor, attrs, pattern)
 
     def _write_now(self, name, tensor, attrs, pattern=None):

@@ -272,7 +272,11 @@ class Watch:
         # The odd ones out: ranks whose hash fewer hold (with two, or a tie, every rank apart from the first).
         base = common[0] if len(common) == 1 else rows[group[0]]
         apart = [r for r in group if rows[r] != base]
+        classes = {}  # the ranks of each hash, in the group's order
+        for r in group:
+            classes.setdefault(rows[r], []).append(r)
         return {"step": self.steps, "kind": kind, "tensor": f"{kind}/{name}", "name": name, "group": group,
+                "classes": list(classes.values()),
                 "value": value, "base": next(r for r in group if rows[r] == base),
                 "apart": apart, "odd_one_out": len(common) == 1 and len(group) >= 3,
                 "everywhere": all(row[3] for row in rows.values()),  # every rank of the group has the tensor
@@ -280,27 +284,28 @@ class Watch:
 
     def _report(self, found, after):
         self.findings += found
-        prefix = f"{self.out}.step{self.steps}"
+        # The check after the last step has a prefix of its own: it never overwrites the pieces of a
+        # finding made before that step (close() after a caught ReplicasDiffer checks again).
+        prefix = f"{self.out}.step{self.steps}" + (".after" if after else "")
         by_name = dict(self.params)
         pieces = []
         with RankDump(prefix, self.mesh, self.rank, producer="diffcheck.torch watch") as d:
             for f in found:
                 t = self._local(f["name"], f["value"](by_name[f["name"]]))
                 pieces.append(t)
+                if any(e["tensor"] == f["tensor"] for e in found[:len(pieces) - 1]):
+                    continue  # one tensor apart in several replica groups: its piece is written once
                 attrs = {k: v for k, v in self._layout[f["name"]].items() if k in ("spec", "partial") and v}
                 d.tap(f["tensor"], t, **attrs)
         firsts = self.exchange.first_differences([(f["base"], f["apart"]) if f["everywhere"] else None
                                                   for f in found], pieces)
         dist.barrier(group=self.group)
         when = "after the last" if after else f"before step {self.steps}'s"
-        lines = [f"diffcheck watch: replicas DIFFER {when} optimizer step: {len(found)} tensor(s)"]
+        tensors = len({f["tensor"] for f in found})
+        groups = f" in {len(found)} replica groups" if len(found) > tensors else ""
+        lines = [f"diffcheck watch: replicas DIFFER {when} optimizer step: {tensors} tensor(s){groups}"]
         for f, first in zip(found, firsts):
-            who = ", ".join(f"rank {r} ({f['hosts'][r]})" for r in f["apart"])
-            one = len(f["apart"]) == 1
-            odd = ("is the odd one out" if one else "are the odd ones out") if f["odd_one_out"] else (
-                "differs" if one else "differ")
-            lines.append(f"  {f['tensor']}: {who} {odd} "
-                         f"in replica group {f['group']}")
+            lines.append(f"  {f['tensor']}: {self._who(f)}")
             for r, (index, base, theirs) in sorted(first.items()):
                 lines.append(f"    first differing element: local index [{','.join(map(str, index))}], "
                              f"rank {f['base']}: {base:.9g}, rank {r}: {theirs:.9g}")
@@ -317,6 +322,19 @@ class Watch:
             raise ReplicasDiffer(message)
         warnings.warn(message, stacklevel=3)
 
+
+    @staticmethod
+    def _who(f):
+        """The ranks a finding blames: the odd ones out where a majority agrees; else every
+        rank of the group, by the value it holds (of two, either may be the wrong one)."""
+        def rank(r):
+            return f"rank {r} ({f['hosts'][r]})"
+        if f["odd_one_out"]:
+            one = len(f["apart"]) == 1
+            return (f"{', '.join(map(rank, f['apart']))} {'is the odd one out' if one else 'are the odd ones out'} "
+                    f"in replica group {f['group']}")
+        return (f"replica group {f['group']} holds {len(f['classes'])} values with no majority: "
+                + " against ".join(", ".join(map(rank, c)) for c in f["classes"]))
 
     def _report_transient(self, mine):
         """Rerun findings of any rank (each rank knows only its own details): collective."""
