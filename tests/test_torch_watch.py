@@ -169,7 +169,11 @@ def _refusals(rank, world, init, out):
     torch.manual_seed(0)
     m = nn.Linear(4, 4)
     refused("nothing replicated", lambda: watch.watch(m, mesh="tp=2", layouts={"param/weight": "tp,-", "param/bias": "tp"}))
+    for slip, layouts in (("matches nothing", {"weight": "-,-"}), ("unknown axis", {"param/weight": "mp,-"}),
+                          ("wrong rank", {"param/weight": "dp"})):
+        refused(slip, lambda: watch.watch(m, mesh="dp=2", layouts=layouts))
     w = watch.watch(m, mesh="dp=2")
+    said["groups"] = w.groups
     w.check(grads=False)  # agrees
     m.bias.data = torch.zeros(5)  # the shape changes
     refused("shape", lambda: w.check(grads=False))
@@ -213,6 +217,14 @@ class Refusals(unittest.TestCase):
                     said.append(ast.literal_eval(f.read()))
         for r in range(2):
             self.assertEqual(said[r]["kept"], (["param/weight", "param_grad/weight"], True))
+            self.assertEqual(said[r]["groups"], {"weight": [[0, 1]], "bias": [[0, 1]]})
+            self.assertEqual(said[r]["matches nothing"], f"rank {r}: watch(layouts=): pattern 'weight' matches no "
+                                                         "parameter (the patterns name parameter taps: param/weight, "
+                                                         "param/bias)")
+            self.assertEqual(said[r]["unknown axis"], f"rank {r}: watch(layouts=): param/weight (shape (4, 4)), "
+                                                      "layout 'param/weight': axis 'mp' is not in the mesh 'dp=2'")
+            self.assertEqual(said[r]["wrong rank"], f"rank {r}: watch(layouts=): param/weight (shape (4, 4)), layout "
+                                                    "'param/weight': spec 'dp' has 1 entries for 2 dimensions")
             self.assertRegex(said[r]["nothing replicated"], rf"rank {r}: watch\(\): no parameter of the model has "
                                                             r"replicas on mesh 'tp=2'.*nothing to compare")
             self.assertEqual(said[r]["shape"], f"rank {r}: watch(): parameter 'bias' changed shape from (4,) to (5,) "

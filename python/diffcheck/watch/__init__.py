@@ -29,8 +29,11 @@ at the next check, as a TRANSIENT fault rather than a replica disagreement.
 
 It never hangs: each exchange waits at most `timeout` seconds and then names
 the ranks that did not come (diffcheck/watch/exchange.py). It never lies: a
-model with nothing replicated is refused when the watch starts, and a
-parameter whose shape or layout changes between steps is refused by name.
+model with nothing replicated is refused when the watch starts, and so is a
+`layouts=` pattern that matches no parameter, names an axis the mesh lacks or
+has a spec of another rank; a parameter whose shape or layout changes between
+steps is refused by name. `watch.groups` shows the replica groups compared,
+`watch.findings` what was found.
 """
 import fnmatch
 import os
@@ -41,7 +44,8 @@ import torch
 import torch.distributed as dist
 
 from diffcheck.dump import RankDump, mesh_size, mesh_sizes
-from diffcheck.dump.layouts import dtensor_layout, is_dtensor, layout_attrs, placement_attrs, rank_coords, replica_axes
+from diffcheck.dump.layouts import (check_layout, dtensor_layout, is_dtensor, layout_attrs, placement_attrs,
+                                     rank_coords, replica_axes)
 from diffcheck.watch.exchange import Exchange, Unanswered
 from diffcheck.watch.hashing import ALGORITHMS, SUMS, hash_row
 from diffcheck.watch.rerun import Rerun
@@ -105,11 +109,14 @@ class Watch:
         self.layouts = [(p, layout_attrs(v, ())) for p, v in (layouts or {}).items()]
         self.params = list(model.named_parameters())
         self.steps, self.checks, self.findings = 0, 0, []
+        self._check_layouts()
         self._layout = {name: self._layout_of(name, p) for name, p in self.params}
         self._shapes = {name: p.shape for name, p in self.params}
         self._placements = {name: p.placements for name, p in self.params if is_dtensor(p)}  # as the watch started
         self._groups = {name: replica_groups(self.axis_sizes, self._layout[name], self.world) for name, _ in self.params}
         self.replicated = [name for name, _ in self.params if self._groups[name]]  # the parameters compared
+        # {parameter: its replica groups}, as the watch compares them (and their gradients)
+        self.groups = {name: self._groups[name] for name in self.replicated}
         if not self.replicated:
             raise ValueError(f"rank {self.rank}: watch(): no parameter of the model has replicas on mesh '{mesh}' "
                              "(every one is split or summed over every axis): there is nothing to compare")
@@ -170,6 +177,22 @@ class Watch:
         return False
 
     # -- the check ------------------------------------------------------------
+
+    def _check_layouts(self):
+        """Each layouts= pattern refused at the start where it would mislead: one that matches no
+        parameter (its parameters would count as replicated: a false alarm at the first check), an
+        axis the mesh lacks, a spec with another number of entries than the parameter has dimensions."""
+        taps = [(f"param/{name}", p) for name, p in self.params]
+        for pattern, attrs in self.layouts:
+            matched = [(tap, p) for tap, p in taps if fnmatch.fnmatchcase(tap, pattern)]
+            if not matched:
+                raise ValueError(f"rank {self.rank}: watch(layouts=): pattern '{pattern}' matches no parameter (the "
+                                 f"patterns name parameter taps: {', '.join(t for t, _ in taps[:3])}"
+                                 f"{', ...' if len(taps) > 3 else ''})")
+            for tap, p in matched:
+                if not is_dtensor(p):  # a DTensor's placements say its layout
+                    check_layout(f"rank {self.rank}: watch(layouts=): {tap} (shape {tuple(p.shape)}), layout "
+                                 f"'{pattern}'", attrs, p.dim(), set(self.axis_sizes), self.mesh)
 
     def _layout_of(self, name, p):
         local = dtensor_layout(p, list(self.axis_sizes))
