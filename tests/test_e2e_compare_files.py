@@ -34,6 +34,8 @@ def write_rank_files(prefix, corrupt=None):
                 q[1, 2] = np.nan
             if corrupt == "replica" and r == 2:
                 q[0, 1] += 1e-3
+            if corrupt == "both_blocks":  # each tp block wrong, the second the worse
+                q[0, 0] += 1e-3 if tp == 0 else 1e-2
             d.tap("block/q", q, spec="-,tp")
             y = (g.sum(axis=0) / 2).astype(np.float32)  # two partials sum to g.sum(0)
             if corrupt == "reference" and tp == 1:
@@ -125,6 +127,15 @@ class CompareRankFiles(E2ETest):
         self.assertExit(res, 1)
         self.assertFirstDivergence(res, "block/q", ["replica"])
         self.assertEqual(res.report["taps"][0]["replica"]["differing_ranks"], [2])
+
+    def test_every_wrong_rank_is_named_not_only_the_worst(self):
+        prefix = self.path("dump")
+        write_rank_files(prefix, corrupt="both_blocks")
+        res = self.diffcheck("compare", prefix, json=True)
+        self.assertExit(res, 1)
+        ref = res.report["taps"][0]["reference"]
+        self.assertEqual((ref["worst_ranks"], ref["failing_ranks"]), ([1], [0, 1, 2, 3]))
+        self.assertIn("elements outside the tolerance on rank(s) 0-3, not only the worst's", res.out)
 
     def test_reference_mismatch_on_partial_sum(self):
         prefix = self.path("dump")

@@ -113,6 +113,9 @@ struct ReferenceCheck {
   // The largest of the element-wise, norm-wise and column-mean ratios: > 1 fails.
   double margin() const { return largest_ratio(worst_ratio, l2_ratio, column_ratio); }
   std::vector<int> worst_ranks;  // every rank contributing to the worst element
+  // Every rank whose own block has an element outside the tolerance (its
+  // element-wise err/tol > 1), not only the worst one's: a ring fault on ranks 2 and 3.
+  std::vector<int> failing_ranks;
   // The reference's shape, where it is not the tap's global shape: the check
   // fails ("shape") with no element figures (a fault that changed a shape).
   std::optional<Shape> mismatched_shape;

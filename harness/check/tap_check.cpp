@@ -293,6 +293,8 @@ ReferenceCheck reference_verdict(const TapStats& s, const TapPlan& p, const Tole
     ref.worst.rank = ref.worst_ranks.empty() ? -1 : ref.worst_ranks.front();
   }
   ref.pass = ref.n_fail == 0;
+  for (std::size_t r = 0; r < err_over_tol.size(); ++r)  // element-wise, before the whole-tensor limits
+    if (!(err_over_tol[r] <= 1)) ref.failing_ranks.push_back(static_cast<int>(r));
   if (columns.tracked()) ref.column_mean = column_mean_error(s.column_err, columns, s.ref_sq.rms(numel(p.global)));
   judge_whole_tensor(ref, err_over_tol);
   return ref;

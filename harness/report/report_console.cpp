@@ -319,6 +319,9 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
         sci(ref.max_abs), sci(ref.max_rel), sci(ref.rel_l2), index_str(ref.worst.index),
         microbatch_note(t, ref.worst.index, true), rank_ranges(ref.worst_ranks),
         t.stage.empty() ? std::string() : " (stage " + t.stage + ")", ref.worst_value, yardstick, ref.worst_reference);
+    if (!ref.failing_ranks.empty() && ref.failing_ranks != ref.worst_ranks)
+      s += fmt::format("  elements outside the tolerance on rank(s) {}, not only the worst's\n",
+                       rank_ranges(ref.failing_ranks));
     s += "  tolerance " + tolerance_line(ref) + "\n" + math_hint(ref);
     if (!t.wrong_microbatches.empty())
       s += fmt::format("  wrong in microbatch{} {} of {}{}\n", t.wrong_microbatches.size() > 1 ? "es" : "",

@@ -51,7 +51,7 @@ json tap_json(const TapVerdict& t, std::size_t order) {
                            {"max_abs", json_number(ref.max_abs)}, {"max_rel", json_number(ref.max_rel)},
                            {"rel_l2", json_number(ref.rel_l2)}, {"n_fail", ref.n_fail},
                            {"n_total", ref.n_total}, {"worst_index", ref.worst.index},
-                           {"worst_ranks", ref.worst_ranks}, {"worst_value", json_number(ref.worst_value)},
+                           {"worst_ranks", ref.worst_ranks}, {"failing_ranks", ref.failing_ranks}, {"worst_value", json_number(ref.worst_value)},
                            {"worst_reference", json_number(ref.worst_reference)},
                            {"worst_ratio", json_number(ref.worst_ratio)},
                            {"margin", json_number(ref.margin())},
