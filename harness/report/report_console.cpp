@@ -252,9 +252,9 @@ static std::string shape_paragraph(const TapVerdict& t) {
   return s;
 }
 
-std::string describe_tap(const TapVerdict& t, std::size_t index) {
-  std::string s = fmt::format("tap '{}' (#{}), layout {}, local {} global {}\n", t.name, index, t.layout,
-                              shape_str(t.local_shape), shape_str(t.global_shape));
+// The non-finite values of a tap: counts, ranks, the first NaN and Inf.
+static std::string nonfinite_paragraph(const TapVerdict& t) {
+  std::string s;
   const auto& nf = t.nonfinite;
   if (nf.nan || nf.inf) {
     s += fmt::format("  non-finite: {} NaN, {} Inf on ranks {}", nf.nan, nf.inf, rank_ranges(nf.ranks));
@@ -270,6 +270,13 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
                        microbatch_note(t, nf.first_inf->index, false));
     s += "\n";
   }
+  return s;
+}
+
+std::string describe_tap(const TapVerdict& t, std::size_t index) {
+  std::string s = fmt::format("tap '{}' (#{}), layout {}, local {} global {}\n", t.name, index, t.layout,
+                              shape_str(t.local_shape), shape_str(t.global_shape));
+  s += nonfinite_paragraph(t);
   const auto& rc = t.replica;
   if (!rc.pass && rc.by_hash) {
     s += fmt::format("  replicas DIFFER across {}: the bits of ranks {} differ from their replica-group leader's "
