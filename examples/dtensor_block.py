@@ -81,13 +81,13 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-def block_and_input(dtype, seed=0):
-    """The same weights and input in every process."""
+def block_and_input(dtype, seed=0, batch=B):
+    """The same weights and input (`batch` sequences) in every process."""
     torch.manual_seed(seed)
     block = Block().double()
     for p in block.parameters():
         nn.init.normal_(p, std=p.shape[-1] ** -0.5 if p.dim() > 1 else 0.1)
-    return block.to(dtype), torch.randn(B, S, D, dtype=torch.float64).to(dtype)
+    return block.to(dtype), torch.randn(batch, S, D, dtype=torch.float64).to(dtype)
 
 
 def plan(dtensor_output):

@@ -3,21 +3,28 @@
 tensor parallel over tp (torch's parallelize_module, examples/dtensor_block.py's
 plan) and FSDP2 over dp (fully_shard), on a dp=2 x tp=2 mesh of 4 gloo ranks.
 
-    python3 examples/fsdp_tp_train.py [-n 4] [--bug sum_not_mean]
+    python3 examples/fsdp_tp_train.py [-n 4] [--bug sum_not_mean|wrong_samples]
 
-Every dp rank is given the same batch here, so each rank's activations and
-the averaged gradients equal the unsharded model's on that batch: the
-reference is the unsharded block in float64, one SGD step, in one process.
-The capture has `backward=True` and `optimizer=` and no `layouts=`: the
-forward taps take the plan's tp layouts (replicated over dp), the gradients
-of module outputs theirs, and every parameter and parameter gradient the
-placements FSDP2 and the plan gave it (FSDP2 over tp is
-(_StridedShard(0), Shard(0)): dimension 0 split tp-major, then dp).
+Each dp rank trains on its own samples, as a data-parallel job does: the
+global batch's share of its dp index (the tp ranks of one dp index share
+theirs). The loss is each rank's mean over its own samples, and FSDP2
+averages the gradients over dp. The reference is the unsharded block in
+float64 on the global batch, one SGD step, in one process. The capture has
+`backward=True` and `optimizer=` and no `layouts=` and no data-parallel word:
+the data axis (dp) is read from FSDP2's mesh, so every activation tap is
+split over dp on its batch dimension on top of the plan's tp layouts; the
+output gradients are divided by dp (each rank's mean loss is dp times the
+global batch's: loss_scale="local_mean", the default); every parameter and
+parameter gradient has the placements FSDP2 and the plan gave it (FSDP2
+over tp is (_StridedShard(0), Shard(0)): dimension 0 split tp-major, then dp).
 
 --bug sum_not_mean breaks FSDP2's reduction (monkeypatched): the dp ranks'
 gradients are summed, not averaged (twice the gradient on 2 dp ranks).
 diffcheck names the first parameter gradient tapped, every forward tap and
 output gradient passing.
+--bug wrong_samples: the data loader gives the last dp index the samples of
+the first (a sharding bug of the loader): diffcheck names the first tap, on
+the ranks of that dp index.
 
 The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
 """
@@ -36,6 +43,7 @@ from dtensor_block import Block, block_and_input, plan  # noqa: E402
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
 LR = 0.1
+B_GLOBAL = 4  # samples in the global batch: a share of 4 // dp for each dp index
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -58,8 +66,13 @@ def work(rank, world, args):
     dtype = DTYPES[args.dtype]
     tp = 2
     mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
-    block, x = block_and_input(dtype)
+    block, x = block_and_input(dtype, batch=B_GLOBAL)  # x: the global batch, the same in every process
     weights = {k: v.clone() for k, v in block.state_dict().items()}  # the unsharded block's
+    dp, dp_index = world // tp, rank // tp
+    if args.bug == "wrong_samples" and dp_index == dp - 1:
+        dp_index = 0  # the bug: the loader hands this dp index another one's share
+    share = B_GLOBAL // dp
+    local_x = x[dp_index * share:(dp_index + 1) * share]
     parallelize_module(block, mesh["tp"], plan(False))
     fully_shard(block, mesh=mesh["dp"])
     if args.bug == "sum_not_mean":
@@ -67,7 +80,7 @@ def work(rank, world, args):
     opt = torch.optim.SGD(block.parameters(), lr=LR)
     with dct.capture(block, out=f"{args.out}/run", mesh=f"dp={world // tp},tp={tp}", backward=True,  # diffcheck
                      optimizer=opt, sketch=args.sketch):  # diffcheck
-        train_step(block, x, opt)
+        train_step(block, local_x, opt)
 
     def unsharded(dt):
         model = Block()
@@ -83,8 +96,10 @@ def after(args):
 
 if __name__ == "__main__":
     ap = parser(__doc__, "dumps/fsdp_tp_train", n=4, dtypes=DTYPES)  # -n: a multiple of 2 (dp = n / 2, tp = 2)
-    ap.add_argument("--bug", choices=["sum_not_mean"], help="FSDP2 sums the dp ranks' gradients")
+    ap.add_argument("--bug", choices=["sum_not_mean", "wrong_samples"],
+                    help="sum_not_mean: FSDP2 sums the dp ranks' gradients; wrong_samples: the last dp index "
+                         "trains on the first's samples")
     a = ap.parse_args()
-    if a.n % 2 or a.n < 2:
-        ap.error("-n must be a multiple of 2 (tp = 2)")
+    if a.n % 2 or a.n < 2 or B_GLOBAL % (a.n // 2):
+        ap.error(f"-n must be a multiple of 2 (tp = 2) whose dp = n / 2 divides the global batch of {B_GLOBAL}")
     launch(work, after, a, a.n)

@@ -69,9 +69,11 @@ class DTensorPlanE2E(E2ETest):
                 self.assertRegex(p.stdout, r"First divergence: tap 'attn\.out' \(#5\), layout replicated")
 
     def test_fsdp2_and_tp_training_step(self):
-        """examples/fsdp_tp_train.py, dp=2 x tp=2: clean passes, whole and sketched, with the
-        placements of FSDP2 over tp; FSDP2's average lost is found at the first parameter
-        gradient, every forward tap and output gradient passing."""
+        """examples/fsdp_tp_train.py, dp=2 x tp=2, each dp rank its own samples: clean passes,
+        whole and sketched, the batch split over dp (read from FSDP2's mesh) on top of the plan's
+        tp layouts, with the placements of FSDP2 over tp; FSDP2's average lost is found at the first
+        parameter gradient, every forward tap and output gradient passing; a loader that gives the
+        second dp index the first's samples is found at the first tap, on that index's ranks."""
         for args in [()] + ([("--sketch",), ("--dtype", "bfloat16"), ("--sketch", "--dtype", "bfloat16")] if FULL else []):
             with self.subTest(args=args):
                 p = self.example(4, *args, script=TRAIN)
@@ -79,6 +81,14 @@ class DTensorPlanE2E(E2ETest):
                 self.assertIn("PASS: all 56 taps pass", p.stdout)
                 seen = self.layouts(p.stdout)
                 self.assertEqual((seen["param_grad/attn.q.weight"], seen["param/mlp.fc2.weight"]), ("tp*dp,-", "dp,tp"))
+                self.assertEqual((seen["ln1"], seen["attn.q"], seen["grad/attn.q"]), ("dp,-,-", "dp,-,tp", "dp,-,tp"))
+            with self.subTest(args=args, bug="wrong_samples"):
+                p = self.example(4, *args, "--bug", "wrong_samples", script=TRAIN)
+                self.assertEqual(p.returncode, 1, p.stdout[-3000:])
+                self.assertRegex(p.stdout, r"First divergence: tap 'ln1' \(#0\), layout dp,-,-")
+                if "--sketch" not in args:
+                    self.assertRegex(p.stdout, r"worst at global index \[[23],.* on rank\(s\) 2")
+                    self.assertIn("elements outside the tolerance on rank(s) 2-3", p.stdout)
             with self.subTest(args=args, bug="sum_not_mean"):
                 p = self.example(4, *args, "--bug", "sum_not_mean", script=TRAIN)
                 self.assertEqual(p.returncode, 1, p.stdout[-3000:])

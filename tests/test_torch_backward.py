@@ -190,6 +190,29 @@ class BackwardTest(InTempDir):
                         net(self.x[:2]).sum().backward()
                         dct.grads()
 
+    def test_data_axes_split_the_batch_and_scale_the_output_gradients(self):
+        # Each data-parallel rank its own samples: every tap whose dimension 0 is the local batch is split
+        # over dp on top of its layout; parameters are not; the output gradients of a rank's mean loss are
+        # dp times the global batch's, written divided by dp ("local_mean") or as they are ("global").
+        for loss_scale, divisor in (("local_mean", 2), ("global", 1)):
+            net = nn.Sequential(nn.Linear(4, 6), nn.Tanh())
+            with dct.capture(net, out=self.out(loss_scale), mesh="dp=2,tp=1", rank=0, world_size=2, backward=True,
+                             data_axes="dp", loss_scale=loss_scale, layouts={"0": "-,tp"}):
+                y = net(self.x)
+                y.retain_grad()
+                y.square().mean().backward()
+                dct.grads()
+            t = taps(self.out(loss_scale) + ".rank0.h5")
+            self.assertEqual((t["0"][1]["spec"], t["1"][1]["spec"], t["grad/1"][1]["spec"]), ("dp,tp", "dp,-", "dp,-"))
+            self.assertNotIn("spec", t["param_grad/0.weight"][1])
+            np.testing.assert_allclose(t["grad/1"][0], y.grad.numpy() / divisor, rtol=1e-6)
+            with h5py.File(self.out(loss_scale) + ".rank0.h5") as f:
+                self.assertTrue(f.attrs["loss_scale"].startswith(loss_scale))
+        with self.assertRaisesRegex(ValueError, r"data_axes \['fsdp'\]: the mesh has no axis 'fsdp' \(dp\)"):
+            dct.capture(nn.Linear(4, 4), out=self.out("x"), mesh="dp=2", rank=0, world_size=2, data_axes="fsdp")
+        with self.assertRaisesRegex(ValueError, r"loss_scale='mean'"):
+            dct.capture(nn.Linear(4, 4), out=self.out("x"), mesh="dp=2", rank=0, world_size=2, loss_scale="mean")
+
     def test_hooks_gone_and_optimizer_restored_after_an_exception_in_backward(self):
         net = Net()
         opt = torch.optim.SGD(net.parameters(), lr=0.1)

@@ -8,6 +8,7 @@
 # and its execs (strace -f -e trace=execve), so a SIGPIPE names the process
 # that got it.
 #   bash scripts/studies/mpi_teardown_loop.sh [RUNS (default 50)] [STDIN (default closed)]
+#   MPIRUN_FLAGS="--stdin none": flags for the tested mpirun (what tests/CMakeLists.txt gives it)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 runs=${1:-50} mode=${2:-closed}
@@ -21,7 +22,7 @@ load_pid=$!
 trap 'kill $load_pid 2>/dev/null; pkill -f "diffcheck --scenario flux_tp --out $out" 2>/dev/null' EXIT
 failed=0
 for i in $(seq "$runs"); do
-  cmd=(strace -f -qq --seccomp-bpf -e trace=execve -e signal=SIGPIPE -o "$out/trace.$i" mpirun -n 8 build/tests/mpi_tests)
+  cmd=(strace -f -qq --seccomp-bpf -e trace=execve -e signal=SIGPIPE -o "$out/trace.$i" mpirun ${MPIRUN_FLAGS:-} -n 8 build/tests/mpi_tests)
   case $mode in
     closed) "${cmd[@]}" >"$out/run.$i" 2>&1 <&- ;;
     devnull) "${cmd[@]}" >"$out/run.$i" 2>&1 </dev/null ;;
@@ -38,4 +39,4 @@ for i in $(seq "$runs"); do
     done
   fi
 done
-echo "mpi_teardown_loop: $failed of $runs runs failed or saw a SIGPIPE (stdin $mode; files in $out)"
+echo "mpi_teardown_loop: $failed of $runs runs failed or saw a SIGPIPE (stdin $mode, mpirun flags '${MPIRUN_FLAGS:-}'; files in $out)"

@@ -66,6 +66,8 @@ class Gradients:
 
         def hook(grad):
             self._grads_seen = True
+            if c._grad_divisor != 1:  # each rank's mean loss over its own samples: D x the global batch's
+                grad = grad / c._grad_divisor
             if c._thread is not None:  # a backward after the capture closed writes nothing
                 c._write_now(grad_name, grad, self._with_counts(layout, grad.dtype), grad_pattern)
         tensor.register_hook(hook)

@@ -9,6 +9,7 @@ import torch
 
 from diffcheck.dump import to_numpy
 from diffcheck.dump.layouts import check_layout, dtensor_layout, is_dtensor
+from diffcheck.torch.data_axes import is_parameter_tap, with_data_axes
 
 TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                 torch.float16: "float16"}
@@ -51,6 +52,8 @@ class TapWriting:
         if self.reference_mode or self.one_device:  # global tensors: no layout to say
             attrs = {}
         else:
+            if self.data_axes and not is_parameter_tap(name):  # each data-parallel rank its own samples
+                attrs = with_data_axes(attrs, tuple(tensor.shape), self.data_axes, self._local_batch)
             self._check_layout(name, tensor, pattern, attrs)
             if self.derive_depths:
                 attrs = self._with_counts(name, tensor, attrs)

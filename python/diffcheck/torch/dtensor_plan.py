@@ -37,7 +37,7 @@ import sys
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from diffcheck.dump.layouts import placement_attrs
+from diffcheck.dump.layouts import is_dtensor, placement_attrs
 
 
 def _dtensor_types():
@@ -259,3 +259,21 @@ def _closure_values(fn):
 
 def _placements(value, Placement):
     return isinstance(value, tuple) and value and all(isinstance(p, Placement) for p in value)
+
+
+def check_mesh_axes(model, axes, mesh, rank):
+    """The DTensor parameters' mesh axes must be the capture's: checked when
+    the capture starts, not at the first tap that names an axis (after a whole
+    forward and backward were captured)."""
+    parameters = getattr(model, "named_parameters", None)
+    for name, p in (parameters() if parameters else ()):
+        if not is_dtensor(p):
+            continue
+        names = tuple(getattr(p.device_mesh, "mesh_dim_names", None) or ())
+        missing = [n for n in names if n not in axes]
+        if missing:
+            sizes = ",".join(f"{n}={k}" for n, k in zip(names, p.device_mesh.shape))
+            raise ValueError(f"rank {rank}: parameter '{name}' is a DTensor on the mesh ({sizes}) but the "
+                             f"capture's mesh '{mesh}' has no axis {', '.join(repr(m) for m in missing)}: "
+                             f"name the capture's axes as the DeviceMesh does (mesh=\"{sizes}\", with any "
+                             "other axes of the job)")

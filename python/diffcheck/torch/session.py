@@ -7,10 +7,11 @@ import torch
 
 from diffcheck import __version__
 from diffcheck.dump import RankDump, ReferenceDump, mesh_size, mesh_sizes
-from diffcheck.dump.layouts import is_dtensor, layout_attrs
+from diffcheck.dump.layouts import layout_attrs
 from diffcheck.dump.keywords import check_root_keywords, root_attributes, unexpected
 from diffcheck.torch.math_mode import math_mode
-from diffcheck.torch import rounding
+from diffcheck.torch import data_axes, rounding
+from diffcheck.torch.data_axes import settle_data_axes
 from diffcheck.torch.backward import Gradients
 from diffcheck.dump.writer import BackgroundWriter
 from diffcheck.torch.capture_writing import TORCH_DTYPES, TapWriting
@@ -19,7 +20,7 @@ from diffcheck.torch.staging import HostStaging
 from diffcheck.sketch import DEFAULT_ROWS
 from diffcheck.torch.sketch_capture import SketchTaps
 from diffcheck.torch.drill_down import drill_down_taps
-from diffcheck.torch.dtensor_plan import PlanLayouts
+from diffcheck.torch.dtensor_plan import PlanLayouts, check_mesh_axes
 from diffcheck.torch import compiled
 from diffcheck.torch.compiled_counts import CompiledCounts
 from diffcheck.torch.pipeline import PipelineTaps, StageModules, is_schedule, schedule_stages
@@ -31,7 +32,7 @@ _LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", 
 _active = []  # open captures of this process, innermost last
 _CAPTURE_PARAMETERS = ("out", "mesh", "layouts", "include", "exclude", "inputs", "reference", "one_device",
                        "rename", "rank", "world_size", "attrs", "derive_depths", "backward", "optimizer",
-                       "sketch", "sketch_seed", "only", "pipeline_axis")
+                       "sketch", "sketch_seed", "only", "pipeline_axis", "data_axes", "loss_scale")
 # What a one-device capture adds to `out`: diffcheck compare finds
 # <reference without .h5>.one_device.rank0.h5 beside the reference by itself.
 ONE_DEVICE_SUFFIX = ".one_device"
@@ -67,7 +68,7 @@ class Capture(ModuleHooks, TapWriting):
     def __init__(self, model, out, mesh=None, *, layouts=None, include=None, exclude=None, inputs=False,
                  reference=False, one_device=False, rename=None, rank=None, world_size=None, attrs=None,
                  derive_depths=True, backward=False, optimizer=None, sketch=False, sketch_seed=0, only=None,
-                 pipeline_axis="pp", **root_attrs):
+                 pipeline_axis="pp", data_axes=None, loss_scale="local_mean", **root_attrs):
         check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
         schedule = model if is_schedule(model) else None
         if schedule is not None:
@@ -103,7 +104,12 @@ class Capture(ModuleHooks, TapWriting):
         self.axis_sizes = mesh_sizes(mesh) if mesh else {}
         self.axes = set(self.axis_sizes)
         if not reference and not one_device:
-            self._check_dtensor_mesh()
+            check_mesh_axes(self.model, self.axes, self.mesh, self.rank)
+        # (a pipeline schedule's microbatches have their own layout: pipeline.py)
+        self.data_axes, self._grad_divisor = settle_data_axes(
+            data_axes, loss_scale, reference or one_device or schedule is not None, self.model, self.axis_sizes, self.rank,
+            root_attrs)
+        self._local_batch = None  # learnt from the model's first input (data_axes.first_batch)
         # The sharded run's taps get the counts of rounding.py (the reference
         # and the one-device run are not held to a derived tolerance).
         self.derive_depths = derive_depths and not reference and not one_device
@@ -137,22 +143,9 @@ class Capture(ModuleHooks, TapWriting):
             return p.device.type
         return None
 
-    def _check_dtensor_mesh(self):
-        """The DTensor parameters' mesh axes must be the capture's: checked when the
-        capture starts, not at the first tap that names an axis (after a whole
-        forward and backward were captured)."""
-        parameters = getattr(self.model, "named_parameters", None)
-        for name, p in (parameters() if parameters else ()):
-            if not is_dtensor(p):
-                continue
-            names = tuple(getattr(p.device_mesh, "mesh_dim_names", None) or ())
-            missing = [n for n in names if n not in self.axes]
-            if missing:
-                sizes = ",".join(f"{n}={k}" for n, k in zip(names, p.device_mesh.shape))
-                raise ValueError(f"rank {self.rank}: parameter '{name}' is a DTensor on the mesh ({sizes}) but the "
-                                 f"capture's mesh '{self.mesh}' has no axis {', '.join(repr(m) for m in missing)}: "
-                                 f"name the capture's axes as the DeviceMesh does (mesh=\"{sizes}\", with any "
-                                 "other axes of the job)")
+    def _learn_local_batch(self, module, args, kwargs):
+        if self._local_batch is None:
+            self._local_batch = data_axes.first_batch(args, kwargs)
 
     def _model_dtype(self):
         for p in self.model.parameters():
@@ -209,6 +202,8 @@ class Capture(ModuleHooks, TapWriting):
                 compiled.first_capture(self.model)
                 self._handles += self._counts.attach(self.model, eager, self.derive_depths,
                                                      ran=lambda: self._compiled_calls.append(1))
+            if self.data_axes:  # the local batch: dimension 0 of the model's first tensor input
+                self._handles.append(self.model.register_forward_pre_hook(self._learn_local_batch, with_kwargs=True))
             self._add_hooks(eager or self.model, keep=eager is not None)
             if not (self.reference_mode or self.one_device):
                 self._plan = PlanLayouts(eager or self.model, list(self.axis_sizes)).__enter__()
@@ -336,6 +331,15 @@ def capture(model, out, mesh=None, **kwargs):
               `model`: the mesh axis of its stages (default "pp"); each
               rank taps its own stages' modules, every microbatch's call
               laid together per tap (diffcheck/torch/pipeline.py)
+    data_axes the mesh axes whose ranks hold different samples ("dp",
+              or ("dp", "fsdp") for HSDP): each activation tap whose
+              dimension 0 is the local batch is split over them, on top of
+              its layout (diffcheck/torch/data_axes.py); default: FSDP2's
+              mesh axes, else DDP's, else none (every rank the same batch)
+    loss_scale  with data axes, how the loss was scaled: "local_mean"
+              (default: each rank's mean over its own samples; the output
+              gradients are written divided by the data-parallel degree)
+              or "global" (summed and divided by the global count)
     rank, world_size   override what torch.distributed or the launcher say
     scenario, flags, dtype, seed, producer, size   root attributes of the file
     attrs     {name: str | number | bool}: other root attributes
