@@ -50,14 +50,18 @@ def fsdp_mesh_axes(model):
     return tuple(axes)
 
 
-def ddp_axis(model, axis_sizes):
-    """The mesh axis DistributedDataParallel's process group spans (the one axis
-    of its size), or () when `model` is no DDP or no axis alone matches."""
+def is_ddp(model):
     try:
         from torch.nn.parallel import DistributedDataParallel
     except ImportError:
-        return ()
-    if not isinstance(model, DistributedDataParallel):
+        return False
+    return isinstance(model, DistributedDataParallel)
+
+
+def ddp_axis(model, axis_sizes):
+    """The mesh axis DistributedDataParallel's process group spans (the one axis
+    of its size), or () when `model` is no DDP or no axis alone matches."""
+    if not is_ddp(model):
         return ()
     size = model.process_group.size()
     matching = [a for a, n in axis_sizes.items() if n == size]

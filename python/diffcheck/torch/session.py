@@ -10,8 +10,8 @@ from diffcheck.dump import RankDump, ReferenceDump, mesh_size, mesh_sizes
 from diffcheck.dump.layouts import layout_attrs
 from diffcheck.dump.keywords import check_root_keywords, root_attributes, unexpected
 from diffcheck.torch.math_mode import math_mode
-from diffcheck.torch import data_axes, rounding
-from diffcheck.torch.data_axes import settle_data_axes
+from diffcheck.torch import rounding
+from diffcheck.torch.data_axes import first_batch, is_ddp, settle_data_axes
 from diffcheck.torch.backward import Gradients
 from diffcheck.dump.writer import BackgroundWriter
 from diffcheck.torch.capture_writing import TORCH_DTYPES, TapWriting
@@ -71,6 +71,10 @@ class Capture(ModuleHooks, TapWriting):
                  pipeline_axis="pp", data_axes=None, loss_scale="local_mean", **root_attrs):
         check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
         schedule = model if is_schedule(model) else None
+        # DistributedDataParallel: its module is captured (taps and parameters under the model's own names,
+        # as the reference has them); the wrapper tells the data axis.
+        ddp = model if is_ddp(model) else None
+        model = ddp.module if ddp is not None else model
         if schedule is not None:
             if reference or one_device:
                 raise ValueError("capture() of a pipeline schedule is the sharded run's: capture the whole model "
@@ -107,7 +111,8 @@ class Capture(ModuleHooks, TapWriting):
             check_mesh_axes(self.model, self.axes, self.mesh, self.rank)
         # (a pipeline schedule's microbatches have their own layout: pipeline.py)
         self.data_axes, self._grad_divisor = settle_data_axes(
-            data_axes, loss_scale, reference or one_device or schedule is not None, self.model, self.axis_sizes, self.rank,
+            data_axes, loss_scale, reference or one_device or schedule is not None, ddp or self.model, self.axis_sizes,
+            self.rank,
             root_attrs)
         self._local_batch = None  # learnt from the model's first input (data_axes.first_batch)
         # The sharded run's taps get the counts of rounding.py (the reference
@@ -145,7 +150,7 @@ class Capture(ModuleHooks, TapWriting):
 
     def _learn_local_batch(self, module, args, kwargs):
         if self._local_batch is None:
-            self._local_batch = data_axes.first_batch(args, kwargs)
+            self._local_batch = first_batch(args, kwargs)
 
     def _model_dtype(self):
         for p in self.model.parameters():

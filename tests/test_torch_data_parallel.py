@@ -1,0 +1,86 @@
+"""Plain DistributedDataParallel at 2 ranks, each rank its own samples: the
+data axis read from DDP's process group (no data-parallel word), the
+reference on the global batch, a training step clean; a rank that trains on
+the other's samples (a loader's sharding bug) named at the first tap; the
+gradient's average over the ranks lost on one rank named at the first
+parameter gradient, its replicas apart. (FSDP2 x TP with distinct samples: tests/test_e2e_torch_dtensor.py.)"""
+import os
+import unittest
+
+import torch
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+import diffcheck.torch as dct
+from e2e import E2ETest
+
+GLOBAL_BATCH, D = 4, 8
+
+
+def make(dtype):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(D, 16), nn.Tanh(), nn.Linear(16, D)).to(dtype)
+    x = torch.randn(GLOBAL_BATCH, D, generator=torch.Generator().manual_seed(1)).to(dtype)
+    return model, x
+
+
+def step(model, x, opt):
+    opt.zero_grad()
+    model(x).square().mean().backward()
+    opt.step()
+
+
+def _summed(bucket, world):
+    """DDP's all-reduce of a gradient bucket, its division by the world size left out (one rank's bug)."""
+    import torch.distributed as dist
+    work = dist.all_reduce(bucket.buffer() / world, async_op=True)  # the others divide; their sum is right
+    return work.get_future().then(lambda f: f.value()[0] * world)
+
+
+def _ddp_rank(rank, world, init, out, bug):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    model, x = make(torch.float32)
+    ddp = DistributedDataParallel(model)
+    share = GLOBAL_BATCH // world
+    index = 0 if bug == "wrong_samples" and rank == world - 1 else rank  # the bug: another rank's share
+    local = x[index * share:(index + 1) * share]
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    if bug == "unaveraged_on_one_rank" and rank == world - 1:  # the bug: this rank's average over dp lost
+        ddp.register_comm_hook(None, lambda _, bucket: _summed(bucket, world))
+    with dct.capture(ddp, out=f"{out}/run", mesh=f"dp={world}", backward=True, optimizer=opt):
+        step(ddp, local, opt)
+    if rank == 0:
+        dct.references(lambda dt: (make(dt)[0], (x.to(dt),)), f"{out}/ref", dtype=torch.float32, backward=True,
+                       optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                       step=lambda m, inputs, optimizer: step(m, *inputs, optimizer))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+class DistributedDataParallelSamples(E2ETest):
+    def run_ddp(self, bug=None, world=2):
+        out = self.path(bug or "clean")
+        os.makedirs(out)
+        mp.spawn(_ddp_rank, args=(world, "file://" + os.path.join(out, "rdv"), out, bug), nprocs=world)
+        return dct.compare(f"{out}/run", reference=f"{out}/ref.h5", check=False)
+
+    def test_clean_and_each_fault(self):
+        report = self.run_ddp()
+        self.assertTrue(report["pass"], report["console"])
+        self.assertEqual(report["unchecked_taps"], [], report["console"])
+        layouts = {t["name"]: t["layout"] for t in report["taps"]}
+        self.assertEqual((layouts["0"], layouts["grad/model"], layouts["param_grad/0.weight"]),
+                         ("dp,-", "dp,-", "replicated"), report["console"])
+        report = self.run_ddp("wrong_samples")
+        self.assertEqual(report["first_divergence"]["tap"], "0", report["console"])
+        self.assertEqual(report["taps"][0]["reference"]["failing_ranks"], [1], report["console"])
+        report = self.run_ddp("unaveraged_on_one_rank")
+        self.assertEqual(report["first_divergence"]["tap"], "param_grad/0.weight", report["console"])
+        self.assertIn("replica", report["first_divergence"]["checks"], report["console"])
+
+
+if __name__ == "__main__":
+    unittest.main()
