@@ -49,6 +49,14 @@ def write_rank_files(prefix, corrupt=None):
 
 
 class CompareRankFiles(E2ETest):
+    def compare_corrupted(self, corrupt):
+        """The rank files with their fault, compared: exit 1 and the report."""
+        prefix = self.path("dump")
+        write_rank_files(prefix, corrupt=corrupt)
+        res = self.diffcheck("compare", prefix, json=True)
+        self.assertExit(res, 1)
+        return res
+
     def test_clean_rank_files_pass(self):
         prefix = self.path("dump")
         write_rank_files(prefix)
@@ -111,37 +119,25 @@ class CompareRankFiles(E2ETest):
             self.assertIn(f" {n} ", res.out)
 
     def test_nan_is_first_divergence_with_rank_and_index(self):
-        prefix = self.path("dump")
-        write_rank_files(prefix, corrupt="nan")
-        res = self.diffcheck("compare", prefix, json=True)
-        self.assertExit(res, 1)
+        res = self.compare_corrupted("nan")
         self.assertFirstDivergence(res, "block/q")
         nf = res.report["taps"][0]["nonfinite"]
         self.assertEqual(nf["nan"], 1)
         self.assertEqual(nf["first_nan"], {"rank": 3, "index": [1, 2]})
 
     def test_replica_mismatch(self):
-        prefix = self.path("dump")
-        write_rank_files(prefix, corrupt="replica")
-        res = self.diffcheck("compare", prefix, json=True)
-        self.assertExit(res, 1)
+        res = self.compare_corrupted("replica")
         self.assertFirstDivergence(res, "block/q", ["replica"])
         self.assertEqual(res.report["taps"][0]["replica"]["differing_ranks"], [2])
 
     def test_every_wrong_rank_is_named_not_only_the_worst(self):
-        prefix = self.path("dump")
-        write_rank_files(prefix, corrupt="both_blocks")
-        res = self.diffcheck("compare", prefix, json=True)
-        self.assertExit(res, 1)
+        res = self.compare_corrupted("both_blocks")
         ref = res.report["taps"][0]["reference"]
         self.assertEqual((ref["worst_ranks"], ref["failing_ranks"]), ([1], [0, 1, 2, 3]))
         self.assertIn("elements outside the tolerance on rank(s) 0-3, not only the worst's", res.out)
 
     def test_reference_mismatch_on_partial_sum(self):
-        prefix = self.path("dump")
-        write_rank_files(prefix, corrupt="reference")
-        res = self.diffcheck("compare", prefix, json=True)
-        self.assertExit(res, 1)
+        res = self.compare_corrupted("reference")
         self.assertFirstDivergence(res, "block/y", ["reference"])
         self.assertIn("reference DISAGREES", res.out)
 

@@ -130,12 +130,16 @@ class QuickNight(E2ETest):
         self.assertEqual(summary(out, "2026-01-01")["cells_ok"], n)
         self.assertFalse(os.path.exists(partial))
 
-    def test_injected_regression_fails_with_the_cell_named_and_drift_shown_first(self):
-        out = tempfile.mkdtemp(prefix="diffcheck_nightly_bad_")
+    def night_injected(self, what, scenario, fault):
+        """(the output folder, the run) of a second night after the first one's, `scenario` with `fault`."""
+        out = tempfile.mkdtemp(prefix=f"diffcheck_nightly_{what}_")
         self.addCleanup(shutil.rmtree, out, True)
         shutil.copytree(os.path.join(self.root, "2026-01-01"), os.path.join(out, "2026-01-01"))
-        res = night(out, "2026-01-02", "--scenario", "flux_tp",
-                    env={"DIFFCHECK_NIGHTLY_INJECT": "flux_tp:proj_out_contiguous"})
+        return out, night(out, "2026-01-02", "--scenario", scenario,
+                          env={"DIFFCHECK_NIGHTLY_INJECT": f"{scenario}:{fault}"})
+
+    def test_injected_regression_fails_with_the_cell_named_and_drift_shown_first(self):
+        out, res = self.night_injected("bad", "flux_tp", "proj_out_contiguous")
         self.assertEqual(res.returncode, 1, res.stdout + res.stderr)
         self.assertIn("NOT AS EXPECTED: false positive: flux_tp/float32/defaults/dp=4,tp=4: expected PASS, "
                       "got FAIL at 'proj_out/weight'", res.stdout)
@@ -161,11 +165,7 @@ class QuickNight(E2ETest):
 
     @unittest.skipUnless(CHROMIUM, "chromium is not installed (scripts/setup.sh installs it)")
     def test_index_page_in_a_browser(self):
-        out = tempfile.mkdtemp(prefix="diffcheck_nightly_html_")
-        self.addCleanup(shutil.rmtree, out, True)
-        shutil.copytree(os.path.join(self.root, "2026-01-01"), os.path.join(out, "2026-01-01"))
-        res = night(out, "2026-01-02", "--scenario", "timestep_broadcast",
-                    env={"DIFFCHECK_NIGHTLY_INJECT": "timestep_broadcast:timestep_temp_broadcast"})
+        out, res = self.night_injected("html", "timestep_broadcast", "timestep_temp_broadcast")
         self.assertEqual(res.returncode, 1, res.stdout + res.stderr)
         page = os.path.join(out, "2026-01-02", "index.html")
         dom, errors, shot = self.browse(page)

@@ -40,6 +40,15 @@ class Explodes(torch.autograd.Function):
 
 
 class BackwardTest(InTempDir):
+    def grads_and_params(self, **capture_kwargs):
+        """The tap names of a backward with dct.grads() and dct.params() called by hand."""
+        net = Net()
+        with dct.capture(net, out=self.out(), backward=True, **capture_kwargs):
+            net(self.x).sum().backward()
+            dct.grads()
+            dct.params()
+        return list(taps(self.out() + ".rank0.h5"))
+
     def test_names_order_and_values(self):
         net = Net()
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -65,12 +74,7 @@ class BackwardTest(InTempDir):
             np.testing.assert_array_equal(t[f"step0/param/{n}"][0], p.detach().numpy())  # after the step
 
     def test_grads_and_params_without_an_optimizer(self):
-        net = Net()
-        with dct.capture(net, out=self.out(), backward=True):
-            net(self.x).sum().backward()
-            dct.grads()
-            dct.params()
-        names = list(taps(self.out() + ".rank0.h5"))
+        names = self.grads_and_params()
         self.assertIn("param_grad/shared.weight", names)
         self.assertIn("param/inner.0.bias", names)
         self.assertLess(names.index("param_grad/shared.weight"), names.index("param/inner.0.bias"))
@@ -99,12 +103,7 @@ class BackwardTest(InTempDir):
     def test_an_exclude_glob_on_parameter_taps_leaves_them_out(self):
         """A weight whose layout no spec describes (diffusers' packed row-parallel projection) is
         left out by its tap names; module-path globs leave parameters alone, as before."""
-        net = Net()
-        with dct.capture(net, out=self.out(), backward=True, exclude=["param*/shared.weight", "inner.1"]):
-            net(self.x).sum().backward()
-            dct.grads()
-            dct.params()
-        names = list(taps(self.out() + ".rank0.h5"))
+        names = self.grads_and_params(exclude=["param*/shared.weight", "inner.1"])
         self.assertNotIn("param_grad/shared.weight", names)
         self.assertNotIn("param/shared.weight", names)
         self.assertNotIn("inner.1", names)

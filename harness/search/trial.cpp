@@ -207,6 +207,13 @@ namespace {
 // Starts the trial's command in a process group of its own, its output into
 // `out_fd`. argv and envp are built before fork: only async-signal-safe
 // calls in the child.
+// mpirun, mpiexec or orterun, by the name it is started with.
+static bool is_mpi_launcher(const char* path) {
+  const char* base = std::strrchr(path, '/');
+  base = base ? base + 1 : path;
+  return std::strcmp(base, "mpirun") == 0 || std::strcmp(base, "mpiexec") == 0 || std::strcmp(base, "orterun") == 0;
+}
+
 pid_t start_trial(const TrialSpec& spec, int out_fd) {
   std::vector<std::string> env_strings;
   for (char** e = environ; *e; ++e) {
@@ -229,6 +236,10 @@ pid_t start_trial(const TrialSpec& spec, int out_fd) {
       setpgid(0, 0);
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
+      // mpirun with SIGPIPE ignored: OpenMPI 4.1 can write a late signal into its own closed signal
+      // pipe as the job ends, and at SIGPIPE's default that kills it after the job passed, which a
+      // trial would read as a crash (scripts/studies/mpi_teardown_loop.sh).
+      if (is_mpi_launcher(argv[0])) signal(SIGPIPE, SIG_IGN);
       int devnull = open("/dev/null", O_RDONLY);
       dup2(devnull, 0);
       dup2(out_fd, 1);
