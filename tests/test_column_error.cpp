@@ -12,6 +12,7 @@
 #include "harness/check/noise_floor.h"
 #include "harness/report/report.h"
 #include "harness/core/files.h"
+#include "tests/test_sets.h"
 
 namespace {
 
@@ -32,16 +33,10 @@ double error_at(std::size_t b, std::size_t t, std::size_t d, double noise, doubl
 // batch and tokens split ("dp,tp,-": one piece per block), or batch split and
 // tp partial sums (the summed path).
 ActivationSet tap_set(const std::string& spec, const std::string& partial, double noise, double bias) {
-  const Mesh mesh = Mesh::parse("dp=2,tp=2");
-  ActivationSet s;
-  s.mesh = mesh;
-  s.world_size = 4;
-  s.source = "test";
+  ActivationSet s = test::empty_set("dp=2,tp=2");
+  const Mesh& mesh = s.mesh;
   auto data = std::make_shared<InMemoryData>();
-  TapData t;
-  t.name = "t";
-  t.dtype = "bfloat16";
-  t.layout = Layout::parse(spec, partial);
+  TapData t = test::tap_t("bfloat16", spec, partial);
   const bool batch_split = spec.rfind("dp", 0) == 0, token_split = spec.find("tp") != std::string::npos;
   t.local_shape = {batch_split ? B / 2 : B, token_split ? T / 2 : T, D};
   t.reference_shape = Shape{B, T, D};

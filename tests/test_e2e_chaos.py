@@ -71,9 +71,16 @@ class Chaos(E2ETest):
                 self.assertNotIn("HANG", res.err)
                 self.assertIn("--chaos: slow@0:during=check", res.err, msg="the slow rank was injected")
 
-    def test_full_disk_is_an_error_and_leaves_no_file(self):
+    def just_under_the_run_file(self, scenario):
+        """KiB of whole pages just under the size of `scenario`'s run file at 2 ranks (--store mpiio): a
+        disk that size (a private tmpfs: skipped without root and unshare) cannot hold it."""
         if os.geteuid() != 0 or not shutil.which("unshare"):
             self.skipTest("needs root and unshare for a private tmpfs")
+        sized = self.mpirun(2, "--scenario", scenario, "--store", "mpiio", json=False)
+        self.assertExit(sized, 0)
+        return (os.path.getsize(self.path("run.h5")) - 1) // 4096 * 4
+
+    def test_full_disk_is_an_error_and_leaves_no_file(self):
         # A small run file is gathered to rank 0 (--store auto); --store mpiio
         # and pwrite have every rank write. The file's size, learnt from a run elsewhere,
         # sets the disk's: 300 KiB fills it in the writes (the check for room
@@ -81,9 +88,7 @@ class Chaos(E2ETest):
         # the file is refused before writing — with MPI-IO that disk filled
         # inside HDF5's closing metadata writes, whose collectives then hung
         # (exit 1, HANG, after the 20 s watchdog).
-        sized = self.mpirun(2, "--scenario", "timestep_broadcast", "--store", "mpiio", json=False)
-        self.assertExit(sized, 0)
-        size_k = (os.path.getsize(self.path("run.h5")) - 1) // 4096 * 4  # whole pages, less than the file
+        size_k = self.just_under_the_run_file("timestep_broadcast")
         for store, size, room_check in (("auto", "300k", False), ("mpiio", "300k", False), ("pwrite", "300k", False),
                                         ("mpiio", f"{size_k}k", True), ("auto", f"{size_k}k", True)):
             with self.subTest(store=store, size=size):
@@ -123,11 +128,7 @@ class Chaos(E2ETest):
         # reference: the check for room must still count them (it once took
         # them for written already, and a disk just under the file went
         # unrefused into MPI-IO's writes).
-        if os.geteuid() != 0 or not shutil.which("unshare"):
-            self.skipTest("needs root and unshare for a private tmpfs")
-        sized = self.mpirun(2, "--scenario", "flux_tp", "--store", "mpiio", json=False)
-        self.assertExit(sized, 0)
-        size_k = (os.path.getsize(self.path("run.h5")) - 1) // 4096 * 4  # whole pages, less than the file
+        size_k = self.just_under_the_run_file("flux_tp")
         full = self.path("full")
         os.mkdir(full)
         script = (f"mount -t tmpfs -o size={size_k}k tmpfs {full} && DIFFCHECK_GATHER_MAX_MIB=0 "

@@ -86,21 +86,13 @@ class CliErrors(E2ETest):
     def test_missing_scenario(self):
         self.expect_usage_error(2, needles=["--scenario"])
 
-    def test_unknown_flag_lists_known(self):
-        self.expect_usage_error(2, "--scenario", "timestep_broadcast", "--flag", "turbo=1",
-                                needles=["unknown flag 'turbo'", "async_bcast"])
-
-    def test_bad_flag_value(self):
-        self.expect_usage_error(2, "--scenario", "timestep_broadcast", "--flag", "async_bcast=maybe",
-                                needles=["async_bcast"])
-
-    def test_unknown_fault_lists_known(self):
-        self.expect_usage_error(2, "--scenario", "timestep_broadcast", "--inject", "gremlin",
-                                needles=["unknown fault 'gremlin'", "timestep_temp_broadcast"])
-
-    def test_bad_dtype(self):
-        self.expect_usage_error(2, "--scenario", "timestep_broadcast", "--dtype", "int8",
-                                needles=["int8"])
+    def test_bad_scenario_options_name_what_is_known(self):
+        for option, value, needles in (("--flag", "turbo=1", ["unknown flag 'turbo'", "async_bcast"]),
+                                       ("--flag", "async_bcast=maybe", ["async_bcast"]),
+                                       ("--inject", "gremlin", ["unknown fault 'gremlin'", "timestep_temp_broadcast"]),
+                                       ("--dtype", "int8", ["int8"])):
+            with self.subTest(option=option, value=value):
+                self.expect_usage_error(2, "--scenario", "timestep_broadcast", option, value, needles=needles)
 
     def test_unknown_option(self):
         self.expect_usage_error(2, "--scenario", "timestep_broadcast", "--frobnicate")

@@ -14,6 +14,7 @@
 #include "harness/core/files.h"
 #include "harness/core/perturbation.h"
 #include "reference/generate.h"
+#include "tests/test_sets.h"
 
 namespace {
 
@@ -95,15 +96,9 @@ TEST(MeasuredTolerance, PrecedenceAndSource) {
 
 // One tap of n elements on one rank: x = ref + err.
 ActivationSet one_tap(const std::vector<double>& ref, const std::vector<double>& x) {
-  ActivationSet s;
-  s.mesh = Mesh::parse("dp=1");
-  s.world_size = 1;
-  s.source = "test";
+  ActivationSet s = test::empty_set("dp=1");
   auto data = std::make_shared<InMemoryData>();
-  TapData t;
-  t.name = "t";
-  t.dtype = "float32";
-  t.layout = Layout::parse("", "");
+  TapData t = test::tap_t("float32", "", "");
   t.local_shape = {ref.size()};
   t.reference_shape = Shape{ref.size()};
   t.data_id = 0;

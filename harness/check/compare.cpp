@@ -119,6 +119,18 @@ std::vector<std::string> TapVerdict::failed_checks() const {
   return out;
 }
 
+TapVerdict blank_verdict(const TapData& t, const Shape& global) {
+  TapVerdict v;
+  v.name = t.name;
+  v.layout = t.layout.str() + (t.complex_parts ? " complex" : "");  // the real view of a complex tensor
+  v.dtype = t.dtype;
+  v.local_shape = t.local_shape;
+  v.stage = t.layout.stage_str();
+  v.microbatches = t.microbatches;
+  v.global_shape = global;
+  return v;
+}
+
 std::vector<std::string> CompareResult::unchecked_taps() const {
   std::vector<std::string> out;
   for (const auto& t : taps)

@@ -201,6 +201,10 @@ struct CompareResult {
 
 CompareResult compare(const ActivationSet& set, const CompareOptions& opts);
 
+// A tap's verdict before any check: its name, layout, dtype, shapes, stage
+// and microbatches (whole and sketch taps alike).
+TapVerdict blank_verdict(const TapData& t, const Shape& global);
+
 // Holds a reference check to its whole-tensor limits (the tolerance's rel L2
 // and column-mean limits, on ref.rel_l2 and ref.column_mean as measured or
 // estimated): the ratios, the verdict, and every rank's err/tol raised to them.

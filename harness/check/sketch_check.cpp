@@ -168,14 +168,7 @@ TapVerdict check_sketch_tap(const ActivationSet& set, const TapData& t, const Co
   const SketchInfo& sk = *t.sketch;
   const Mesh& mesh = set.mesh;
   const auto world = static_cast<std::size_t>(set.world_size);
-  TapVerdict v;
-  v.name = t.name;
-  v.layout = t.layout.str() + (t.complex_parts ? " complex" : "");  // the real view of a complex tensor
-  v.dtype = t.dtype;
-  v.local_shape = t.local_shape;
-  v.stage = t.layout.stage_str();
-  v.microbatches = t.microbatches;
-  v.global_shape = t.layout.global_shape(mesh, t.local_shape);
+  TapVerdict v = blank_verdict(t, t.layout.global_shape(mesh, t.local_shape));
   if (sk.pieces.size() != world) fail("tap '{}': sketch pieces of {} ranks, not {}", t.name, sk.pieces.size(), world);
 
   // Non-finite: the exact counts, per rank (no index: the values are not here).

@@ -315,14 +315,7 @@ TapVerdict check_tap(const ActivationSet& set, const TapData& t, const CompareOp
   const TapScan scan{set, t, p, tol, columns, plan, has_ref, bufs};
   const TapStats s = scan.run(threads, opts.memory_budget, chunk);
 
-  TapVerdict v;
-  v.name = t.name;
-  v.layout = t.layout.str() + (t.complex_parts ? " complex" : "");  // the real view of a complex tensor
-  v.dtype = t.dtype;
-  v.local_shape = t.local_shape;
-  v.stage = t.layout.stage_str();
-  v.microbatches = t.microbatches;
-  v.global_shape = p.global;
+  TapVerdict v = blank_verdict(t, p.global);
   v.ranks = per_rank_figures(s, p, set.world_size, has_ref);
   v.nonfinite = nonfinite_verdict(s, t);
   v.replica = replica_verdict(s, p, t, set.mesh, opts);
