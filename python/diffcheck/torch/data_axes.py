@@ -27,6 +27,7 @@ and divided by the global count, torchtitan's convention) they are written as
 they are. The convention goes in the file's root attribute `loss_scale`.
 """
 import re
+import sys
 
 LOSS_SCALES = ("local_mean", "global")
 _PARAMETER_TAP = re.compile(r"(^|/)param(_grad)?/")
@@ -35,9 +36,11 @@ _PARAMETER_TAP = re.compile(r"(^|/)param(_grad)?/")
 def fsdp_mesh_axes(model):
     """The axis names of the meshes FSDP2 (`fully_shard`) spreads `model`'s
     parameters over, in mesh order; () when FSDP2 is not there."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
+    # Only where FSDP2 is loaded already (a model it sharded has loaded it): importing it costs a
+    # capture ~40 MiB of modules (tests/test_e2e_torch.py holds a capture's peak memory).
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    FSDPModule = getattr(fsdp, "FSDPModule", None)
+    if FSDPModule is None:
         return ()
     axes = []
     for m in model.modules() if hasattr(model, "modules") else ():
@@ -51,11 +54,9 @@ def fsdp_mesh_axes(model):
 
 
 def is_ddp(model):
-    try:
-        from torch.nn.parallel import DistributedDataParallel
-    except ImportError:
-        return False
-    return isinstance(model, DistributedDataParallel)
+    parallel = sys.modules.get("torch.nn.parallel")  # loaded where DDP could be (never imported here)
+    ddp = getattr(parallel, "DistributedDataParallel", None)
+    return ddp is not None and isinstance(model, ddp)
 
 
 def ddp_axis(model, axis_sizes):
