@@ -2,6 +2,7 @@
 every kind of bad input: each must exit 2 with a message naming the file, tap
 or attribute, never crash or hang."""
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -257,6 +258,12 @@ class CompareBadInput(E2ETest):
         self.assertIn("against the reference's [5]: dimension 0 differs in size", res.out)
         tap = res.report["taps"][0]
         self.assertEqual(tap["reference"]["shape"], {"reference": [5], "global": [6]})
+        page = self.path("shape.html")  # its heatmap cells painted failing, not "no reference"
+        self.assertExit(self.diffcheck("compare", p, "--html", page), 1)
+        with open(page) as f:
+            cells = re.findall(r'<rect class="cell ([^"]*)" data-tap="q"', f.read())
+        self.assertEqual(len(cells), 2)
+        self.assertNotIn("noref", " ".join(cells))
 
     def test_every_shape_finding_is_listed_at_once_and_a_permutation_named(self):
         prefix = self.path("dump")

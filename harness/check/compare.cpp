@@ -179,6 +179,8 @@ CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
     if (t.mismatched_reference_shape) {
       v.reference.mismatched_shape = t.mismatched_reference_shape;
       v.reference.pass = false;
+      // Every rank's block is wrong as a whole (heatmaps paint it failing, not "no reference").
+      v.ranks.err_over_tol.assign(static_cast<std::size_t>(set.world_size), INFINITY);
     }
     res.taps.push_back(std::move(v));
   }

@@ -73,6 +73,7 @@ std::string heatmap(const ActivationSet& set, const CompareResult& res) {
       std::string tip = fmt::format("tap {} ({}), rank{} {}{}", t.name, i, r0 == r1 ? "" : "s", r0,
                                     r0 == r1 ? "" : fmt::format("-{}", r1));
       tip += c.ratio >= 0 || std::isnan(c.ratio) ? fmt::format("\nerr/tol {}", html::num(c.ratio)) : "\nno reference";
+      if (t.reference.mismatched_shape) tip += "\nits shape is not the reference's";
       if (c.nonfinite) tip += fmt::format("\n{} NaN/Inf", c.nonfinite);
       if (c.replica != 0) tip += fmt::format("\nreplica difference {}", html::num(c.replica));
       s += fmt::format(
