@@ -311,13 +311,14 @@ class Watch:
         # finding made before that step (close() after a caught ReplicasDiffer checks again).
         prefix = f"{self.out}.step{self.steps}" + (".after" if after else "")
         by_name = dict(self.params)
-        pieces = []
+        pieces, written = [], set()
         with RankDump(prefix, self.mesh, self.rank, producer="diffcheck.torch watch") as d:
             for f in found:
                 t = self._local(f["name"], f["value"](by_name[f["name"]]))
                 pieces.append(t)
-                if any(e["tensor"] == f["tensor"] for e in found[:len(pieces) - 1]):
+                if f["tensor"] in written:
                     continue  # one tensor apart in several replica groups: its piece is written once
+                written.add(f["tensor"])
                 attrs = {k: v for k, v in self._layout[f["name"]].items() if k in ("spec", "partial") and v}
                 d.tap(f["tensor"], t, **attrs)
         firsts = self.exchange.first_differences([(f["base"], f["apart"]) if f["everywhere"] else None
