@@ -123,7 +123,7 @@ def work(rank, world, args):
     across = [dist.new_group(list(range(i, world, local))) for i in range(local)]
     if args.bug == "flaky_matmul" and rank == world - 1:
         flaky_forward(m[1], random.Random(5))
-    watch = dct.watch(m, opt, mesh=mesh, every=args.every, out=f"{args.out}/watch", rerun=rerun, rerun_every=5, timeout=args.timeout) if args.every else None  # noqa: E501  # diffcheck
+    watch = dct.watch(m, opt, mesh=mesh, every=args.every, out=f"{args.out}/watch", rerun=rerun, rerun_every=5, timeout=args.timeout, on_mismatch=args.on_mismatch) if args.every else None  # noqa: E501  # diffcheck
     found = False
     t0 = time.perf_counter()
     try:
@@ -157,14 +157,17 @@ def work(rank, world, args):
         print(f"{args.steps} steps in {time.perf_counter() - t0:.2f} s; {'replicas apart' if found else 'clean'}")
         if watch is not None:
             print(f"{watch.checks} checks of {len(watch.replicated)} parameters with replicas and their gradients: "
-                  + ", ".join(watch.replicated))
+                  + ", ".join(watch.replicated) + f"; {watch.check_seconds:.3f} s of checks")
+            if args.on_mismatch == "warn":
+                print(f"{len(watch.findings)} finding(s) reported: "
+                      + ", ".join(f"{f['tensor']} at steps {f['step']}-{f['last_step']}" for f in watch.findings))
     if found:
         with open(os.path.join(args.out, f"found.rank{rank}"), "w"):
             pass
 
 
 def after(args):
-    return 1 if any(f.startswith("found.") for f in os.listdir(args.out)) else 0
+    return 1 if any(f.startswith("found.") or f.startswith("watch.") for f in os.listdir(args.out)) else 0
 
 
 if __name__ == "__main__":
@@ -173,6 +176,9 @@ if __name__ == "__main__":
     ap.add_argument("--bug", choices=BUGS, help="the fault to inject")
     ap.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     ap.add_argument("--every", type=int, default=1, help="check every N steps (default 1; 0: no watch)")
+    ap.add_argument("--on-mismatch", choices=("stop", "warn"), default="stop",
+                    help="stop: the first finding ends the job (exit 1); warn: it goes on, each finding reported "
+                         "once until it changes (default stop)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds a check waits for every rank (default 300)")
     a = ap.parse_args()
     if a.parallel != "dp" and a.bug in ("allreduce_skipped", "flaky_matmul"):

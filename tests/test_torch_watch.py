@@ -200,6 +200,23 @@ class Errors(unittest.TestCase):
             self.assertTrue(issubclass(e, dct.WatchError), e)
 
 
+class WarnMode(unittest.TestCase):
+    def test_a_finding_that_stays_is_reported_once_and_again_when_it_changes(self):
+        from diffcheck.watch.report import WatchReports
+
+        def finding(step, classes, tensor="param/w", group=(0, 1, 2)):
+            return {"step": step, "tensor": tensor, "group": list(group), "classes": classes}
+        w = WatchReports()
+        first = finding(6, [[0, 1], [2]])
+        self.assertEqual(w._changed([first]), [first])
+        self.assertEqual(w._changed([finding(7, [[0, 1], [2]])]), [])  # the same split: not again
+        self.assertEqual(first["last_step"], 7)
+        other = finding(8, [[0, 1], [2]], tensor="param_grad/w")
+        self.assertEqual(w._changed([finding(8, [[0, 1], [2]]), other]), [other])  # a new tensor apart
+        changed = finding(9, [[0], [1], [2]])
+        self.assertEqual(w._changed([changed]), [changed])  # the split changed: reported again
+
+
 class Refusals(unittest.TestCase):
     """It never lies: nothing to compare, ranks with other parameters (pipeline stages), a shape or a
     layout changed since the watch started."""
@@ -285,6 +302,15 @@ class WatchedTraining(E2ETest):
         self.assertLess(time.monotonic() - t0, 100)  # not the stalled rank's 120 s
         self.assertIn("diffcheck watch: rank 0 waited 5 s at the check before step 4's optimizer step", p.stderr)
         self.assertRegex(p.stderr, r"rank 1 \(\S+\) did not come to it \(it has not reached that step\)")
+
+    @unittest.skipUnless(FULL, "nightly: warn mode over the steps a flipped bit stays")
+    def test_warn_mode_reports_a_finding_that_stays_once(self):
+        p, out = self.run_example("--bug", "bit_flip", "--on-mismatch", "warn", "--steps", "10", n=2)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
+        self.assertEqual(p.stdout.count("diffcheck watch: replicas DIFFER"), 1, p.stdout)
+        self.assertIn("1 finding(s) reported: param/1.weight at steps 6-10", p.stdout)  # 10: the check after
+        self.assertEqual(sorted(f for f in os.listdir(out) if f.startswith("watch.")),
+                         ["watch.step6.rank0.h5", "watch.step6.rank1.h5"])
 
     @unittest.skipUnless(FULL, "nightly: a check every 4 steps")
     def test_every_fourth_step(self):

@@ -65,6 +65,11 @@ struct TapData {
   // The `microbatches` attribute: the piece's first dimension holds this many
   // microbatches of a pipeline step laid together in order (0: not said).
   long microbatches = 0;  // the `complex` attribute: a complex tensor's real view (last dimension: re, im)
+  // The `microbatch_copies_differ` attribute of each rank that wrote one:
+  // (rank, "1,3"). A tap with no batch dimension under microbatches is the
+  // same in every microbatch and written once; these microbatches' copies
+  // were not microbatch 0's (a finding at this tap).
+  std::vector<std::pair<int, std::string>> microbatch_copies_differ;
   Shape local_shape;
   std::optional<Shape> reference_shape;  // the global shape, when the tap has a reference
   // A reference whose shape is not the tap's global shape: a finding at this

@@ -16,6 +16,7 @@
 #include "harness/capture/h5util.h"
 #include "harness/capture/read_guard.h"
 #include "harness/capture/store.h"
+#include "harness/capture/tap_order.h"
 #include "harness/capture/store_read_file.h"
 #include "harness/capture/store_sketch.h"
 
@@ -85,14 +86,6 @@ void attach_references(ActivationSet& set, H5Data& data, const std::vector<std::
       break;
     }
   }
-}
-
-void sort_taps(std::vector<TapData>& taps) {
-  std::stable_sort(taps.begin(), taps.end(), [](const TapData& a, const TapData& b) {
-    if (a.order.has_value() != b.order.has_value()) return a.order.has_value();
-    if (a.order && *a.order != *b.order) return *a.order < *b.order;
-    return a.visit_index < b.visit_index;
-  });
 }
 
 Mesh parse_mesh(const Root& root, const std::string& path) {
@@ -200,6 +193,8 @@ void check_rank_taps(ActivationSet& set, const std::string& prefix, int r, const
         input_error("{}: attribute 'stage' is '{}', rank {}'s is '{}'", where, stage, first_holder[i],
                     t.layout.stage_str());
     }
+    if (auto differ = h5::read_string_attr(ds.get(), "microbatch_copies_differ", where))
+      t.microbatch_copies_differ.emplace_back(r, *differ);
     read_sketch_piece(ds.get(), where, set.mesh, t, r, static_cast<std::size_t>(set.world_size));
   }
 }

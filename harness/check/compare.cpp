@@ -1,5 +1,8 @@
 #include "harness/check/compare.h"
 
+#include <fmt/format.h>
+
+
 #include "harness/check/microbatches.h"
 #include "harness/check/images.h"
 
@@ -116,6 +119,7 @@ std::vector<std::string> TapVerdict::failed_checks() const {
   if (!replica.pass) out.push_back("replica");
   if (!reference.pass) out.push_back(reference.mismatched_shape ? "shape" : "reference");
   if (unchecked && unchecked_fails) out.push_back("no reference");
+  if (!microbatch_copies_differ.empty()) out.push_back("microbatches");
   return out;
 }
 
@@ -176,6 +180,8 @@ CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
       res.tolerance_fallbacks.push_back(t.name);
     v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!v.reference.pass && t.microbatches > 0) v.wrong_microbatches = wrong_microbatches(set, t, v);
+    for (const auto& [rank, which] : t.microbatch_copies_differ)
+      v.microbatch_copies_differ.push_back(fmt::format("rank {}: microbatches {}", rank, which));
     if (t.mismatched_reference_shape) {
       v.reference.mismatched_shape = t.mismatched_reference_shape;
       v.reference.pass = false;

@@ -146,6 +146,9 @@ struct TapVerdict {
   std::string stage;      // a pipeline stage's tap: "pp=1" (its `stage` attribute), else empty
   long microbatches = 0;  // its `microbatches` attribute: the piece's first dimension holds these in order
   std::vector<long> wrong_microbatches;  // of a tap failing against its reference (check/microbatches.h)
+  // A tap with no batch dimension whose microbatches' copies differ (the
+  // capture's `microbatch_copies_differ`): "rank 2: microbatches 1,3", one per rank.
+  std::vector<std::string> microbatch_copies_differ;
   // The microbatch an element is in (0-based), from its index (global, as the
   // reference's worst; else local, as a rank's); -1 when the tap has none.
   long microbatch_of(const std::vector<std::size_t>& index, bool global) const;
@@ -155,7 +158,8 @@ struct TapVerdict {
   bool unchecked = false;
   bool unchecked_fails = false;
   bool pass() const {
-    return nonfinite.nan == 0 && nonfinite.inf == 0 && replica.pass && reference.pass && !(unchecked && unchecked_fails);
+    return nonfinite.nan == 0 && nonfinite.inf == 0 && replica.pass && reference.pass &&
+           !(unchecked && unchecked_fails) && microbatch_copies_differ.empty();
   }
   // Every check that ran passed, and the reference check ran (or the run has no reference).
   bool passed_every_check() const { return pass() && !unchecked; }

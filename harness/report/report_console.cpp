@@ -294,6 +294,10 @@ std::string describe_tap(const TapVerdict& t, std::size_t index) {
   } else if (rc.applies) {
     s += "  replicas agree (bitwise)\n";
   }
+  if (!t.microbatch_copies_differ.empty())
+    s += fmt::format("  microbatches DIFFER: the tap has no batch dimension, so every microbatch computes the same "
+                     "value, written once; the copies of {} are not microbatch 0's\n",
+                     fmt::join(t.microbatch_copies_differ, "; "));
   const auto& ref = t.reference;
   if (ref.mismatched_shape) s += shape_paragraph(t);
   if (ref.present && !ref.pass && ref.estimated) {

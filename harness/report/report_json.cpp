@@ -26,6 +26,7 @@ json tap_json(const TapVerdict& t, std::size_t order) {
   if (!t.stage.empty()) j["stage"] = t.stage;
   if (t.microbatches > 0) j["microbatches"] = t.microbatches;
   if (!t.wrong_microbatches.empty()) j["wrong_microbatches"] = t.wrong_microbatches;
+  if (!t.microbatch_copies_differ.empty()) j["microbatch_copies_differ"] = t.microbatch_copies_differ;
   // A tap never compared with the reference is no pass, whatever the run's verdict.
   j["pass"] = t.passed_every_check();
   j["verdict"] = !t.pass() ? "fail" : t.unchecked ? "unchecked" : "pass";

@@ -17,7 +17,8 @@ gradient that is a partial sum over those ranks until someone reduces it
 (`{"grad/time_embed*": (None, "sp")}`). A parameter and its gradient are looked up
 in the capture's layouts by their tap names (`param/<name>`,
 `param_grad/<name>`: a pattern such as "param*/attn.q.weight" covers both);
-one no pattern matches is replicated. A gradient the user reduces after
+one no pattern matches is replicated. A tied parameter (one Parameter under
+several names) is tapped under every name it has. A gradient the user reduces after
 backward (a sequence-parallel LayerNorm weight's, a data-parallel one) is
 tapped after that reduction when the optimizer steps, so a layout need not
 say `partial` for it.
@@ -56,7 +57,8 @@ class Gradients:
         grad_name = step + GRAD + name[len(step):]
         grad_pattern, layout = self._grad_layout(grad_name[len(step):])
         if layout is None:
-            layout = {k: v for k, v in attrs.items() if k == "spec"}  # a partial sum's gradient is replicated
+            # a partial sum's gradient is replicated; it is the stage's, and microbatched as its output
+            layout = {k: v for k, v in attrs.items() if k in ("spec", "stage", "microbatches")}
             grad_pattern = f"{pattern}, its output's" if pattern else None
         depth, steps = rounding.counts(tensor)
         steps = rounding.in_units_of(steps, tensor.dtype, torch.float64)  # one unit for every dtype
@@ -112,7 +114,10 @@ class Gradients:
         c = self.capture
         if kind == PARAM_GRAD:
             self._param_grads_tapped = True
-        for path, p in c.model.named_parameters():
+        # A parameter under several names (tied: an output head that is the
+        # token embedding) is tapped under each, so a pipeline stage that holds
+        # it under one of them finds its reference.
+        for path, p in c.model.named_parameters(remove_duplicate=False):
             tensor = value(p)
             if tensor is None:
                 continue

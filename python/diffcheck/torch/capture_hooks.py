@@ -93,7 +93,10 @@ class ModuleHooks:
         """A forward hook on every selected module (and a pre-hook with
         inputs=True) that a compiled graph keeps (compiled.py); keep: a
         compiled model's, left in place (empty) when the capture closes."""
+        hand = getattr(self, "hand", None)
         for path, module in model.named_modules():
+            if not path and hand is not None and hand.stage is not None:
+                continue  # a stage's root is a part of the model, and no whole model has it
             path = path or ROOT_NAME
             if not self._selected(path):
                 continue

@@ -57,6 +57,11 @@ class TapWriting:
             self._check_layout(name, tensor, pattern, attrs)
             if self.derive_depths:
                 attrs = self._with_counts(name, tensor, attrs)
+        hand = getattr(self, "hand", None)
+        if hand is not None and not self.reference_mode:  # a pipeline written by hand (hand_pipeline.py)
+            attrs = hand.staged(name, attrs)
+            if hand.hold(name, tensor, attrs):
+                return
         pipeline = getattr(self, "pipeline", None)
         if pipeline is not None and pipeline.hold(name, tensor, attrs):  # a microbatch's: written at the step's end
             return
@@ -132,7 +137,8 @@ class TapWriting:
             self._guarded(name, lambda: self._writer.reference(name, array))
         else:
             attrs = dict(attrs)
-            more = {k: attrs.pop(k) for k in ("complex", "stage", "microbatches") if k in attrs} or None
+            more = {k: attrs.pop(k) for k in ("complex", "stage", "microbatches", "microbatch_copies_differ")
+                    if k in attrs} or None
             self._guarded(name, lambda: self._writer.write_tap(name, array, dtype=logical, more=more, **attrs))
 
     def _guarded(self, name, store):

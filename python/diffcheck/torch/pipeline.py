@@ -26,6 +26,9 @@ fault reached.
 """
 import torch
 
+from diffcheck.torch.data_axes import first_batch
+from diffcheck.torch.hand_pipeline import lay_together
+
 _FORWARD, _BACKWARD, _OTHER = 0, 1, 2
 _PHASE_SPAN, _STAGE_SPAN = 1_000_000, 10_000
 
@@ -93,7 +96,9 @@ class PipelineTaps:
         self._complex = {}  # tap name -> a complex output's real view (capture_hooks.complex_view)
         self._next = {}  # (phase, stage key) -> next local position
         self._saved = []
+        self._hooks = []
         self._steps = 0  # schedule.step() calls begun
+        self.rows = None  # a microbatch's rows: dimension 0 of a stage's first input in a chunk
 
     # -- the schedule's calls ---------------------------------------------
 
@@ -103,6 +108,12 @@ class PipelineTaps:
                                   ("backward_weight_one_chunk", _BACKWARD)):
                 self._wrap(stage, method, self._in_chunk(stage, getattr(stage, method), phase))
         self._wrap(self.schedule, "step", self._stepping(self.schedule.step))
+        for stage in self.stages:
+            self._hooks.append(stage.submod.register_forward_pre_hook(self._learn_rows, with_kwargs=True))
+
+    def _learn_rows(self, module, args, kwargs):
+        if self.rows is None and self._chunk is not None:
+            self.rows = first_batch(args, kwargs)
 
     def detach(self):
         for obj, name, had, old in reversed(self._saved):
@@ -111,6 +122,9 @@ class PipelineTaps:
             else:
                 delattr(obj, name)
         self._saved = []
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
         self._chunk = None
 
     def _wrap(self, obj, name, fn):
@@ -165,11 +179,13 @@ class PipelineTaps:
         value = tensor.detach()
         if getattr(tensor, "_diffcheck_complex", False):
             self._complex[name] = True
-        if value.dim() and entry[3] is None and not pieces:
+        batched = value.dim() and (self.rows is None or value.shape[0] == self.rows)
+        if batched and entry[3] is None and not pieces:
             entry[3] = value.new_empty((value.shape[0] * self.microbatches, *value.shape[1:]))
         whole = entry[3]
         rows = value.shape[0] if value.dim() else 0
-        if whole is not None and rows * self.microbatches == whole.shape[0] and value.shape[1:] == whole.shape[1:]:
+        if batched and whole is not None and rows * self.microbatches == whole.shape[0] and \
+                value.shape[1:] == whole.shape[1:]:
             place = whole[mb * rows:(mb + 1) * rows]
             place.copy_(value)
         else:  # a microbatch of another shape: kept apart, laid together at the step's end
@@ -202,9 +218,11 @@ class PipelineTaps:
                     f"rank {c.rank}: tap '{name}' of stage {self.stage_attr}: the step ran microbatches "
                     f"{sorted(pieces)} of it, not all {self.microbatches} (missing {missing}); a module that "
                     "runs on some microbatches only cannot be laid together: exclude= it")
-            values = [pieces[m] for m in range(self.microbatches)]
-            whole = laid if laid is not None else torch.cat(values, 0) if values[0].dim() else torch.stack(values)
+            if laid is not None:
+                whole, more = laid, {"microbatches": self.microbatches}
+            else:  # no batch dimension (hand_pipeline.lay_together): one value, or a gradient's sum
+                whole, more = lay_together(name, [pieces[m] for m in range(self.microbatches)], self.rows,
+                                           name.startswith(c._step + "grad/"))
             if complex_views.get(name):
                 whole._diffcheck_complex = True
-            c._write_values(name, whole, {**attrs, "order": order, "stage": self.stage_attr,
-                                          "microbatches": self.microbatches})
+            c._write_values(name, whole, {**attrs, **more, "order": order, "stage": self.stage_attr})

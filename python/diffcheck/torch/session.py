@@ -24,40 +24,21 @@ from diffcheck.torch.dtensor_plan import PlanLayouts, check_mesh_axes
 from diffcheck.torch import compiled
 from diffcheck.torch.compiled_counts import CompiledCounts
 from diffcheck.torch.pipeline import PipelineTaps, StageModules, is_schedule, schedule_stages
-
-# Where launchers put a process's rank and the number of processes, most specific first.
-_LAUNCHER_ENV = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
-                 ("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
+from diffcheck.torch.hand_pipeline import HandPipeline
+from diffcheck.torch.launch import compiled_original, rank_and_world
 
 _active = []  # open captures of this process, innermost last
 _CAPTURE_PARAMETERS = ("out", "mesh", "layouts", "include", "exclude", "inputs", "reference", "one_device",
                        "rename", "rank", "world_size", "attrs", "derive_depths", "backward", "optimizer",
-                       "sketch", "sketch_seed", "only", "pipeline_axis", "data_axes", "loss_scale")
+                       "sketch", "sketch_seed", "only", "pipeline_axis", "data_axes", "loss_scale", "stage",
+                       "microbatches")
 # What a one-device capture adds to `out`: diffcheck compare finds
 # <reference without .h5>.one_device.rank0.h5 beside the reference by itself.
 ONE_DEVICE_SUFFIX = ".one_device"
-_TAP_ATTRIBUTES = ("reduction_depth", "rounding_steps", "atol", "rtol")
+_TAP_ATTRIBUTES = ("reduction_depth", "rounding_steps", "atol", "rtol", "stage", "microbatches")
 # The suite's CPU twin of a device model's whole-tap copies (staging.py):
 # True sends every tap through the host staging pool, unpinned.
 _CPU_TWIN_OF_DEVICE_COPIES = False
-
-
-def compiled_original(model):
-    """The eager module inside a torch.compile'd one (OptimizedModule, duck-typed), else None."""
-    original = getattr(model, "_orig_mod", None)
-    return original if isinstance(original, torch.nn.Module) else None
-
-
-def rank_and_world():
-    """(rank, world size): torch.distributed's when it is initialized, else the
-    launcher's (mpirun, torchrun, srun), else (0, 1)."""
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    for rank_var, size_var in _LAUNCHER_ENV:
-        if rank_var in os.environ and size_var in os.environ:
-            return int(os.environ[rank_var]), int(os.environ[size_var])
-    return 0, 1
 
 
 class Capture(ModuleHooks, TapWriting):
@@ -68,7 +49,8 @@ class Capture(ModuleHooks, TapWriting):
     def __init__(self, model, out, mesh=None, *, layouts=None, include=None, exclude=None, inputs=False,
                  reference=False, one_device=False, rename=None, rank=None, world_size=None, attrs=None,
                  derive_depths=True, backward=False, optimizer=None, sketch=False, sketch_seed=0, only=None,
-                 pipeline_axis="pp", data_axes=None, loss_scale="local_mean", **root_attrs):
+                 pipeline_axis="pp", data_axes=None, loss_scale="local_mean", stage=None, microbatches=None,
+                 **root_attrs):
         check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
         schedule = model if is_schedule(model) else None
         # DistributedDataParallel: its module is captured (taps and parameters under the model's own names,
@@ -140,6 +122,9 @@ class Capture(ModuleHooks, TapWriting):
             self.root_attrs.setdefault("sketch_rows", self.sketches.rows)
         self.only = None if only is None else drill_down_taps(only)
         self.pipeline = None if schedule is None else PipelineTaps(self, schedule, pipeline_axis)
+        # a pipeline written by hand (hand_pipeline.py); a schedule's stages and microbatches are its own
+        self.hand = None if schedule is not None or reference or one_device else \
+            HandPipeline(self, stage, microbatches)
 
     # -- naming -------------------------------------------------------------
 
@@ -175,6 +160,9 @@ class Capture(ModuleHooks, TapWriting):
         """Later taps are named `step<t>/...`; t=None: no prefix. Calls are numbered afresh."""
         if self.sketches is not None and self._thread is not None:
             self.sketches.flush()
+        if self.hand is not None and self._thread is not None:
+            with rounding.paused():
+                self.hand.flush()
         self._step = "" if t is None else f"step{int(t)}/"
         self._calls = {}
 
@@ -209,6 +197,8 @@ class Capture(ModuleHooks, TapWriting):
                                                      ran=lambda: self._compiled_calls.append(1))
             if self.data_axes:  # the local batch: dimension 0 of the model's first tensor input
                 self._handles.append(self.model.register_forward_pre_hook(self._learn_local_batch, with_kwargs=True))
+            if self.hand is not None:  # a microbatch's rows: dimension 0 of the model's first input
+                self._handles.append(self.model.register_forward_pre_hook(self.hand.learn_rows, with_kwargs=True))
             self._add_hooks(eager or self.model, keep=eager is not None)
             if not (self.reference_mode or self.one_device):
                 self._plan = PlanLayouts(eager or self.model, list(self.axis_sizes)).__enter__()
@@ -241,6 +231,9 @@ class Capture(ModuleHooks, TapWriting):
                 with rounding.paused():
                     self.pipeline.flush()  # chunks run outside schedule.step()
             self.pipeline.detach()
+        if self.hand is not None and not failed and self._thread is not None:
+            with rounding.paused():
+                self.hand.flush()
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -341,6 +334,11 @@ def capture(model, out, mesh=None, **kwargs):
               dimension 0 is the local batch is split over them, on top of
               its layout (diffcheck/torch/data_axes.py); default: FSDP2's
               mesh axes, else DDP's, else none (every rank the same batch)
+    stage     a pipeline written by hand: this rank's stage ("pp=1") for
+              every tap (docs/torch.md, "Pipelines written by hand")
+    microbatches  with stage: a module called M times in a step ran
+              microbatch k on call k; the calls are laid together
+              (diffcheck/torch/hand_pipeline.py)
     loss_scale  with data axes, how the loss was scaled: "local_mean"
               (default: each rank's mean over its own samples; the output
               gradients are written divided by the data-parallel degree)

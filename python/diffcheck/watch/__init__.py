@@ -33,41 +33,28 @@ model with nothing replicated is refused when the watch starts, and so is a
 `layouts=` pattern that matches no parameter, names an axis the mesh lacks or
 has a spec of another rank; a parameter whose shape or layout changes between
 steps is refused by name. `watch.groups` shows the replica groups compared,
-`watch.findings` what was found.
+`watch.findings` what was found (a list of dicts: step, tensor, group, the
+ranks apart), `watch.check_seconds` and `watch.last_check_seconds` the time
+the checks took on this rank. With on_mismatch="warn" a finding that stays is
+reported again only when it changes (diffcheck/watch/report.py).
 """
 import fnmatch
 import os
 import socket
-import warnings
+import time
 
 import torch
 import torch.distributed as dist
 
-from diffcheck.dump import RankDump, mesh_size, mesh_sizes
+from diffcheck.dump import mesh_size, mesh_sizes
 from diffcheck.dump.layouts import (check_layout, dtensor_layout, is_dtensor, layout_attrs, placement_attrs,
                                      rank_coords, replica_axes)
 from diffcheck.watch.exchange import Exchange, Unanswered
 from diffcheck.watch.hashing import ALGORITHMS, SUMS, hash_row
+from diffcheck.watch.errors import RankUnresponsive, ReplicasDiffer, TransientFault, WatchError  # noqa: F401
+from diffcheck.watch.report import WatchReports
 from diffcheck.watch.rerun import Rerun
 
-
-
-class WatchError(RuntimeError):
-    """What dct.watch raises: a finding (ReplicasDiffer) or a rank that never came (RankUnresponsive)."""
-
-
-class ReplicasDiffer(WatchError):
-    """Replicas of a tensor disagree (raised on every rank with on_mismatch="stop")."""
-
-
-class RankUnresponsive(WatchError):
-    """A rank did not come to a check within the watch's timeout (raised on the ranks that waited,
-    naming those that did not come). No ReplicasDiffer: `except dct.ReplicasDiffer` must not swallow
-    a stalled rank, whose job would then hang at its next collective."""
-
-
-class TransientFault(ReplicasDiffer):
-    """The rerun check found a rank computing other bits from the same inputs (raised on every rank)."""
 
 
 def replica_groups(axis_sizes, attrs, world):
@@ -91,7 +78,7 @@ def _grad(p):
     return p.grad
 
 
-class Watch:
+class Watch(WatchReports):
     def __init__(self, model, optimizer=None, *, mesh, every=1, layouts=None, out="dumps/watch",
                  on_mismatch="stop", timeout=300.0, grads=True, group=None, rerun=None, rerun_every=10):
         if not (dist.is_available() and dist.is_initialized()):
@@ -109,6 +96,8 @@ class Watch:
         self.layouts = [(p, layout_attrs(v, ())) for p, v in (layouts or {}).items()]
         self.params = list(model.named_parameters())
         self.steps, self.checks, self.findings = 0, 0, []
+        # the time the checks took on this rank, all of them and the last (hashes, exchange, any report)
+        self.check_seconds, self.last_check_seconds = 0.0, 0.0
         self._check_layouts()
         self._layout = {name: self._layout_of(name, p) for name, p in self.params}
         self._shapes = {name: p.shape for name, p in self.params}
@@ -206,6 +195,14 @@ class Watch:
     def check(self, grads=True, after=False):
         """One comparison across the replica groups of every parameter (and,
         with grads, every gradient); collective."""
+        start = time.perf_counter()
+        try:
+            self._check(grads, after)
+        finally:
+            self.last_check_seconds = time.perf_counter() - start
+            self.check_seconds += self.last_check_seconds
+
+    def _check(self, grads, after):
         self.checks += 1
         kinds = [("param", _detached)] + ([("param_grad", _grad)] if grads else [])
         rows, on_device, names = [], [], []
@@ -304,80 +301,6 @@ class Watch:
                 "apart": apart, "odd_one_out": len(common) == 1 and len(group) >= 3,
                 "everywhere": all(row[3] for row in rows.values()),  # every rank of the group has the tensor
                 "hosts": {r: self.hosts[r] for r in group}}
-
-    def _report(self, found, after):
-        self.findings += found
-        # The check after the last step has a prefix of its own: it never overwrites the pieces of a
-        # finding made before that step (close() after a caught ReplicasDiffer checks again).
-        prefix = f"{self.out}.step{self.steps}" + (".after" if after else "")
-        by_name = dict(self.params)
-        pieces, written = [], set()
-        with RankDump(prefix, self.mesh, self.rank, producer="diffcheck.torch watch") as d:
-            for f in found:
-                t = self._local(f["name"], f["value"](by_name[f["name"]]))
-                pieces.append(t)
-                if f["tensor"] in written:
-                    continue  # one tensor apart in several replica groups: its piece is written once
-                written.add(f["tensor"])
-                attrs = {k: v for k, v in self._layout[f["name"]].items() if k in ("spec", "partial") and v}
-                d.tap(f["tensor"], t, **attrs)
-        firsts = self.exchange.first_differences([(f["base"], f["apart"]) if f["everywhere"] else None
-                                                  for f in found], pieces)
-        dist.barrier(group=self.group)
-        when = "after the last" if after else f"before step {self.steps}'s"
-        tensors = len({f["tensor"] for f in found})
-        groups = f" in {len(found)} replica groups" if len(found) > tensors else ""
-        lines = [f"diffcheck watch: replicas DIFFER {when} optimizer step: {tensors} tensor(s){groups}"]
-        for f, first in zip(found, firsts):
-            lines.append(f"  {f['tensor']}: {self._who(f)}")
-            for r, (index, base, theirs) in sorted(first.items()):
-                lines.append(f"    first differing element: local index [{','.join(map(str, index))}], "
-                             f"rank {f['base']}: {base:.9g}, rank {r}: {theirs:.9g}")
-        lines.append(f"  the pieces: {prefix}.rank<R>.h5 (diffcheck compare {prefix})")
-        message = "\n".join(lines)
-        if self.rank == 0:
-            print(message, flush=True)
-            from diffcheck.compare import DiffcheckError, compare
-            try:
-                print(compare(prefix, check=False)["console"], end="", flush=True)
-            except (DiffcheckError, FileNotFoundError) as e:  # the finding stands without the comparison
-                print(f"  (diffcheck compare {prefix}: {e})", flush=True)
-        if self.on_mismatch == "stop":
-            raise ReplicasDiffer(message)
-        warnings.warn(message, stacklevel=3)
-
-
-    @staticmethod
-    def _who(f):
-        """The ranks a finding blames: the odd ones out where a majority agrees; else every
-        rank of the group, by the value it holds (of two, either may be the wrong one)."""
-        def rank(r):
-            return f"rank {r} ({f['hosts'][r]})"
-        if f["odd_one_out"]:
-            one = len(f["apart"]) == 1
-            return (f"{', '.join(map(rank, f['apart']))} {'is the odd one out' if one else 'are the odd ones out'} "
-                    f"in replica group {f['group']}")
-        return (f"replica group {f['group']} holds {len(f['classes'])} values with no majority: "
-                + " against ".join(", ".join(map(rank, c)) for c in f["classes"]))
-
-    def _report_transient(self, mine):
-        """Rerun findings of any rank (each rank knows only its own details): collective."""
-        details = [None] * self.world
-        dist.all_gather_object(details, mine, group=self.group)
-        lines = []
-        for r, found in enumerate(details):
-            for f in found or []:
-                lines.append(f"  rank {r} ({self.hosts[r]}), step {f['step']}: module '{f['module']}' gave other bits "
-                             f"when run again on the same inputs (first at flat index {f['index']}: {f['first']:.9g} "
-                             f"then {f['again']:.9g})")
-        message = (f"diffcheck watch: TRANSIENT fault (the rerun check) before step {self.steps}'s optimizer step:\n"
-                   + "\n".join(lines))
-        self.findings.append({"step": self.steps, "kind": "transient", "ranks": [r for r, f in enumerate(details) if f]})
-        if self.rank == 0:
-            print(message, flush=True)
-        if self.on_mismatch == "stop":
-            raise TransientFault(message)
-        warnings.warn(message, stacklevel=3)
 
 
 def watch(model, optimizer=None, *, mesh, every=1, **kwargs):
