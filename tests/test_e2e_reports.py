@@ -120,6 +120,38 @@ class PerRankStatistics(E2ETest):
         self.assertEqual(ranks["replica_diff"][1], 1000.0)  # |t at step 0 - stale 0|
         self.assertEqual(ranks["nonfinite"], [0, 0, 0, 0])
 
+    def test_a_ranks_cell_is_its_own_block_not_the_whole_tensors(self):
+        """Only rank 1's half is wrong: rank 0's err/tol is its own (it was raised to the whole tensor's rel L2
+        ratio, painting rank 0 red), rank 1's carries its own rel L2 too, and the page marks the tap failing."""
+        import h5py
+        import numpy as np
+        rng = np.random.default_rng(0)
+        whole = rng.standard_normal((8, 16))
+        prefix = self.path("halves")
+        for r in range(2):
+            piece = whole[r * 4:(r + 1) * 4].astype(np.float32)
+            if r == 1:
+                piece = piece * np.float32(1 + 1e-5)  # every element a little off: the rel L2 fails
+            with h5py.File(f"{prefix}.rank{r}.h5", "w") as f:
+                f.attrs.update({"diffcheck_schema": 1, "mesh": "tp=2", "world_size": 2, "rank": r})
+                f.create_dataset("taps/x", data=piece).attrs.update({"spec": "tp,-", "order": 0, "rounding_steps": 1,
+                                                                      "reduction_depth": 16})  # a rel L2 limit
+                if r == 0:
+                    f.create_dataset("reference/x", data=whole)
+        page = self.path("halves.html")
+        res = self.diffcheck("compare", prefix, "--html", page, json=True)
+        self.assertExit(res, 1)
+        tap = res.report["taps"][0]
+        own = tap["ranks"]["err_over_tol"]
+        self.assertLess(own[0], 0.1)  # its float32 rounding only
+        self.assertGreater(own[1], 1)
+        self.assertEqual(tap["failed_checks"], ["reference"])
+        if CHROMIUM:
+            dom, errors, _ = self.browse(page)
+            self.assertEqual(errors, [])
+            cells = [c for c in dom.find("rect", **{"class": "cell"}) if c[1]["data-tap"] == "x"]
+            self.assertEqual([("fail" in c[1]["class"].split()) for c in cells], [False, True])
+
 if __name__ == "__main__":
     import unittest
     unittest.main()

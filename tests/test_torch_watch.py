@@ -303,7 +303,6 @@ class WatchedTraining(E2ETest):
         self.assertIn("diffcheck watch: rank 0 waited 5 s at the check before step 4's optimizer step", p.stderr)
         self.assertRegex(p.stderr, r"rank 1 \(\S+\) did not come to it \(it has not reached that step\)")
 
-    @unittest.skipUnless(FULL, "nightly: warn mode over the steps a flipped bit stays")
     def test_warn_mode_reports_a_finding_that_stays_once(self):
         p, out = self.run_example("--bug", "bit_flip", "--on-mismatch", "warn", "--steps", "10", n=2)
         self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])

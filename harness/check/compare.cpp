@@ -37,7 +37,7 @@ I ordered_bits(F x) {
 
 }  // namespace
 
-void judge_whole_tensor(ReferenceCheck& ref, std::vector<double>& err_over_tol) {
+void judge_whole_tensor(ReferenceCheck& ref, std::vector<double>& err_over_tol, bool charge_every_rank) {
   const Tolerance& tol = ref.tol;
   if (tol.rel_l2_limit) {
     ref.l2_ratio = *tol.rel_l2_limit > 0 ? ref.rel_l2 / *tol.rel_l2_limit : ref.rel_l2 > 0 ? INFINITY : 0.0;
@@ -48,9 +48,11 @@ void judge_whole_tensor(ReferenceCheck& ref, std::vector<double>& err_over_tol) 
     ref.column_ratio = !(c >= 0) ? INFINITY : limit > 0 ? c / limit : c > 0 ? INFINITY : 0.0;
     ref.pass = ref.pass && *ref.column_ratio <= 1;
   }
-  // A limit on the whole tensor is every block's: each rank's err/tol
-  // (heatmaps, step summaries) shows at least its ratio (a NaN one as
-  // infinite), or a tap failing by it alone would look like a pass there.
+  // Without each block's own figures (a sketch tap), a limit on the whole
+  // tensor is every block's: each rank's err/tol shows at least its ratio
+  // (a NaN one as infinite), or a tap failing by it alone would look like a
+  // pass there. With them, the heatmap's tap label shows such a failure.
+  if (!charge_every_rank) return;
   for (const auto& whole : {ref.l2_ratio, ref.column_ratio})
     if (whole) {
       const double w = std::isnan(*whole) ? INFINITY : *whole;

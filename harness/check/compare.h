@@ -211,8 +211,9 @@ TapVerdict blank_verdict(const TapData& t, const Shape& global);
 
 // Holds a reference check to its whole-tensor limits (the tolerance's rel L2
 // and column-mean limits, on ref.rel_l2 and ref.column_mean as measured or
-// estimated): the ratios, the verdict, and every rank's err/tol raised to them.
-void judge_whole_tensor(ReferenceCheck& ref, std::vector<double>& err_over_tol);
+// estimated): the ratios, the verdict, and with charge_every_rank (no figures
+// of each block's own: a sketch tap) every rank's err/tol raised to them.
+void judge_whole_tensor(ReferenceCheck& ref, std::vector<double>& err_over_tol, bool charge_every_rank = true);
 
 // What a tap's tolerance is derived from: its attributes, the options, the
 // run's math and the tolerance table (shared by whole and sketch taps).

@@ -36,6 +36,9 @@ struct ReferenceScan {
   std::size_t worst = 0;
   long long fails = 0;
   bool nan_error = false, maybe_nonfinite = false;
+  // The chunk's squared errors and squared reference values, summed plainly
+  // (its owner's rel L2 in the heatmap; the verdict's sums are exact).
+  double err_total = 0, ref_total = 0;
   // The current summation unit's eight lanes (0-3 and 4-7) of the error's and
   // the reference's squares, and the largest error per lane.
   Quad e_lo{}, e_hi{}, r_lo{}, r_hi{}, m4{};
@@ -154,6 +157,7 @@ struct ReferenceScan {
       worst_ratio = std::max(worst_ratio, 0.0);
       worst = 0;
     }
+    ref_total += lane_sum(r_lo, r_hi);
     if (!s.ref_sq.add_partial(lane_sum(r_lo, r_hi)))
       for (std::size_t j = at; j < end; ++j) s.ref_sq.add_value(ref[j]);
     return true;
@@ -326,6 +330,8 @@ struct ReferenceScan {
     // A NaN or Inf value makes its error, and the unit's sum of squares,
     // non-finite; a finite sum clears the unit of both at no cost.
     const double unit_err_sq = lane_sum(e_lo, e_hi);
+    err_total += unit_err_sq;
+    ref_total += lane_sum(r_lo, r_hi);
     if (!std::isfinite(unit_err_sq)) {
       maybe_nonfinite = true;
       // The question may have let an infinite error by: every element of the
@@ -376,6 +382,8 @@ template <class Simd, class X, class R>
   s.n_total += static_cast<long long>(n);
   if (n == 0) return false;
   s.owner_err_ratio.push_back({g.owner, scan.worst_ratio});
+  s.owner_err_sq.push_back({g.owner, scan.err_total});
+  s.owner_ref_sq.push_back({g.owner, scan.ref_total});
   // Within a block, local row-major order is global order, so the first worst
   // element of the chunk is also its lowest global index.
   s.offer_reference({scan.worst_ratio, global_flat_index(p.tap->local_shape, p.global, g.block, first + scan.worst),

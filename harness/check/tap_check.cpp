@@ -219,8 +219,38 @@ struct TapScan {
   }
 };
 
+// The rel L2 of each block owner's own block over the tap's norm-wise limit
+// (empty without one): a rank's share of a whole-tensor limit, its own.
+std::vector<RankValue> owner_l2_ratios(const TapStats& s, const Tolerance& tol) {
+  std::vector<RankValue> out;
+  if (!tol.rel_l2_limit) return out;
+  for (std::size_t i = 0; i < s.owner_err_sq.size() && i < s.owner_ref_sq.size(); ++i) {
+    const double e = s.owner_err_sq[i].value, r = s.owner_ref_sq[i].value, limit = *tol.rel_l2_limit;
+    const double l2 = r > 0 ? std::sqrt(e / r) : e > 0 ? INFINITY : 0.0;
+    out.push_back({s.owner_err_sq[i].rank, std::isnan(e) ? INFINITY : limit > 0 ? l2 / limit : l2 > 0 ? INFINITY : 0.0});
+  }
+  return out;
+}
+
+// The value of `owner` in a list sorted by rank.
+std::optional<double> value_of(const std::vector<RankValue>& v, int owner) {
+  auto it = std::lower_bound(v.begin(), v.end(), RankValue{owner, 0});
+  if (it == v.end() || it->rank != owner) return std::nullopt;
+  return it->value;
+}
+
+// Every rank that holds owner's block: its leaders and their replicas.
+template <class F>
+void for_holders(const BlockGroup& g, F&& f) {
+  for (std::size_t li = 0; li < g.leaders.size(); ++li) {
+    f(g.leaders[li]);
+    for (int r : g.replicas[li]) f(r);
+  }
+}
+
 // Each rank's figures for heatmaps: non-finite count, replica difference,
-// and err/tol (a block's worst, given to each rank that holds the block).
+// and err/tol (its block's worst element, given to each rank that holds the
+// block; reference_verdict adds its own rel L2).
 PerRank per_rank_figures(const TapStats& s, const TapPlan& p, int world_size, bool has_ref) {
   PerRank pr;
   const auto world = static_cast<std::size_t>(world_size);
@@ -230,14 +260,9 @@ PerRank per_rank_figures(const TapStats& s, const TapPlan& p, int world_size, bo
   for (const auto& x : s.rank_replica_diff) pr.replica_diff.at(static_cast<std::size_t>(x.rank)) = x.value;
   if (!has_ref) return pr;
   pr.err_over_tol.assign(world, 0.0);
-  for (const auto& g : p.groups) {
-    auto it = std::lower_bound(s.owner_err_ratio.begin(), s.owner_err_ratio.end(), RankValue{g.owner, 0});
-    if (it == s.owner_err_ratio.end() || it->rank != g.owner) continue;
-    for (std::size_t li = 0; li < g.leaders.size(); ++li) {
-      pr.err_over_tol.at(static_cast<std::size_t>(g.leaders[li])) = it->value;
-      for (int r : g.replicas[li]) pr.err_over_tol.at(static_cast<std::size_t>(r)) = it->value;
-    }
-  }
+  for (const auto& g : p.groups)
+    if (auto element = value_of(s.owner_err_ratio, g.owner))
+      for_holders(g, [&](int r) { pr.err_over_tol.at(static_cast<std::size_t>(r)) = *element; });
   return pr;
 }
 
@@ -296,7 +321,16 @@ ReferenceCheck reference_verdict(const TapStats& s, const TapPlan& p, const Tole
   for (std::size_t r = 0; r < err_over_tol.size(); ++r)  // element-wise, before the whole-tensor limits
     if (!(err_over_tol[r] <= 1)) ref.failing_ranks.push_back(static_cast<int>(r));
   if (columns.tracked()) ref.column_mean = column_mean_error(s.column_err, columns, s.ref_sq.rms(numel(p.global)));
-  judge_whole_tensor(ref, err_over_tol);
+  // A rank's cell shows its own block's rel L2 over the limit, not the whole
+  // tensor's: a wrong block on rank 1 paints rank 1, not rank 0 too.
+  const std::vector<RankValue> l2 = owner_l2_ratios(s, tol);
+  for (const auto& g : p.groups)
+    if (auto own = value_of(l2, g.owner))
+      for_holders(g, [&](int r) {
+        double& cell = err_over_tol.at(static_cast<std::size_t>(r));
+        if (std::isnan(*own) || *own > cell) cell = *own;
+      });
+  judge_whole_tensor(ref, err_over_tol, /*charge_every_rank=*/false);
   return ref;
 }
 

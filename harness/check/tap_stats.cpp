@@ -115,7 +115,8 @@ void fields(Stats& s, IO& io) {
       io.put_or_get(s.n_fail), io.put_or_get(s.n_total), io.put_or_get(s.any_nan_error),
       io.put_or_get(s.max_abs), io.put_or_get(s.max_rel), io.put_or_get(s.err_sq),
       io.put_or_get(s.ref_sq), io.put_or_get(s.ref_worst), io.put_or_get(s.rank_nonfinite),
-      io.put_or_get(s.rank_replica_diff), io.put_or_get(s.owner_err_ratio), io.put_or_get(s.column_err);
+      io.put_or_get(s.rank_replica_diff), io.put_or_get(s.owner_err_ratio), io.put_or_get(s.column_err),
+      io.put_or_get(s.owner_err_sq), io.put_or_get(s.owner_ref_sq);
 }
 
 struct Encode : Writer {
@@ -182,6 +183,8 @@ void TapStats::merge(const TapStats& o) {
   append(rank_nonfinite, o.rank_nonfinite);
   append(rank_replica_diff, o.rank_replica_diff);
   append(owner_err_ratio, o.owner_err_ratio);
+  append(owner_err_sq, o.owner_err_sq);
+  append(owner_ref_sq, o.owner_ref_sq);
 }
 
 void TapStats::finish() {
@@ -190,6 +193,8 @@ void TapStats::finish() {
   combine_by_rank(rank_nonfinite, true);
   combine_by_rank(rank_replica_diff, false);
   combine_by_rank(owner_err_ratio, false);
+  combine_by_rank(owner_err_sq, true);
+  combine_by_rank(owner_ref_sq, true);
 }
 
 }  // namespace dc

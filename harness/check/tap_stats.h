@@ -62,6 +62,9 @@ struct TapStats {
   // owner's block (for the reference check). finish() leaves one entry per
   // rank, sorted: counts summed, the others the maximum.
   std::vector<RankValue> rank_nonfinite, rank_replica_diff, owner_err_ratio;
+  // Each block owner's own sums of squared errors and of squared reference
+  // values (plain doubles: a heatmap cell's rel L2, not a verdict), summed.
+  std::vector<RankValue> owner_err_sq, owner_ref_sq;
 
   void offer_replica(const ReplicaWorst& w);
   void offer_reference(const RefWorst& w);

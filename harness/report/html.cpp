@@ -81,6 +81,7 @@ h1{font-size:20px;margin:0 0 4px} h2{font-size:15px}
  font:13px/1.4 ui-monospace,monospace;margin:10px 0}
 svg text{font:11px ui-monospace,monospace;fill:#424242}
 svg text.first{font-weight:700;fill:#c62828}
+svg text.fail{fill:#c62828}
 svg rect.cell:hover{stroke:#000;stroke-width:1.5}
 .legend{display:flex;flex-wrap:wrap;gap:12px;font-size:12px;margin:4px 0 12px}
 .legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px;border:1px solid #9e9e9e}

@@ -62,8 +62,16 @@ std::string heatmap(const ActivationSet& set, const CompareResult& res) {
     const TapVerdict& t = res.taps[i];
     const int y = top + static_cast<int>(i) * ch;
     const bool first = res.first_divergence == i;
-    s += fmt::format("<text class=\"tap-label{}\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}{}</text>\n",
-                     first ? " first" : "", left - 6, y + ch - 5, first ? "&#9654; " : "", esc(t.name));
+    // Each cell is its rank's own err/tol; a tap failing only by a limit on
+    // the whole tensor (rel L2, column mean) shows it on its label.
+    const auto& ref = t.reference;
+    const bool whole_fails = ref.present && !ref.pass && ref.worst_ratio <= 1;
+    s += fmt::format("<text class=\"tap-label{}{}\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}{}{}</text>\n",
+                     first ? " first" : "", t.pass() ? "" : " fail", left - 6, y + ch - 5, first ? "&#9654; " : "",
+                     esc(t.name),
+                     whole_fails ? fmt::format("<title>fails on the whole tensor: err/tol {} (rel L2{})</title>",
+                                               html::num(ref.margin()), ref.column_ratio ? ", column mean" : "")
+                                 : "");
     for (std::size_t col = 0; col < columns; ++col) {
       const int r0 = static_cast<int>(col) * per, r1 = std::min(world - 1, r0 + per - 1);
       if (r0 > r1) break;

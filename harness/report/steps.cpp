@@ -18,6 +18,11 @@ double worst_err_over_tol(const TapVerdict& t) {
   double worst = -1;
   for (double r : t.ranks.err_over_tol)
     if (std::isnan(r) || r > worst) worst = std::isnan(r) ? INFINITY : r;
+  // The whole tensor's limits (rel L2, column mean) are no rank's cell.
+  if (t.reference.present && worst >= 0) {
+    const double m = t.reference.margin();
+    if (std::isnan(m) || m > worst) worst = std::isnan(m) ? INFINITY : m;
+  }
   return worst;
 }
 
