@@ -342,6 +342,32 @@ class NnxModules(unittest.TestCase):
         self.assertEqual(taps["param_grad/fc1.kernel"][0].get("spec", ""), "")  # replicated over dp
         self.assertFalse(hasattr(model.fc1, "_diffcheck_tap_path"))  # the user's module as it was
 
+    def test_a_model_holding_rngs_and_static_keywords_checks_clean(self):
+        """MaxText's way: an NNX model that keeps its nnx.Rngs (the reference run moved its PRNG key
+        through numpy and crashed), called with a Python bool and a string keyword (traced, they raised
+        TracerBoolConversionError at `if enable_dropout:`)."""
+        from flax import nnx
+
+        class Decoder(nnx.Module):
+            def __init__(self, rngs):
+                self.fc = nnx.Linear(8, 8, rngs=rngs)
+                self.drop = nnx.Dropout(0.5, rngs=rngs)
+                self.rngs = rngs
+
+            def __call__(self, x, enable_dropout=True, model_mode="train"):
+                h = self.fc(x)
+                if enable_dropout:
+                    h = self.drop(h)
+                return h if model_mode == "train" else -h
+
+        mesh = jax.make_mesh((8,), ("dp",))
+        x = jax.device_put(jnp.ones((8, 8)), NamedSharding(mesh, P("dp")))
+        with tempfile.TemporaryDirectory() as tmp:
+            report = dcj.check(Decoder(nnx.Rngs(0)), x, out=os.path.join(tmp, "m"), mesh=mesh,
+                               kwargs={"enable_dropout": False, "model_mode": "train"})
+        self.assertTrue(report["pass"], report["console"])
+        self.assertEqual([t["name"] for t in report["taps"]], ["fc", "model"])
+
 
 class Sketches(unittest.TestCase):
     def test_signs_are_format_mds(self):

@@ -32,6 +32,7 @@ from diffcheck.jax import host_taps as jax_host_taps
 from diffcheck.jax import nnx as jax_nnx
 from diffcheck.jax import taps as jax_taps
 from diffcheck.jax import one_device as one
+from diffcheck.jax import static_kwargs
 from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: F401
 from diffcheck.dump import RankDump, ReferenceDump
 from diffcheck.jax.layouts import LayoutError, array_layout, mesh_string  # noqa: F401
@@ -131,7 +132,7 @@ class Capture:
     def _traced(self, *args, **kwargs):
         collector = jax_taps.Collector(self.include, self.exclude, self.backward, self.unroll, self._host)
         with jax_taps.collecting(collector), (jax.disable_jit() if self.unroll else contextlib.nullcontext()):
-            result = self.fn(*args, **kwargs)
+            result = self.fn(*args, **static_kwargs.unwrap(kwargs))
         return result, collector.outputs()
 
     def _run(self, mesh, args, kwargs):
@@ -164,6 +165,7 @@ class Capture:
     def __call__(self, *args, **kwargs):
         """Runs the function once under the capture and returns its result."""
         args = (self.state, *args) if self.module else args
+        kwargs = static_kwargs.wrap(kwargs)  # a Python bool or string keyword is static (static_kwargs.py)
         if self.reference or self.one_device:
             return self._call_one_device(args, kwargs)
         if self.sketches is not None:

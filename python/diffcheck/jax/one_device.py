@@ -36,11 +36,20 @@ def is_array(x):
     return isinstance(x, (jax.Array, np.ndarray))
 
 
+def is_key(x):
+    """A typed PRNG key array (an nnx.Rngs' state): numpy cannot hold it, its key data can."""
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
 def to_one_device(tree, mesh1, widen):
     """Every array leaf of `tree` whole on mesh1's device, with its
     PartitionSpec (its axes have size 1 there); floating leaves as float64
-    when `widen` (call inside jax.enable_x64). Other leaves as they are."""
+    when `widen` (call inside jax.enable_x64). A PRNG key array moves as
+    its key data, wrapped again with its implementation. Other leaves as
+    they are."""
     def move(x):
+        if is_key(x):
+            return jax.random.wrap_key_data(move(jax.random.key_data(x)), impl=jax.random.key_impl(x))
         if not is_array(x):
             return x
         a = gathered(x)
@@ -53,13 +62,14 @@ def to_one_device(tree, mesh1, widen):
 
 def gather_everywhere(tree):
     """The array leaves as whole numpy arrays (collective across processes)."""
-    return jax.tree_util.tree_map(lambda x: gathered(x) if is_array(x) else x, tree)
+    return jax.tree_util.tree_map(lambda x: gathered(jax.random.key_data(x)) if is_key(x) else
+                                  gathered(x) if is_array(x) else x, tree)
 
 
 def run_dtype(tree):
     """The first floating dtype among the array leaves ('float32', 'bfloat16'), else None."""
     for leaf in jax.tree_util.tree_leaves(tree):
         dt = getattr(leaf, "dtype", None)
-        if dt is not None and (np.issubdtype(dt, np.floating) or dt.name == "bfloat16"):
+        if dt is not None and jax.dtypes.issubdtype(dt, np.floating):  # bfloat16 too; a PRNG key is none
             return dt.name
     return None

@@ -80,14 +80,25 @@ class ModuleHooks:
         base = self._numbered(path, advance=not inputs) + (":in" if inputs else "")
         numbered = base[len(self._step):]
         plan = self._plan if self._plan is not None and self._plan.active and not inputs else None
+        library = self._library if self._library and not inputs else None
         for rest, tensor in pairs:
             name = base + rest
-            # A DTensor plan's layout of a plain output, asked only where no layout pattern matches.
-            inferred = None if plan is None else functools.partial(
-                plan.layout, module, tensor, args, f"rank {self.rank}: tap '{name}'")
+            # What a library (library_plans.py) or a DTensor plan says of a plain output, asked only where no
+            # layout pattern matches.
+            inferred = None if plan is None and library is None else functools.partial(
+                self._inferred, plan, library, module, tensor, rest, args, f"rank {self.rank}: tap '{name}'")
             # A complex output's real view: its gradient is the complex tensor's, which the view never sees.
             self._write(name, tensor, (plain + rest, plain, numbered + rest, numbered),
                         watch=not inputs and not complex_view(tensor), inferred=inferred)
+
+    @staticmethod
+    def _inferred(plan, library, module, tensor, rest, args, where):
+        """(attrs, what says so) of a module output no layout pattern matches."""
+        said = library.layout(module, tensor, rest) if library is not None else None
+        if said is not None:
+            return said
+        attrs = plan.layout(module, tensor, args, where) if plan is not None else None
+        return (attrs, "from the DTensor plan") if attrs else ({}, None)
 
     def _add_hooks(self, model, keep):
         """A forward hook on every selected module (and a pre-hook with

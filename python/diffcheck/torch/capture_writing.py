@@ -29,12 +29,12 @@ class TapWriting:
 
     def _write(self, name, tensor, plain_names, explicit=None, watch=False, inferred=None):
         """Tap `name`: its layout `explicit`, or the layouts' for `plain_names`,
-        or what `inferred()` says (a DTensor plan's, dtensor_plan.py) where no
+        or what `inferred()` says ((attrs, what says so): a library's,
+        library_plans.py, or a DTensor plan's, dtensor_plan.py) where no
         layout matches; `watch`: also its gradient (a module output under backward=True)."""
         pattern, attrs = (None, explicit) if explicit is not None else self._layout_for(*plain_names)
         if pattern is None and explicit is None and inferred is not None and not is_dtensor(tensor):
-            attrs = inferred() or {}
-            pattern = "from the DTensor plan" if attrs else None
+            attrs, pattern = inferred()
         if self._plan is not None and not is_dtensor(tensor):
             self._plan.remember(tensor, attrs)
         if watch and self.gradients is not None:
@@ -54,6 +54,8 @@ class TapWriting:
         else:
             if self.data_axes and not is_parameter_tap(name):  # each data-parallel rank its own samples
                 attrs = with_data_axes(attrs, tuple(tensor.shape), self.data_axes, self._local_batch)
+            if self._library and not is_parameter_tap(name):  # a Ulysses model's sequence split (library_plans.py)
+                attrs = self._library.with_sequence(attrs, tuple(tensor.shape))
             self._check_layout(name, tensor, pattern, attrs)
             if self.derive_depths:
                 attrs = self._with_counts(name, tensor, attrs)

@@ -24,6 +24,7 @@ The order across stages is compare's (harness/capture/tap_order.h): forward
 from the first stage, gradients from the last.
 """
 import re
+import weakref
 
 import torch
 
@@ -81,7 +82,8 @@ class HandPipeline:
                                  f"axis of the mesh '{capture.mesh}', e.g. stage='pp=0'")
         if microbatches is not None and (int(microbatches) != microbatches or microbatches < 1):
             raise ValueError(f"rank {capture.rank}: capture(microbatches={microbatches!r}): a count >= 1")
-        self.capture, self.stage = capture, stage
+        # a proxy: the capture holds this, and a cycle would leave both to the garbage collector
+        self.capture, self.stage = weakref.proxy(capture), stage
         self.microbatches = None if microbatches in (None, 1) else int(microbatches)
         self.rows = None  # a microbatch's rows: dimension 0 of the model's first input
         self._held = {}  # joined name -> [attrs, order, {k: piece}, M, gradient]

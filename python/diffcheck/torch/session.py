@@ -21,6 +21,7 @@ from diffcheck.sketch import DEFAULT_ROWS
 from diffcheck.torch.sketch_capture import SketchTaps
 from diffcheck.torch.drill_down import drill_down_taps
 from diffcheck.torch.dtensor_plan import PlanLayouts, check_mesh_axes
+from diffcheck.torch.library_plans import LibraryLayouts
 from diffcheck.torch import compiled
 from diffcheck.torch.compiled_counts import CompiledCounts
 from diffcheck.torch.pipeline import PipelineTaps, StageModules, is_schedule, schedule_stages
@@ -107,6 +108,7 @@ class Capture(ModuleHooks, TapWriting):
                            "math": math_mode(self._model_device()), **extra_attrs, **root_attrs}
         self._writer, self._thread, self._handles, self._calls, self._step = None, None, [], {}, ""
         self._plan = None  # a DTensor plan's layouts (dtensor_plan.py), while the capture is open
+        self._library = None  # what parallel libraries say of their modules (library_plans.py), likewise
         self._slots = []  # of its hooks in compiled graphs (compiled.py)
         self._counts = CompiledCounts(self)  # a compiled model's rounding counts (compiled_counts.py)
         self._staging = None  # see _staged
@@ -202,6 +204,10 @@ class Capture(ModuleHooks, TapWriting):
             self._add_hooks(eager or self.model, keep=eager is not None)
             if not (self.reference_mode or self.one_device):
                 self._plan = PlanLayouts(eager or self.model, list(self.axis_sizes)).__enter__()
+                self._library = LibraryLayouts(eager or self.model, self.axis_sizes, self.rank)
+                if self._library.sequence is not None:
+                    self._handles.append(self.model.register_forward_pre_hook(self._library.learn_length,
+                                                                              with_kwargs=True))
             if self.derive_depths:
                 rounding.hold()
                 self._ledger_held = True

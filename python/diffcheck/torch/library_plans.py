@@ -1,0 +1,128 @@
+"""Layouts that parallel libraries say of their own modules, read at capture
+with no `layouts=` from the user (as dtensor_plan.py reads a DTensor plan).
+
+DeepSpeed-Ulysses (`deepspeed.sequence.layer.DistributedAttention`): its
+query, key and value arrive split along the sequence; an all-to-all over its
+process group (`spg`) scatters them along `scatter_idx` (the heads) and
+gathers them along `gather_idx` (the sequence), so its local attention
+(`local_attn`) runs the whole sequence on its share of the heads; a second
+all-to-all gathers the heads back and scatters the sequence again. So:
+  - the DistributedAttention's output is split along dimension `gather_idx`;
+  - its local attention's output (the first tensor it returns) is split
+    along dimension `scatter_idx`;
+over the mesh axis whose ranks through this one are the process group's.
+Every other activation of a Ulysses model is split along the sequence as
+the attention's input is: a tap whose sequence dimension is the local
+sequence length (that dimension of the model's first tensor input) is
+split there over that axis, on top of its layout, as data_axes.py splits
+the batch. The sequence dimension is one of the first two of DeepSpeed's
+[b, s, h, d] or [s, b, h, d]: `gather_idx` where it is one of them, else
+`scatter_idx` (the two swapped: a bug the attention's own taps then show,
+with the rest of the model still laid out right). Recognised by class name and those attributes (no import of
+deepspeed).
+"""
+from diffcheck.dump.layouts import rank_coords
+
+
+def group_axis(group, axis_sizes, rank, where):
+    """The mesh axis whose ranks through `rank` are `group`'s (None: the
+    whole world); ValueError naming the group's ranks when no axis is."""
+    import torch.distributed as dist
+    world = 1
+    for n in axis_sizes.values():
+        world *= n
+    ranks = sorted(dist.get_process_group_ranks(group)) if group is not None else list(range(world))
+    coords = rank_coords(rank, axis_sizes)
+    for axis, size in axis_sizes.items():
+        line = []
+        for v in range(size):
+            r = 0
+            for a, n in axis_sizes.items():
+                r = r * n + (v if a == axis else coords[a])
+            line.append(r)
+        if line == ranks:
+            return axis
+    raise ValueError(f"{where}: its process group holds ranks {ranks}, which no axis of the mesh "
+                     f"{','.join(f'{a}={n}' for a, n in axis_sizes.items())} spans through rank {rank}: "
+                     "name the axes so that one of them is that group")
+
+
+def _is_ulysses(module):
+    return (type(module).__name__ == "DistributedAttention"
+            and all(hasattr(module, a) for a in ("local_attn", "spg", "scatter_idx", "gather_idx")))
+
+
+def _sequence_dimension(m):
+    for idx in (m.gather_idx, m.scatter_idx):
+        if int(idx) in (0, 1):
+            return int(idx)
+    return int(m.gather_idx)
+
+
+def _spec(axis, dim, ndim):
+    entries = ["-"] * ndim
+    entries[dim % ndim] = axis
+    return ",".join(entries)
+
+
+class LibraryLayouts:
+    """Open with a capture: the layouts of the library modules found in the model."""
+
+    def __init__(self, model, axis_sizes, rank):
+        self._of = {}  # id(module) -> (axis, dimension, what says so, only the first output)
+        self.sequence = None  # (axis, dimension) of a Ulysses model's sequence split
+        self.local_length = None  # learnt from the model's first input (learn_length)
+        for path, m in model.named_modules():
+            if _is_ulysses(m):
+                where = f"rank {rank}: DeepSpeed DistributedAttention '{path or 'model'}'"
+                axis = group_axis(m.spg, axis_sizes, rank, where)
+                said = f"DeepSpeed's DistributedAttention (scatter_idx {m.scatter_idx}, gather_idx {m.gather_idx}, " \
+                       f"its group: axis '{axis}')"
+                self._of[id(m)] = (axis, int(m.gather_idx), f"from {said}", False)
+                self._of[id(m.local_attn)] = (axis, int(m.scatter_idx), f"from {said}: its local attention", True)
+                sequence = (axis, _sequence_dimension(m))
+                if self.sequence not in (None, sequence):
+                    raise ValueError(f"{where}: its sequence is split as axis '{axis}' at dimension {m.gather_idx}, "
+                                     f"another DistributedAttention's as '{self.sequence[0]}' at dimension "
+                                     f"{self.sequence[1]}: give the taps layouts")
+                self.sequence = sequence
+
+    def __bool__(self):
+        return bool(self._of)
+
+    def learn_length(self, module, args, kwargs):
+        """A forward pre-hook on the model: the local sequence length."""
+        if self.local_length is None:
+            for value in list(args) + list(kwargs.values()):
+                if hasattr(value, "shape") and hasattr(value, "dim") and value.dim() > self.sequence[1]:
+                    self.local_length = int(value.shape[self.sequence[1]])
+                    return
+
+    def with_sequence(self, attrs, shape):
+        """`attrs` with the sequence axis at the sequence dimension, where that
+        dimension is the local sequence length and the spec does not say it."""
+        if self.sequence is None or self.local_length is None:
+            return attrs
+        axis, dim = self.sequence
+        if len(shape) <= dim or shape[dim] != self.local_length:
+            return attrs
+        spec = attrs.get("spec")
+        entries = spec.split(",") if spec else ["-"] * len(shape)
+        named = {a for e in entries for a in e.split("*")} | set((attrs.get("partial") or "").split("*"))
+        if len(entries) != len(shape) or axis in named or entries[dim] != "-":
+            return attrs  # the layout check names a mismatch; a spec that says it stands
+        entries[dim] = axis
+        return {**attrs, "spec": ",".join(entries)}
+
+    def layout(self, module, tensor, rest):
+        """(attrs, what says so) for the output `tensor` (at `rest` within the
+        module's output) of `module`, or None where no library says."""
+        entry = self._of.get(id(module))
+        if entry is None:
+            return None
+        axis, dim, said, first_only = entry
+        if first_only and rest not in ("", "/0"):
+            return None
+        if not -tensor.dim() <= dim < tensor.dim():
+            return None
+        return {"spec": _spec(axis, dim, tensor.dim())}, said

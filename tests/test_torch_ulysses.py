@@ -1,0 +1,58 @@
+"""DeepSpeed-Ulysses read as it describes itself (examples/deepspeed_ulysses.py,
+deepspeed's own DistributedAttention over gloo): no layouts, its output split
+along the sequence and its local attention's along the heads (from its
+scatter_idx, gather_idx and process group), the rest of the block along the
+sequence. Clean forward and training step, and the swapped all-to-all
+indices named at the local attention as a shape finding, by default; 4 ranks,
+bfloat16 and the rolled key heads nightly."""
+import os
+import subprocess
+import sys
+import unittest
+
+from e2e import E2ETest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(HERE, "..", "examples", "deepspeed_ulysses.py")
+FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
+
+
+class Ulysses(E2ETest):
+    def run_example(self, *args):
+        out = self.path("-".join(("u",) + args).replace("--", ""))
+        p = subprocess.run([sys.executable, EXAMPLE, "--out", out, *args], capture_output=True, text=True,
+                           timeout=600, cwd=self.path(""))
+        self.assertIn(p.returncode, (0, 1), p.stderr[-3000:])
+        return p
+
+    def expect_clean(self, taps, *args):
+        p = self.run_example(*args)
+        self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
+        self.assertIn(f"PASS: all {taps} taps pass", p.stdout)
+        return p
+
+    def test_clean_forward_and_training_step_with_no_layouts(self):
+        p = self.expect_clean(6)
+        rows = {line.split()[1]: line.split()[2] for line in p.stdout.splitlines() if line[:3].strip().isdigit()}
+        self.assertEqual(rows["attn"], "-,sp,-,-")  # gather_idx 1: the sequence
+        self.assertEqual(rows["attn.local_attn"], "-,-,sp,-")  # scatter_idx 2: the heads
+        self.assertEqual(rows["qkv"], "-,sp,-")  # the rest of the block: the sequence, as its input
+        self.expect_clean(24, "--train")
+
+    def test_swapped_indices_are_a_shape_finding_at_the_local_attention(self):
+        p = self.run_example("--bug", "swapped_indices")
+        self.assertEqual(p.returncode, 1, p.stdout[-3000:] + p.stderr[-3000:])
+        self.assertIn("First divergence: tap 'attn.local_attn'", p.stdout)
+        self.assertIn("SHAPE differs: the tap's global shape [2,8,8,8]", p.stdout)
+
+    @unittest.skipUnless(FULL, "nightly: 4 ranks, bfloat16, the rolled key heads")
+    def test_more_meshes_and_the_rolled_key_heads(self):
+        self.expect_clean(24, "-n", "4", "--train")
+        self.expect_clean(24, "--dtype", "bfloat16", "--train")
+        p = self.run_example("--bug", "kv_heads_rolled")
+        self.assertEqual(p.returncode, 1, p.stdout[-3000:] + p.stderr[-3000:])
+        self.assertIn("First divergence: tap 'attn.local_attn'", p.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
