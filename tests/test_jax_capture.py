@@ -368,6 +368,25 @@ class NnxModules(unittest.TestCase):
         self.assertTrue(report["pass"], report["console"])
         self.assertEqual([t["name"] for t in report["taps"]], ["fc", "model"])
 
+    def test_a_model_that_casts_to_its_own_dtype_is_said_and_not_failed(self):
+        """MaxText casts each layer to its config dtype: the "float64 reference" is float32, equal bit for
+        bit to the one-device run, whose noise floor was then 0 and failed the clean run (err/tol 2.44)."""
+        import warnings
+
+        def block(w, x):
+            h = dcj.tap("h", jnp.tanh(x.astype(jnp.float32) @ w.astype(jnp.float32)))
+            return h.sum(axis=-1)
+
+        mesh = jax.make_mesh((2, 4), ("dp", "tp"))
+        x = jax.device_put(jax.random.normal(jax.random.key(1), (8, 64)), NamedSharding(mesh, P("dp", None)))
+        w = jax.device_put(jax.random.normal(jax.random.key(2), (64, 32)), NamedSharding(mesh, P(None, "tp")))
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            report = dcj.check(jax.jit(block), w, x, out=os.path.join(tmp, "m"), mesh=mesh)
+        self.assertTrue(report["pass"], report["console"])
+        self.assertTrue(any("reference taps are not float64 (h (float32)" in str(w.message) for w in said))
+        self.assertIn("have a reference stored as float32, not float64 (h", report["console"])
+
 
 class Sketches(unittest.TestCase):
     def test_signs_are_format_mds(self):

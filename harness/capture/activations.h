@@ -72,6 +72,9 @@ struct TapData {
   std::vector<std::pair<int, std::string>> microbatch_copies_differ;
   Shape local_shape;
   std::optional<Shape> reference_shape;  // the global shape, when the tap has a reference
+  // How the reference is stored: float64 unless a model computed its
+  // "reference" in its own dtype (MaxText casts to its config's).
+  std::optional<StoredKind> reference_stored;
   // A reference whose shape is not the tap's global shape: a finding at this
   // tap (a fault that changes a shape: an all-to-all's dimensions swapped, a
   // gather left out), not an input error. The reference's shape; the tap then

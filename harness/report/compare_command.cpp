@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -46,6 +47,29 @@ void require_same_computation(const ActivationSet& run, const ActivationSet& flo
       input_error("tap '{}': the run {} is {} but the noise floor {} is {}: the one-device run must be captured "
                   "in the run's dtype", t.name, run.source, t.dtype, floor.source, it->second->dtype);
   }
+}
+
+// A one-device run in the run's dtype measures a noise floor only against a
+// reference of higher precision. A model that computes its "reference" in its
+// own dtype (MaxText casts every layer to its config's) stores it as float32:
+// the one-device run then equals it bit for bit, its floor is 0, and a clean
+// run would fail. Those taps' floors are dropped (the derived rule holds
+// them); the words for the note, empty when every reference is float64.
+std::string drop_floors_of_narrow_references(const ActivationSet& floor_set, Floors& floors) {
+  std::vector<std::string> narrow;
+  std::string kind;
+  for (const auto& t : floor_set.taps)
+    if (t.reference_stored && *t.reference_stored != StoredKind::float64 && floors.erase(t.name)) {
+      narrow.push_back(t.name);
+      kind = stored_kind_name(*t.reference_stored);
+    }
+  if (narrow.empty()) return {};
+  const std::size_t shown = std::min<std::size_t>(narrow.size(), 3);
+  return fmt::format("{} tap(s) have a reference stored as {}, not float64 ({}{}): no noise floor can be measured "
+                     "against it, the derived rule holds them; compute the reference in float64 (the model's own "
+                     "dtype setting) to measure one",
+                     narrow.size(), kind, fmt::join(narrow.begin(), narrow.begin() + static_cast<long>(shown), ", "),
+                     narrow.size() > shown ? ", ..." : "");
 }
 
 // The tolerance table of --tolerances FILE or --noise-floor SOURCE (or the
@@ -94,12 +118,18 @@ std::optional<ToleranceTable> measured_tolerances(const ActivationSet& set, cons
   require_same_computation(set, floor_set);
   ToleranceFile f;
   f.floors = floors_of(compare(floor_set, floor_measuring_options(opts.compare)));
+  const std::string narrow = drop_floors_of_narrow_references(floor_set, f.floors);
+  if (f.floors.empty() && !narrow.empty()) {  // no tap has a float64 reference: the derived rule for all
+    note = "tolerances: derived from each tap's dtype and reduction depth: " + narrow;
+    return std::nullopt;
+  }
   if (f.floors.empty())
     input_error("noise floor {}{}: no tap there has a reference to measure a floor against (give --reference, or "
                 "dump /reference/<tap> with it)", floor_source, found ? " (found beside the reference)" : "");
   if (found)
     note = fmt::format("tolerances: measured, the one-device run {}.rank0.h5 found beside the reference "
                        "(--noise-floor off: the derived rule)", floor_source);
+  if (!narrow.empty()) note += (note.empty() ? "tolerances: " : "; ") + narrow;
   return tolerance_table(f, ToleranceSource::noise_floor, floor_source);
 }
 

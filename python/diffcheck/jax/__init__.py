@@ -216,12 +216,16 @@ class Capture:
             args1, kwargs1 = one.to_one_device((args, kwargs), mesh1, widen=self.reference)
             self._open(args)
             result, taps = self._run(mesh1, args1, kwargs1)
+            narrow = []
             for name, value in taps:
                 value = value.whole() if isinstance(value, jax_host_taps.HostedBlocks) else one.gathered(value)
                 if self.reference:
                     self._writer(0).reference(self._named(name), value)
+                    if value.dtype != "float64" and jax.dtypes.issubdtype(value.dtype, jax.numpy.floating):
+                        narrow.append((name, value.dtype.name))
                 else:
                     self._writer(0).write_tap(self._named(name), value)
+            one.warn_narrow_reference(narrow, len(taps), self.path)
         self._calls += 1
         return result
 

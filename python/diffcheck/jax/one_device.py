@@ -73,3 +73,17 @@ def run_dtype(tree):
         if dt is not None and jax.dtypes.issubdtype(dt, np.floating):  # bfloat16 too; a PRNG key is none
             return dt.name
     return None
+
+
+def warn_narrow_reference(narrow, total, path):
+    """A "float64 reference" whose taps are not float64 is said, once: the
+    model cast its values to its own dtype (MaxText's config dtype), so the
+    reference is no more precise than the run; compare holds those taps to
+    the derived rule instead of a noise floor."""
+    if not narrow:
+        return
+    import warnings
+    names = ", ".join(f"{n} ({d})" for n, d in narrow[:3]) + (", ..." if len(narrow) > 3 else "")
+    warnings.warn(f"{path}: {len(narrow)} of {total} reference taps are not float64 ({names}): the model computes "
+                  "in its own dtype under jax.enable_x64; give it float64 (its dtype setting) for a reference more "
+                  "precise than the run", stacklevel=4)
