@@ -387,6 +387,23 @@ class NnxModules(unittest.TestCase):
         self.assertTrue(any("reference taps are not float64 (h (float32)" in str(w.message) for w in said))
         self.assertIn("have a reference stored as float32, not float64 (h", report["console"])
 
+    def test_the_yardstick_honours_a_global_x64(self):
+        """A program with jax_enable_x64 on computes in float64; the yardstick ran with x64 off (float32) and
+        compare blamed the user: "the one-device run must be captured in the run's dtype" (exit 2)."""
+        import subprocess
+        import sys
+        program = "\n".join([
+            "import os, tempfile, jax, jax.numpy as jnp",
+            "jax.config.update('jax_enable_x64', True)",
+            "from jax.sharding import NamedSharding, PartitionSpec as P",
+            "import diffcheck.jax as dcj",
+            "mesh = jax.make_mesh((4,), ('dp',))",
+            "x = jax.device_put(jnp.arange(32.0).reshape(8, 4), NamedSharding(mesh, P('dp')))",
+            "with tempfile.TemporaryDirectory() as d:",
+            "    print(dcj.check(jax.jit(lambda x: dcj.tap('h', jnp.tanh(x))), x, out=d + '/m', mesh=mesh)['pass'])"])
+        p = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+        self.assertEqual((p.returncode, p.stdout.strip()), (0, "True"), p.stderr[-2000:])
+
 
 class Sketches(unittest.TestCase):
     def test_signs_are_format_mds(self):

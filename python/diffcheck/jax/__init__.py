@@ -212,7 +212,8 @@ class Capture:
             one.gather_everywhere((args, kwargs))
             self._calls += 1
             return None
-        with jax.enable_x64(bool(self.reference)):
+        # x64 for the reference; the yardstick keeps the program's own setting (a global jax_enable_x64)
+        with jax.enable_x64(bool(self.reference) or bool(jax.config.jax_enable_x64)):
             args1, kwargs1 = one.to_one_device((args, kwargs), mesh1, widen=self.reference)
             self._open(args)
             result, taps = self._run(mesh1, args1, kwargs1)
