@@ -387,6 +387,31 @@ class NnxModules(unittest.TestCase):
         self.assertTrue(any("reference taps are not float64 (h (float32)" in str(w.message) for w in said))
         self.assertIn("have a reference stored as float32, not float64 (h", report["console"])
 
+    def test_a_model_that_owns_its_mesh_gets_its_references_from_build(self):
+        """A module holding the sharded mesh (a shard_map(mesh=...), MaxText's models) cannot run on the
+        references' one-device mesh: named with the fix; with build= it is built anew there, in float64 for
+        the reference, and runs the run's weights (not drawn again: build's seed differs)."""
+        from flax import nnx
+
+        class Model(nnx.Module):
+            def __init__(self, mesh, rngs, dtype=jnp.float32):
+                self.lin = nnx.Linear(8, 8, rngs=rngs, dtype=dtype, param_dtype=dtype)
+                self.act = jax.shard_map(jnp.tanh, mesh=mesh, in_specs=P("dp"), out_specs=P("dp"))
+
+            def __call__(self, x):
+                return self.act(self.lin(x))
+
+        mesh = jax.make_mesh((8,), ("dp",))
+        x = jax.device_put(jax.random.normal(jax.random.key(3), (8, 8)), NamedSharding(mesh, P("dp")))
+        with tempfile.TemporaryDirectory() as tmp:
+            with self.assertRaisesRegex(ValueError, r"holds the sharded mesh .*build=lambda mesh, dtype"):
+                dcj.check(Model(mesh, nnx.Rngs(0)), x, out=os.path.join(tmp, "a"), mesh=mesh)
+            report = dcj.check(Model(mesh, nnx.Rngs(0)), x, out=os.path.join(tmp, "b"), mesh=mesh,
+                               build=lambda mesh, dtype: Model(mesh, nnx.Rngs(7), dtype))
+            with h5py.File(os.path.join(tmp, "b.reference.h5")) as f:
+                self.assertEqual(f["reference/lin"].dtype, np.float64)
+        self.assertTrue(report["pass"], report["console"])
+
     def test_the_yardstick_honours_a_global_x64(self):
         """A program with jax_enable_x64 on computes in float64; the yardstick ran with x64 off (float32) and
         compare blamed the user: "the one-device run must be captured in the run's dtype" (exit 2)."""

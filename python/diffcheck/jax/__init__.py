@@ -46,7 +46,7 @@ from diffcheck.dump.keywords import check_root_keywords, root_attributes
 ONE_DEVICE_SUFFIX = ".one_device"
 REFERENCE_SUFFIX = ".reference"
 _CAPTURE_PARAMETERS = ("out", "mesh", "reference", "one_device", "include", "exclude", "derive_depths", "jit",
-                       "step", "backward", "sketch", "sketch_seed", "unroll", "attrs")
+                       "step", "backward", "sketch", "sketch_seed", "unroll", "attrs", "build")
 DEFAULT_SKETCH_ROWS = 8  # as diffcheck.torch's
 
 
@@ -90,7 +90,7 @@ class Capture:
 
     def __init__(self, target, out, mesh=None, *, reference=False, one_device=False, include=None, exclude=None,
                  derive_depths=True, jit=None, step=None, backward=False, sketch=False, sketch_seed=0, unroll=False,
-                 attrs=None, **root_attrs):
+                 attrs=None, build=None, **root_attrs):
         check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
         extra = root_attributes("capture()", attrs)
         if reference and one_device:
@@ -115,6 +115,10 @@ class Capture:
                 raise TypeError(f"capture(): {type(target).__name__} is neither a function nor an nnx.Module")
             (self.fn, jitted), self.state = _unjitted(target), None
         self.jitted = jitted if jit is None else bool(jit)
+        # build(mesh, dtype): the references' model for a module that owns its mesh (one_device.rebuilt)
+        self._build = (build, step) if build is not None and (reference or one_device) and self.module else None
+        if build is not None and not self.module:
+            raise ValueError("capture(build=...) makes the references' nnx.Module on their mesh: give it with a module")
         self._jit = jax.jit(self._traced)
         self.root_attrs = {"producer": f"diffcheck.jax {__version__} (jax {jax.__version__})",
                            "flags": xla_flags_attribute(), **extra, **root_attrs}
@@ -214,9 +218,16 @@ class Capture:
             return None
         # x64 for the reference; the yardstick keeps the program's own setting (a global jax_enable_x64)
         with jax.enable_x64(bool(self.reference) or bool(jax.config.jax_enable_x64)):
+            if self._build is not None:  # the model built anew on the one-device mesh, its state the run's
+                self.fn, self._build = one.rebuilt(*self._build, mesh1, "float64" if self.reference else
+                                                   one.run_dtype(args)), None
             args1, kwargs1 = one.to_one_device((args, kwargs), mesh1, widen=self.reference)
             self._open(args)
-            result, taps = self._run(mesh1, args1, kwargs1)
+            try:
+                result, taps = self._run(mesh1, args1, kwargs1)
+            except (ValueError, TypeError) as e:
+                one.name_an_owned_mesh(e, self.path)
+                raise
             narrow = []
             for name, value in taps:
                 value = value.whole() if isinstance(value, jax_host_taps.HostedBlocks) else one.gathered(value)
@@ -313,7 +324,7 @@ def capture(target, out, mesh=None, **kwargs):
 
 
 def check(target, *args, out, mesh=None, kwargs=None, reference=True, one_device=True, reference_cache=None,
-          compare_args=(), **capture_kwargs):
+          compare_args=(), build=None, **capture_kwargs):
     """Runs `target(*args, **kwargs)` on the mesh, on one device in float64
     and in its own dtype, and compares: returns the JSON report of `diffcheck
     compare`; raises Divergence (an AssertionError) when a check fails.
@@ -321,7 +332,11 @@ def check(target, *args, out, mesh=None, kwargs=None, reference=True, one_device
     of the same program on the same inputs made them (reference_cache.py:
     XLA flags are not in the key, so runs under other flags are judged against
     the references made without them, as a flag bisect's first trial makes
-    them), and kept there otherwise. Every process of a multi-process job
+    them), and kept there otherwise. build(mesh, dtype): for an nnx.Module
+    that owns its mesh (a shard_map(mesh=...), sharding constraints on its
+    config's mesh), the references' model, built on their one-device mesh
+    in their dtype ("float64", then the run's); its state is the run's,
+    moved (never drawn again). Every process of a multi-process job
     calls it; process 0 runs the references and the compare (the others
     return None)."""
     kwargs = kwargs or {}
@@ -339,10 +354,10 @@ def check(target, *args, out, mesh=None, kwargs=None, reference=True, one_device
         cache_key = reference_cache_key(run, (run.state, *args) if run.module else args, kwargs)
     if cache_key is None or not reference_cache_fetch(os.fspath(reference_cache), cache_key, stem):
         if reference:
-            with capture(target, stem, mesh, reference=True, **shared) as ref:
+            with capture(target, stem, mesh, reference=True, build=build, **shared) as ref:
                 ref(*args, **kwargs)
         if one_device:
-            with capture(target, stem, mesh, one_device=True, **shared) as yardstick:
+            with capture(target, stem, mesh, one_device=True, build=build, **shared) as yardstick:
                 yardstick(*args, **kwargs)
         if cache_key is not None:
             reference_cache_store(os.fspath(reference_cache), cache_key, stem)

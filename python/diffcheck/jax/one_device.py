@@ -87,3 +87,29 @@ def warn_narrow_reference(narrow, total, path):
     warnings.warn(f"{path}: {len(narrow)} of {total} reference taps are not float64 ({names}): the model computes "
                   "in its own dtype under jax.enable_x64; give it float64 (its dtype setting) for a reference more "
                   "precise than the run", stacklevel=4)
+
+
+def rebuilt(build, step, mesh1, dtype):
+    """The function of the model `build(mesh1, dtype)` makes (nnx.as_function):
+    a module that owns its mesh cannot run on another, so the references run
+    one built for theirs; the run's state (moved to mesh1 by the caller)
+    replaces the one it was built with."""
+    from diffcheck.jax import nnx as jax_nnx
+    import jax.numpy as jnp
+    model = build(mesh1, jnp.dtype(dtype))
+    if not jax_nnx.is_module(model):
+        raise TypeError(f"build(mesh, {dtype}) returned a {type(model).__name__}, not an nnx.Module")
+    return jax_nnx.as_function(model, step)[0]
+
+
+def name_an_owned_mesh(error, path):
+    """JAX's refusal of a program that holds the sharded mesh, run on the
+    references' one-device mesh, raised again with its cause and the fix."""
+    text = str(error)
+    if not ("should match the mesh" in text or "incompatible devices" in text or "should match the aval mesh" in text):
+        return
+    raise ValueError(f"{path}: the references run the program on a one-device mesh, but it holds the sharded mesh "
+                     "(a shard_map(mesh=...), a NamedSharding or a model built for that mesh), which JAX refuses "
+                     "there. For an nnx.Module give dcj.check(..., build=lambda mesh, dtype: Model(..., mesh, dtype)): "
+                     "the references' model is built on their mesh and takes the run's state. JAX said: "
+                     f"{text.splitlines()[0][:300]}") from error
