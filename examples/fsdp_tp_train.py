@@ -3,7 +3,12 @@
 tensor parallel over tp (torch's parallelize_module, examples/dtensor_block.py's
 plan) and FSDP2 over dp (fully_shard), on a dp=2 x tp=2 mesh of 4 gloo ranks.
 
-    python3 examples/fsdp_tp_train.py [-n 4] [--bug sum_not_mean|wrong_samples]
+    python3 examples/fsdp_tp_train.py [-n 4] [--parallel fsdp_tp|fsdp|hsdp] [--bug sum_not_mean|wrong_samples]
+
+--parallel fsdp: FSDP2 alone over dp = n (each rank its own samples);
+--parallel hsdp: FSDP2's hybrid sharding on a dp=2 x fsdp=n/2 mesh, every
+parameter replicated over dp and sharded over fsdp, each of the n ranks its
+own samples (both axes are data axes, read from FSDP2's mesh).
 
 Each dp rank trains on its own samples, as a data-parallel job does: the
 global batch's share of its dp index (the tp ranks of one dp index share
@@ -62,23 +67,36 @@ def break_fsdp_average():
         lambda *a, **k: (None, None, dist.ReduceOp.SUM, dist.ReduceOp.SUM))
 
 
-def work(rank, world, args):
-    dtype = DTYPES[args.dtype]
+def sharded(block, world, parallel):
+    """The block sharded as --parallel says: (the capture's mesh, the data-parallel ranks, this rank's data index)."""
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    if parallel == "fsdp":
+        fully_shard(block, mesh=init_device_mesh("cpu", (world,), mesh_dim_names=("dp",)))
+        return f"dp={world}", world, rank
+    if parallel == "hsdp":  # a 2-D mesh: replicated over dp, sharded over fsdp
+        fully_shard(block, mesh=init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "fsdp")))
+        return f"dp=2,fsdp={world // 2}", world, rank
     tp = 2
     mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
-    block, x = block_and_input(dtype, batch=B_GLOBAL)  # x: the global batch, the same in every process
-    weights = {k: v.clone() for k, v in block.state_dict().items()}  # the unsharded block's
-    dp, dp_index = world // tp, rank // tp
-    if args.bug == "wrong_samples" and dp_index == dp - 1:
-        dp_index = 0  # the bug: the loader hands this dp index another one's share
-    share = B_GLOBAL // dp
-    local_x = x[dp_index * share:(dp_index + 1) * share]
     parallelize_module(block, mesh["tp"], plan(False))
     fully_shard(block, mesh=mesh["dp"])
+    return f"dp={world // tp},tp={tp}", world // tp, rank // tp
+
+
+def work(rank, world, args):
+    dtype = DTYPES[args.dtype]
+    block, x = block_and_input(dtype, batch=B_GLOBAL)  # x: the global batch, the same in every process
+    weights = {k: v.clone() for k, v in block.state_dict().items()}  # the unsharded block's
+    mesh, dp, dp_index = sharded(block, world, args.parallel)
+    if args.bug == "wrong_samples" and dp_index == dp - 1:
+        dp_index = 0  # the bug: the loader hands this data index another one's share
+    share = B_GLOBAL // dp
+    local_x = x[dp_index * share:(dp_index + 1) * share]
     if args.bug == "sum_not_mean":
         break_fsdp_average()
     opt = torch.optim.SGD(block.parameters(), lr=LR)
-    with dct.capture(block, out=f"{args.out}/run", mesh=f"dp={world // tp},tp={tp}", backward=True,  # diffcheck
+    with dct.capture(block, out=f"{args.out}/run", mesh=mesh, backward=True,  # diffcheck
                      optimizer=opt, sketch=args.sketch):  # diffcheck
         train_step(block, local_x, opt)
 
@@ -99,7 +117,11 @@ if __name__ == "__main__":
     ap.add_argument("--bug", choices=["sum_not_mean", "wrong_samples"],
                     help="sum_not_mean: FSDP2 sums the dp ranks' gradients; wrong_samples: the last dp index "
                          "trains on the first's samples")
+    ap.add_argument("--parallel", choices=["fsdp_tp", "fsdp", "hsdp"], default="fsdp_tp",
+                    help="FSDP2 x TP on dp=n/2 x tp=2 (default), FSDP2 alone on dp=n, or HSDP on dp=2 x fsdp=n/2")
     a = ap.parse_args()
-    if a.n % 2 or a.n < 2 or B_GLOBAL % (a.n // 2):
-        ap.error(f"-n must be a multiple of 2 (tp = 2) whose dp = n / 2 divides the global batch of {B_GLOBAL}")
+    data = a.n if a.parallel != "fsdp_tp" else a.n // 2
+    if a.n % 2 or a.n < 2 or B_GLOBAL % data:
+        ap.error(f"-n must be a multiple of 2 whose data-parallel ranks ({data}) divide the global batch of "
+                 f"{B_GLOBAL}")
     launch(work, after, a, a.n)

@@ -96,6 +96,31 @@ class DTensorPlanE2E(E2ETest):
                 failed = re.findall(r"^\s+\d+\s+(\S+)\s.*FAIL", p.stdout, re.M)
                 self.assertTrue(failed and all(n.startswith("param") for n in failed), failed)
 
+    def test_fsdp2_alone_and_hsdp_each_rank_its_own_samples(self):
+        """examples/fsdp_tp_train.py --parallel fsdp (dp=4) and hsdp (dp=2 x fsdp=2): every rank its own
+        sample, both axes of HSDP read from FSDP2's mesh as data axes (the batch split over dp*fsdp), clean
+        passes; a loader that gives the last data rank the first's sample is named at the first tap on that
+        rank. Nightly: FSDP2's average lost, and bfloat16."""
+        p = self.example(4, "--parallel", "hsdp", script=TRAIN)
+        self.assertEqual(p.returncode, 0, p.stdout[-3000:])
+        self.assertIn("PASS: all 56 taps pass", p.stdout)
+        self.assertEqual(self.layouts(p.stdout)["ln1"], "dp*fsdp,-,-")
+        p = self.example(4, "--parallel", "hsdp", "--bug", "wrong_samples", script=TRAIN)
+        self.assertEqual(p.returncode, 1, p.stdout[-3000:])
+        self.assertRegex(p.stdout, r"First divergence: tap 'ln1' \(#0\), layout dp\*fsdp,-,-")
+        self.assertRegex(p.stdout, r"worst at global index \[3,.* on rank\(s\) 3")
+        if not FULL:
+            return
+        for args in (("--parallel", "fsdp"), ("--parallel", "fsdp", "--dtype", "bfloat16"),
+                     ("--parallel", "hsdp", "--dtype", "bfloat16")):
+            with self.subTest(args=args):
+                p = self.example(4, *args, script=TRAIN)
+                self.assertEqual(p.returncode, 0, p.stdout[-3000:])
+                self.assertIn("PASS: all 56 taps pass", p.stdout)
+        p = self.example(4, "--parallel", "fsdp", "--bug", "sum_not_mean", script=TRAIN)
+        self.assertEqual(p.returncode, 1, p.stdout[-3000:])
+        self.assertRegex(p.stdout, r"First divergence: tap 'param_grad/ln1\.weight' \(#26\)")
+
     def test_transformers_llama_on_its_own_plan(self):
         """examples/llama_tp.py: transformers' tp_plan="auto" on 2 ranks, no layouts=: the
         column-parallel projections' taps are sharded, the rest replicated, and a forward
