@@ -11,6 +11,7 @@
 #include "harness/check/compare.h"
 #include "harness/check/noise_floor.h"
 #include "harness/report/report.h"
+#include "harness/report/steps.h"
 #include "harness/core/files.h"
 #include "tests/test_sets.h"
 
@@ -145,10 +146,12 @@ TEST(ColumnMeans, ABiasInEveryTokenFailsTheColumnLimitWhereTheNormPasses) {
   EXPECT_NEAR(*rc.column_ratio, biased / (2 * clean), 1e-9);
   EXPECT_FALSE(res.pass());
   EXPECT_DOUBLE_EQ(rc.margin(), *rc.column_ratio);
-  // A limit on the whole tensor fails every block of it: the ranks' err/tol
-  // (heatmaps, step summaries) show it, not only the elements' ratios.
+  // A limit on the whole tensor is no rank's own: each rank's err/tol (a
+  // heatmap cell) is its block's, under 1 here; the step summaries take the
+  // tap's margin, and the heatmap marks the tap's label.
   ASSERT_EQ(res.taps[0].ranks.err_over_tol.size(), 4u);
-  for (double r : res.taps[0].ranks.err_over_tol) EXPECT_DOUBLE_EQ(r, *rc.column_ratio);
+  for (double r : res.taps[0].ranks.err_over_tol) EXPECT_LT(r, 1.0);
+  EXPECT_DOUBLE_EQ(worst_err_over_tol(res.taps[0]), *rc.column_ratio);
   for (double r : pass.taps[0].ranks.err_over_tol) EXPECT_LE(r, 1.0);
   EXPECT_NE(describe_tap(res.taps[0], 0).find("column-mean error"), std::string::npos) << describe_tap(res.taps[0], 0);
   EXPECT_NE(tolerance_line(rc).find("column mean <="), std::string::npos) << tolerance_line(rc);
