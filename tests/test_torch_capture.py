@@ -466,6 +466,36 @@ class ComplexOutputs(unittest.TestCase):
             self.assertEqual(e.exception.first_divergence["tap"], "rope")
 
 
+class CachedRope(nn.Module):
+    """torchtitan's way: the rotary table a complex buffer (freqs_cis), made once."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        angles = torch.outer(torch.arange(4.0), 1.0 / (10000 ** (torch.arange(0, 8, 2) / 8)))
+        self.register_buffer("freqs_cis", torch.polar(torch.ones_like(angles), angles))
+
+    def forward(self, x):
+        xc = torch.view_as_complex(self.lin(x).reshape(*x.shape[:-1], -1, 2).float())
+        return torch.view_as_real(xc * self.freqs_cis).flatten(-2).to(x.dtype)
+
+
+class ComplexBuffersInReferences(unittest.TestCase):
+    """model.to(dtype), as the docs showed, turned freqs_cis real (torch only warns): the reference and the
+    yardstick broke alike, and a clean run failed at the rotary tap (err/tol 69 on torchtitan's llama3)."""
+
+    def test_a_make_that_drops_imaginary_parts_is_refused_and_to_dtype_keeps_them(self):
+        def make(cast):
+            return lambda dt: (cast(CachedRope(), dt), (torch.ones(4, 8, dtype=dt),))
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaisesRegex(ValueError, r"cast a complex tensor to a real dtype.*dct\.to_dtype"):
+                dct.references(make(lambda m, dt: m.to(dt)), f"{d}/bad", dtype=torch.float32)
+            self.assertEqual(dct.references(make(dct.to_dtype), f"{d}/good", dtype=torch.float32), f"{d}/good.h5")
+        model = dct.to_dtype(CachedRope(), torch.float64)
+        self.assertEqual((model.freqs_cis.dtype, model.lin.weight.dtype), (torch.complex128, torch.float64))
+        self.assertEqual(dct.to_dtype(CachedRope(), torch.bfloat16).freqs_cis.dtype, torch.complex64)
+
+
 def _without_exe(prefix):
     saved, path = os.environ.pop("DIFFCHECK_EXE"), os.environ["PATH"]
     os.environ["PATH"] = ""

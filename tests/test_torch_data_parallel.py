@@ -62,7 +62,7 @@ def _ddp_rank(rank, world, init, out, bug):
 
 class DistributedDataParallelSamples(E2ETest):
     def run_ddp(self, bug=None, world=2):
-        out = self.path(bug or "clean")
+        out = self.path(f"{bug or 'clean'}{world}")
         os.makedirs(out)
         mp.spawn(_ddp_rank, args=(world, "file://" + os.path.join(out, "rdv"), out, bug), nprocs=world)
         return dct.compare(f"{out}/run", reference=f"{out}/ref.h5", check=False)
@@ -80,6 +80,14 @@ class DistributedDataParallelSamples(E2ETest):
         report = self.run_ddp("unaveraged_on_one_rank")
         self.assertEqual(report["first_divergence"]["tap"], "param_grad/0.weight", report["console"])
         self.assertIn("replica", report["first_divergence"]["checks"], report["console"])
+
+    @unittest.skipUnless(os.environ.get("DIFFCHECK_E2E_FULL") == "1", "nightly: 4 ranks")
+    def test_four_ranks(self):
+        report = self.run_ddp(world=4)
+        self.assertTrue(report["pass"], report["console"])
+        report = self.run_ddp("wrong_samples", world=4)
+        self.assertEqual(report["first_divergence"]["tap"], "0", report["console"])
+        self.assertEqual(report["taps"][0]["reference"]["failing_ranks"], [3], report["console"])
 
 
 if __name__ == "__main__":

@@ -119,6 +119,10 @@ struct ReferenceCheck {
   // The reference's shape, where it is not the tap's global shape: the check
   // fails ("shape") with no element figures (a fault that changed a shape).
   std::optional<Shape> mismatched_shape;
+  // How the reference is stored where it is no wider than float64's
+  // ("float32": a model that computes its reference in its own dtype); empty
+  // for a float64 reference. Reports say so at the tap.
+  std::string narrow_reference;
   bool pass = true;
 };
 

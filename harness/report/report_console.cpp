@@ -183,6 +183,8 @@ std::string tolerance_line(const ReferenceCheck& ref) {
   const auto& tol = ref.tol;
   // A sketch tap has no element-wise check: its line starts at the norm-wise limit.
   std::string s = fmt::format("{}{}", source_name(tol.source), tol.yardstick.empty() ? "" : " (" + tol.yardstick + ")");
+  if (!ref.narrow_reference.empty())
+    s += fmt::format(" [the reference is {}, not float64: no more precise than the run]", ref.narrow_reference);
   if (!ref.estimated) s += fmt::format(": atol {} + rtol {}*|ref|", sci(tol.atol), sci(tol.rtol));
   if (ref.estimated && !tol.measured && tol.rel_l2_limit) s += fmt::format(": rel L2 <= {}", sci(*tol.rel_l2_limit));
   if (tol.measured) {

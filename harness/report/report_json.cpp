@@ -45,6 +45,7 @@ json tap_json(const TapVerdict& t, std::size_t order) {
   const auto& ref = t.reference;
   j["reference"] = {{"present", ref.present}, {"pass", ref.pass && !t.unchecked}};
   if (t.unchecked) j["reference"]["unchecked"] = true;
+  if (!ref.narrow_reference.empty()) j["reference"]["stored"] = ref.narrow_reference;
   if (ref.mismatched_shape) j["reference"]["shape"] = {{"reference", *ref.mismatched_shape}, {"global", t.global_shape}};
   if (ref.other_run) j["reference"]["other_run"] = true;  // compare --against: no reference was used
   if (ref.present) {

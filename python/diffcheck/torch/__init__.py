@@ -29,6 +29,6 @@ from diffcheck.compare import DiffcheckError, Divergence, InputError, compare, v
 from diffcheck.dump import RankDump, ReferenceDump  # noqa: F401
 from diffcheck.torch.session import (  # noqa: F401
     ONE_DEVICE_SUFFIX, Capture, capture, compiled_original, grads, params, rank_and_world, step, tap, unhook)
-from diffcheck.torch.reference_runs import references  # noqa: F401  # dct.references(make, out, dtype=...)
+from diffcheck.torch.reference_runs import references, to_dtype  # noqa: F401  # dct.references(make, out, dtype=...)
 from diffcheck.watch import (  # noqa: F401  # dct.watch(model, opt, mesh=...)
     RankUnresponsive, ReplicasDiffer, TransientFault, WatchError, watch)
