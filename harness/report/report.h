@@ -40,6 +40,8 @@ std::string unchecked_sentence(const std::vector<std::string>& names);
 // The report table's tolerance cell: the source, and for a derived tolerance
 // its depth and math ("derived d1536 TF32").
 std::string tolerance_cell(const Tolerance& tol);
+// The console table's column: the cell, and ", ref float32" for a reference no wider than the run.
+std::string tolerance_column(const ReferenceCheck& ref);
 // For a failing derived float32 tap whose file states no math: a line saying
 // when its error is the size TF32 or bfloat16 matmuls give; else empty.
 std::string math_hint(const ReferenceCheck& ref);

@@ -88,7 +88,7 @@ class ConsoleReporter final : public Reporter {
     for (const auto& t : res.taps) wlay = std::max(wlay, std::min<std::size_t>(t.layout.size(), 28));
     std::size_t wtol = 11;
     for (const auto& t : res.taps)
-      if (t.reference.present) wtol = std::max(wtol, tolerance_cell(t.reference.tol).size());
+      if (t.reference.present) wtol = std::max(wtol, tolerance_column(t.reference).size());
     auto row = [&](auto... cells) {
       out << fmt::format("{:>3}  {:<{}}  {:<{}}  {:>8}  {:>18}  {:>9}  {:>9}  {:>9}  {:>9}  {:<{}}  {}\n", cells...);
     };
@@ -108,7 +108,7 @@ class ConsoleReporter final : public Reporter {
           replica_cell(t.replica), rc.present && !rc.estimated ? sci(rc.max_abs) : rc.present ? "(sketch)" : "-",
           rc.present && !rc.estimated ? sci(rc.max_rel) : "-",
           rc.present ? (rc.estimated ? "~" : "") + sci(rc.rel_l2) : "-",
-          rc.present ? sci(rc.margin()) : "-", rc.present ? tolerance_cell(rc.tol) : "-", wtol, verdict);
+          rc.present ? sci(rc.margin()) : "-", rc.present ? tolerance_column(rc) : "-", wtol, verdict);
     }
     print_steps(res, out);
     print_images(res, out);
@@ -160,6 +160,12 @@ std::string tolerance_cell(const Tolerance& tol) {
   if (tol.math_label.empty()) return s;
   const std::string math = tol.math_label.rfind("TF32", 0) == 0 ? "TF32" : tol.math_label;
   return s + " " + math.substr(0, math.find(" ("));
+}
+
+
+std::string tolerance_column(const ReferenceCheck& ref) {
+  const std::string cell = tolerance_cell(ref.tol);
+  return ref.narrow_reference.empty() ? cell : cell + ", ref " + ref.narrow_reference;
 }
 
 std::string math_hint(const ReferenceCheck& ref) {
