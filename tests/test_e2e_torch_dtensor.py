@@ -18,6 +18,7 @@ the Llama clean and also training."""
 import os
 import re
 import subprocess
+import unittest
 import sys
 
 from e2e import E2ETest
@@ -120,6 +121,22 @@ class DTensorPlanE2E(E2ETest):
         p = self.example(4, "--parallel", "fsdp", "--bug", "sum_not_mean", script=TRAIN)
         self.assertEqual(p.returncode, 1, p.stdout[-3000:])
         self.assertRegex(p.stdout, r"First divergence: tap 'param_grad/ln1\.weight' \(#26\)")
+
+    @unittest.skipUnless(FULL, "nightly: run against run across data-parallel degrees")
+    def test_dp2_against_dp1_on_the_same_global_batch(self):
+        """fsdp_tp_train at dp=2 (each dp rank its share) against dp=1 (the whole batch on each rank), no
+        reference: the pieces laid together are the same global tensors; the loader fault leaves at ln1."""
+        def run(n, *args):
+            out = self.path(f"against-{n}-{'-'.join(args)}")
+            p = subprocess.run([sys.executable, TRAIN, "-n", str(n), "--out", out, *args], capture_output=True,
+                               text=True, timeout=600)
+            self.assertIn(p.returncode, (0, 1), p.stderr[-3000:])
+            return f"{out}/run"
+        one, two, wrong = run(2), run(4), run(4, "--bug", "wrong_samples")
+        self.assertExit(self.diffcheck("compare", two, "--against", one), 0)
+        res = self.diffcheck("compare", wrong, "--against", one)
+        self.assertExit(res, 1)
+        self.assertIn("First divergence: tap 'ln1'", res.out)
 
     def test_transformers_llama_on_its_own_plan(self):
         """examples/llama_tp.py: transformers' tp_plan="auto" on 2 ranks, no layouts=: the
