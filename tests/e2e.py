@@ -108,6 +108,15 @@ class E2ETest(unittest.TestCase):
         proc = run_ended_gracefully(args, TIMEOUT)
         return Result(proc, self.path(json_name) if json_name else None)
 
+    def run_example(self, script, *args):
+        """(the finished process, its --out) of `python3 script --out <tmp>/<args> ARGS`: an example that
+        found nothing (0) or a divergence (1); any other exit fails the test with its stderr."""
+        out = self.path("-".join((os.path.basename(script),) + args).replace("--", ""))
+        p = subprocess.run([sys.executable, script, "--out", out, *args], capture_output=True, text=True,
+                           timeout=600, cwd=self.dir)
+        self.assertIn(p.returncode, (0, 1), p.stderr[-3000:])
+        return p, out
+
     def mpirun(self, n, *args, json=True):
         """mpirun -n N diffcheck ARGS --out <tmp> --json <tmp>."""
         extra = ["--out", self.path("run.h5")]
