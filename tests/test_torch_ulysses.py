@@ -12,6 +12,7 @@ from e2e import E2ETest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "examples", "deepspeed_ulysses.py")
+USP = os.path.join(HERE, "..", "examples", "yunchang_usp.py")
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
 
 
@@ -46,6 +47,31 @@ class Ulysses(E2ETest):
         p = self.run_example("--bug", "kv_heads_rolled")
         self.assertEqual(p.returncode, 1, p.stdout[-3000:] + p.stderr[-3000:])
         self.assertIn("First divergence: tap 'attn.local_attn'", p.stdout)
+
+
+class YunchangUsp(E2ETest):
+    """yunchang 0.6.4's LongContextAttention (examples/yunchang_usp.py, forward: its CPU kernel has no
+    backward): no layouts, the sequence split over its ring and Ulysses groups."""
+
+    def test_ulysses_clean_and_swapped_indices(self):
+        p, _ = self.run_example(USP, "-n", "4")
+        self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
+        self.assertIn("PASS: all 5 taps pass", p.stdout)
+        self.assertRegex(p.stdout, r"2  attn +-,ulysses,-,- ")
+        if not FULL:
+            return
+        p, _ = self.run_example(USP, "-n", "4", "--bug", "swapped_indices")
+        self.assertEqual(p.returncode, 1, p.stdout[-3000:] + p.stderr[-3000:])
+        self.assertIn("First divergence: tap 'attn'", p.stdout)
+        self.assertIn("dimensions 1, 2 hold the same sizes in another order (swapped)", p.stdout)
+
+    @unittest.skipUnless(FULL, "nightly: the ring on yunchang's CPU kernel")
+    def test_the_ring_on_the_cpu_kernel_is_found_wrong(self):
+        """yunchang's torch-math kernel returns a zero log-sum-exp, so its ring merge is wrong: found at attn,
+        over both axes, with nothing injected."""
+        p, _ = self.run_example(USP, "-n", "4", "--ring", "2")
+        self.assertEqual(p.returncode, 1, p.stdout[-3000:] + p.stderr[-3000:])
+        self.assertIn("First divergence: tap 'attn' (#2), layout -,ring*ulysses,-,-", p.stdout)
 
 
 if __name__ == "__main__":

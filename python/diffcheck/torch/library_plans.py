@@ -20,6 +20,14 @@ the batch. The sequence dimension is one of the first two of DeepSpeed's
 `scatter_idx` (the two swapped: a bug the attention's own taps then show,
 with the rest of the model still laid out right). Recognised by class name and those attributes (no import of
 deepspeed).
+
+yunchang's USP (`yunchang.LongContextAttention`: Ulysses inside ring): its
+query, key and value arrive split along the sequence over the ring and the
+Ulysses groups together (`ring_pg`, `ulysses_pg`), rank by rank in the
+order of the ranks; its output is split the same way, along `gather_idx`,
+over both axes (major to minor in the mesh's order); the rest of the model
+along the sequence as for DeepSpeed. Its attention runs inside ring
+functions, no module: nothing of it is tapped inside.
 """
 from diffcheck.dump.layouts import rank_coords
 
@@ -59,6 +67,22 @@ def _sequence_dimension(m):
     return int(m.gather_idx)
 
 
+def _is_usp(module):
+    return (type(module).__name__ in ("LongContextAttention", "LongContextAttentionQKVPacked")
+            and all(hasattr(module, a) for a in ("ring_pg", "ulysses_pg", "gather_idx")))
+
+
+def _usp_axes(module, axis_sizes, rank, where):
+    """The mesh axes of a USP module's ring and Ulysses groups (a group of one
+    rank, or none, names no axis), in the mesh's order: its sequence split."""
+    import torch.distributed as dist
+    axes = []
+    for group in (module.ring_pg, module.ulysses_pg):
+        if group is not None and dist.get_world_size(group) > 1:
+            axes.append(group_axis(group, axis_sizes, rank, where))
+    return "*".join(a for a in axis_sizes if a in axes)
+
+
 def _spec(axis, dim, ndim):
     entries = ["-"] * ndim
     entries[dim % ndim] = axis
@@ -81,11 +105,22 @@ class LibraryLayouts:
                 self._of[id(m)] = (axis, int(m.gather_idx), f"from {said}", False)
                 self._of[id(m.local_attn)] = (axis, int(m.scatter_idx), f"from {said}: its local attention", True)
                 sequence = (axis, _sequence_dimension(m))
-                if self.sequence not in (None, sequence):
-                    raise ValueError(f"{where}: its sequence is split as axis '{axis}' at dimension {m.gather_idx}, "
-                                     f"another DistributedAttention's as '{self.sequence[0]}' at dimension "
-                                     f"{self.sequence[1]}: give the taps layouts")
-                self.sequence = sequence
+                self._sequence(sequence, where)
+            elif _is_usp(m):
+                where = f"rank {rank}: yunchang {type(m).__name__} '{path or 'model'}'"
+                axes = _usp_axes(m, axis_sizes, rank, where)
+                if axes:
+                    said = f"from yunchang's {type(m).__name__} (gather_idx {m.gather_idx}, its ring and Ulysses " \
+                           f"groups: '{axes}')"
+                    self._of[id(m)] = (axes, int(m.gather_idx), said, True)
+                    self._sequence((axes, _sequence_dimension(m)), where)
+
+    def _sequence(self, sequence, where):
+        if self.sequence not in (None, sequence):
+            raise ValueError(f"{where}: its sequence is split as '{sequence[0]}' at dimension {sequence[1]}, "
+                             f"another attention's as '{self.sequence[0]}' at dimension {self.sequence[1]}: give "
+                             "the taps layouts")
+        self.sequence = sequence
 
     def __bool__(self):
         return bool(self._of)
@@ -109,7 +144,7 @@ class LibraryLayouts:
         spec = attrs.get("spec")
         entries = spec.split(",") if spec else ["-"] * len(shape)
         named = {a for e in entries for a in e.split("*")} | set((attrs.get("partial") or "").split("*"))
-        if len(entries) != len(shape) or axis in named or entries[dim] != "-":
+        if len(entries) != len(shape) or any(a in named for a in axis.split("*")) or entries[dim] != "-":
             return attrs  # the layout check names a mismatch; a spec that says it stands
         entries[dim] = axis
         return {**attrs, "spec": ",".join(entries)}
