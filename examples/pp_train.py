@@ -10,8 +10,10 @@ blocks deleted, so its modules keep their names (torchtitan's way). The
 schedule runs 4 microbatches per step; `interleaved` (Interleaved1F1B) and
 `zbv` (ZBVZeroBubble, a zero-bubble schedule) give each rank two stages.
 With --dp 2 the mesh is pp x dp: each dp replica runs its own pipeline on its
-half of the batch and the gradients are summed over dp before SGD steps (each
-replica's loss is its share of the mean over the whole batch).
+half of the batch, its loss the mean over its own samples, and the gradients
+are averaged over dp before SGD steps; diffcheck is told the data axis in one
+word (`data_axes=("dp",)`): each tap's batch split over dp, the reference on
+the whole batch.
 
 diffcheck taps, on each rank, the modules of its own stages: every
 microbatch's call of a module is laid together under one name, forward and
@@ -160,8 +162,8 @@ def work(rank, world, args):
     opt = torch.optim.SGD(params, lr=LR)
 
     def loss_fn(out, target):
-        # A replica's share of the mean over the whole batch (its gradients are summed over dp).
-        loss = ((out.float() - target.float()) ** 2).mean() / dp
+        # The mean over this replica's own samples (its gradients are averaged over dp).
+        loss = ((out.float() - target.float()) ** 2).mean()
         return loss / pp if args.bug == "loss_scale" else loss  # the bug: stages, not microbatches
     cls = SCHEDULES[args.schedule]
     schedule = cls(stages[0] if len(stages) == 1 else stages, n_microbatches=MICROBATCHES, loss_fn=loss_fn,
@@ -169,9 +171,8 @@ def work(rank, world, args):
     x, target = data()
     mine = slice(dp_coordinate * B // dp, (dp_coordinate + 1) * B // dp)
     x, target = x[mine].to(dtype), target[mine].to(dtype)
-    layouts = {"param*": None, "*": "dp,-"} if dp > 1 else None  # diffcheck
     mesh = f"pp={pp},dp={dp}" if dp > 1 else f"pp={pp}"  # diffcheck
-    with dct.capture(schedule, f"{args.out}/pp", mesh=mesh, layouts=layouts, backward=True, optimizer=opt, sketch=args.sketch):  # noqa: E501  # diffcheck
+    with dct.capture(schedule, f"{args.out}/pp", mesh=mesh, data_axes=("dp",) if dp > 1 else None, backward=True, optimizer=opt, sketch=args.sketch):  # noqa: E501  # diffcheck
         for i in range(STEPS):
             dct.step(i)  # diffcheck
             first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
@@ -179,6 +180,7 @@ def work(rank, world, args):
             for g in dp_groups[pp_coordinate:pp_coordinate + 1]:
                 for p in params:
                     dist.all_reduce(p.grad, group=g)
+                    p.grad /= dp
             opt.step()
             opt.zero_grad()
     dct.references(lambda dt: (whole_model(dt), data()), f"{args.out}/ref", dtype=dtype, step=reference_steps, optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=LR), backward=True, sketch=args.sketch)  # noqa: E501  # diffcheck

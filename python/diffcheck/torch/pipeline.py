@@ -19,6 +19,10 @@ the share it has of the step's, so those taps are divided by M (exact for a
 power of two). Parameter gradients are tapped when the optimizer steps, after
 the schedule's scaling.
 
+Data axes (`data_axes=("dp",)`: each pipeline replica its own samples): a
+tap laid together from its microbatches is split over them on its batch
+dimension, as data_axes.py splits any capture's.
+
 Order. Taps are ordered as the data flows through the pipeline, whichever
 rank holds them: forward stage by stage, then backward from the last stage to
 the first, then the parameters; so the first divergence is the first tap the
@@ -26,7 +30,7 @@ fault reached.
 """
 import torch
 
-from diffcheck.torch.data_axes import first_batch
+from diffcheck.torch.data_axes import first_batch, with_data_axes
 from diffcheck.torch.hand_pipeline import lay_together
 
 _FORWARD, _BACKWARD, _OTHER = 0, 1, 2
@@ -220,6 +224,8 @@ class PipelineTaps:
                     "runs on some microbatches only cannot be laid together: exclude= it")
             if laid is not None:
                 whole, more = laid, {"microbatches": self.microbatches}
+                if c.data_axes:  # each data-parallel replica its own samples: the step's rows split over them
+                    attrs = with_data_axes(attrs, tuple(whole.shape), c.data_axes, self.rows * self.microbatches)
             else:  # no batch dimension (hand_pipeline.lay_together): one value, or a gradient's sum
                 whole, more = lay_together(name, [pieces[m] for m in range(self.microbatches)], self.rows,
                                            name.startswith(c._step + "grad/"))
