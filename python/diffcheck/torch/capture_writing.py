@@ -54,8 +54,10 @@ class TapWriting:
         else:
             if self.data_axes and not is_parameter_tap(name):  # each data-parallel rank its own samples
                 attrs = with_data_axes(attrs, tuple(tensor.shape), self.data_axes, self._local_batch)
-            if self._library and not is_parameter_tap(name):  # a Ulysses model's sequence split (library_plans.py)
-                attrs = self._library.with_sequence(attrs, tuple(tensor.shape))
+            if self._library and not is_parameter_tap(name):  # what libraries imply (library_plans.py)
+                attrs = self._library.attrs(name, attrs, tuple(tensor.shape), pattern)
+                if attrs is None:  # a value no layout describes (named when the capture closes)
+                    return
             self._check_layout(name, tensor, pattern, attrs)
             if self.derive_depths:
                 attrs = self._with_counts(name, tensor, attrs)

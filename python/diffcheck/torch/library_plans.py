@@ -30,6 +30,7 @@ along the sequence as for DeepSpeed. Its attention runs inside ring
 functions, no module: nothing of it is tapped inside.
 """
 from diffcheck.dump.layouts import rank_coords
+from diffcheck.torch.diffusers_plan import DiffusersContextParallel
 
 
 def group_axis(group, axis_sizes, rank, where):
@@ -114,6 +115,7 @@ class LibraryLayouts:
                            f"groups: '{axes}')"
                     self._of[id(m)] = (axes, int(m.gather_idx), said, True)
                     self._sequence((axes, _sequence_dimension(m)), where)
+        self.cp = DiffusersContextParallel(model, axis_sizes, rank)  # diffusers_plan.py
 
     def _sequence(self, sequence, where):
         if self.sequence not in (None, sequence):
@@ -123,7 +125,34 @@ class LibraryLayouts:
         self.sequence = sequence
 
     def __bool__(self):
-        return bool(self._of)
+        return bool(self._of) or self.cp.active
+
+    def attach(self, model):
+        """The hooks the capture keeps while it is open (their handles)."""
+        handles = []
+        if self.sequence is not None:  # the local sequence length, from the model's first input
+            handles.append(model.register_forward_pre_hook(self.learn_length, with_kwargs=True))
+        if self.cp.active:
+            for module, hook, pre in self.cp.hooks_on(model):
+                handles.append(module.register_forward_pre_hook(hook, with_kwargs=True) if pre else
+                               module.register_forward_hook(hook))
+        return handles
+
+    def attrs(self, name, attrs, shape, pattern):
+        """A tap's attributes with what the libraries imply (a user's pattern wins); None: not tapped."""
+        attrs = self.with_sequence(attrs, shape)
+        if self.cp.active and pattern is None:
+            attrs = self.cp.attrs(name, attrs, shape)
+        return attrs
+
+    def untapped(self):
+        """The warning for taps not tapped (diffusers' joint sequences), or None."""
+        joint = sorted(set(self.cp.joint)) if self.cp.active else []
+        if not joint:
+            return None
+        return (f"{len(joint)} tap(s) hold each rank's text and image tokens side by side (diffusers' joint "
+                f"sequence), which no layout describes, and were not tapped: {', '.join(joint[:5])}"
+                f"{', ...' if len(joint) > 5 else ''}")
 
     def learn_length(self, module, args, kwargs):
         """A forward pre-hook on the model: the local sequence length."""
@@ -152,6 +181,10 @@ class LibraryLayouts:
     def layout(self, module, tensor, rest):
         """(attrs, what says so) for the output `tensor` (at `rest` within the
         module's output) of `module`, or None where no library says."""
+        if self.cp.active:
+            said = self.cp.output_layout(module, tensor, rest)
+            if said is not None:
+                return said
         entry = self._of.get(id(module))
         if entry is None:
             return None

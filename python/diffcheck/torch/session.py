@@ -204,9 +204,7 @@ class Capture(ModuleHooks, TapWriting):
             if not (self.reference_mode or self.one_device):
                 self._plan = PlanLayouts(eager or self.model, list(self.axis_sizes)).__enter__()
                 self._library = LibraryLayouts(eager or self.model, self.axis_sizes, self.rank)
-                if self._library.sequence is not None:
-                    self._handles.append(self.model.register_forward_pre_hook(self._library.learn_length,
-                                                                              with_kwargs=True))
+                self._handles += self._library.attach(self.model)
             if self.derive_depths:
                 rounding.hold()
                 self._ledger_held = True
@@ -247,6 +245,9 @@ class Capture(ModuleHooks, TapWriting):
         if self._plan is not None:
             self._plan.__exit__(None, None, None)
             self._plan = None
+        if self._library is not None and self._library.untapped():  # never a silent gap
+            import warnings
+            warnings.warn(f"rank {self.rank}: {self.path}: {self._library.untapped()}", stacklevel=3)
         if self.gradients is not None:
             self.gradients.unwrap_optimizer()
             if not failed and self._thread is not None:
