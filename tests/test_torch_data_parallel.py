@@ -50,7 +50,8 @@ def _ddp_rank(rank, world, init, out, bug):
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     if bug == "unaveraged_on_one_rank" and rank == world - 1:  # the bug: this rank's average over dp lost
         ddp.register_comm_hook(None, lambda _, bucket: _summed(bucket, world))
-    with dct.capture(ddp, out=f"{out}/run", mesh=f"dp={world}", backward=True, optimizer=opt):
+    told = "global" if bug == "loss_scale_misnamed" else "local_mean"  # the slip: a mean loss said to be global
+    with dct.capture(ddp, out=f"{out}/run", mesh=f"dp={world}", backward=True, optimizer=opt, loss_scale=told):
         step(ddp, local, opt)
     if rank == 0:
         dct.references(lambda dt: (make(dt)[0], (x.to(dt),)), f"{out}/ref", dtype=torch.float32, backward=True,
@@ -80,6 +81,16 @@ class DistributedDataParallelSamples(E2ETest):
         report = self.run_ddp("unaveraged_on_one_rank")
         self.assertEqual(report["first_divergence"]["tap"], "param_grad/0.weight", report["console"])
         self.assertIn("replica", report["first_divergence"]["checks"], report["console"])
+
+    def test_a_misnamed_loss_scale_is_named_as_such(self):
+        """A per-rank mean loss captured as loss_scale="global": every output gradient is 2x its reference,
+        every forward tap and parameter passes, and the report says what that is."""
+        report = self.run_ddp("loss_scale_misnamed")
+        self.assertFalse(report["pass"])
+        self.assertTrue(report["first_divergence"]["tap"].startswith("grad/"), report["console"])
+        self.assertIn("each 2x its reference", report["console"])
+        self.assertIn('If 2 is its data-parallel degree, capture with loss_scale="local_mean"', report["console"])
+        self.assertIn("a loss scaled by another convention than the capture was told", report["hints"][0])
 
     @unittest.skipUnless(os.environ.get("DIFFCHECK_E2E_FULL") == "1", "nightly: 4 ranks")
     def test_four_ranks(self):
