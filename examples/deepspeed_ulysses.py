@@ -31,23 +31,15 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _launch import launch, parser  # noqa: E402
+from _sequence_block import DTYPES, HEADS, S, Block, SdpaAttention, data, weights  # noqa: E402
 
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
-B, S, D, HEADS, LR = 2, 16, 32, 4, 0.5
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+LR = 0.5
 BUGS = ("swapped_indices", "kv_heads_rolled")
-
-
-class LocalAttention(nn.Module):
-    """Attention over [b, s, heads, d] (DeepSpeed's layout), with torch's SDPA."""
-
-    def forward(self, q, k, v):
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
 
 
 class WholeAttention(nn.Module):
@@ -55,37 +47,10 @@ class WholeAttention(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.local_attn = LocalAttention()
+        self.local_attn = SdpaAttention()
 
-    def forward(self, q, k, v, batch_dim_idx):
+    def forward(self, q, k, v, *batch_dim_idx):
         return self.local_attn(q, k, v)
-
-
-class Block(nn.Module):
-    def __init__(self, attn):
-        super().__init__()
-        self.norm, self.qkv, self.attn, self.proj = nn.LayerNorm(D), nn.Linear(D, 3 * D), attn, nn.Linear(D, D)
-        self.roll_keys = False
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, HEADS, D // HEADS).unbind(2)
-        if self.roll_keys:
-            k = k.roll(1, dims=2)
-        o = self.attn(q, k, v, 0)  # batch_dim_idx 0: [b, s, heads, d]
-        return x + self.proj(o.reshape(b, s, D))
-
-
-def weights(block):
-    torch.manual_seed(0)
-    for p in block.parameters():
-        with torch.no_grad():
-            p.copy_(torch.randn_like(p) * 0.2)
-    return block
-
-
-def data():
-    return torch.randn(B, S, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
 
 
 def work(rank, world, args):
@@ -99,8 +64,8 @@ def work(rank, world, args):
     deepspeed.init_distributed("gloo")
     dtype = DTYPES[args.dtype]
     scatter, gather = (1, 2) if args.bug == "swapped_indices" else (2, 1)  # heads, sequence
-    attn = DistributedAttention(LocalAttention(), dist.group.WORLD, scatter_idx=scatter, gather_idx=gather)
-    block = weights(Block(attn).double()).to(dtype)
+    attn = DistributedAttention(SdpaAttention(), dist.group.WORLD, scatter_idx=scatter, gather_idx=gather)
+    block = weights(Block(attn, attn_args=(0,)).double()).to(dtype)  # batch_dim_idx 0: [b, s, heads, d]
     block.roll_keys = args.bug == "kv_heads_rolled" and rank == 1
     x = data()[:, rank * S // world:(rank + 1) * S // world].to(dtype)
     opt = torch.optim.SGD(block.parameters(), lr=LR)

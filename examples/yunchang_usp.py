@@ -31,47 +31,14 @@ import os
 import sys
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _launch import launch, parser  # noqa: E402
+from _sequence_block import DTYPES, HEADS, S, Block, SdpaAttention, data, weights  # noqa: E402
 
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
-B, S, D, HEADS = 2, 16, 32, 4
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BUGS = ("swapped_indices",)
-
-
-class WholeAttention(nn.Module):
-    """The reference's attention over [b, s, heads, d]: torch's SDPA over every head."""
-
-    def forward(self, q, k, v):
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
-
-
-class Block(nn.Module):
-    def __init__(self, attn):
-        super().__init__()
-        self.norm, self.qkv, self.attn, self.proj = nn.LayerNorm(D), nn.Linear(D, 3 * D), attn, nn.Linear(D, D)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, HEADS, D // HEADS).unbind(2)
-        return x + self.proj(self.attn(q, k, v).reshape(b, s, D))
-
-
-def weights(block):
-    torch.manual_seed(0)
-    for p in block.parameters():
-        with torch.no_grad():
-            p.copy_(torch.randn_like(p) * 0.2)
-    return block
-
-
-def data():
-    return torch.randn(B, S, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
 
 
 def work(rank, world, args):
@@ -86,7 +53,7 @@ def work(rank, world, args):
     x = data()[:, rank * S // world:(rank + 1) * S // world].to(dtype)
     with dct.capture(block, f"{args.out}/usp", mesh=f"ring={ring},ulysses={ulysses}"), torch.no_grad():  # diffcheck
         block(x)
-    dct.references(lambda dt: (weights(Block(WholeAttention()).double()).to(dt), (data().to(dt),)), f"{args.out}/ref", dtype=dtype)  # noqa: E501  # diffcheck
+    dct.references(lambda dt: (weights(Block(SdpaAttention()).double()).to(dt), (data().to(dt),)), f"{args.out}/ref", dtype=dtype)  # noqa: E501  # diffcheck
 
 
 def after(args):
