@@ -28,7 +28,7 @@ import weakref
 
 import torch
 
-from diffcheck.torch.data_axes import is_parameter_tap
+from diffcheck.torch.data_axes import first_batch, is_parameter_tap
 
 _CALL = re.compile(r"@(\d+)(?=$|/|:)")
 
@@ -48,7 +48,7 @@ def is_gradient(name):
     return "grad/" in name and not is_parameter_tap(name)
 
 
-def lay_together(name, pieces, rows, gradient):
+def lay_together(pieces, rows, gradient):
     """(the step's tensor, attributes it adds) from microbatch k's piece at
     pieces[k]: laid together along dimension 0 when each piece has the
     microbatch's `rows` there; otherwise (no batch dimension) the one value
@@ -89,7 +89,6 @@ class HandPipeline:
         self._held = {}  # joined name -> [attrs, order, {k: piece}, M, gradient]
 
     def learn_rows(self, module, args, kwargs):
-        from diffcheck.torch.data_axes import first_batch
         if self.rows is None:
             self.rows = first_batch(args, kwargs)
 
@@ -127,7 +126,7 @@ class HandPipeline:
 
     def _write(self, joined, entry):
         attrs, order, pieces, m, gradient = entry
-        whole, more = lay_together(joined, [pieces[k] for k in range(m)], self.rows, gradient)
+        whole, more = lay_together([pieces[k] for k in range(m)], self.rows, gradient)
         self.capture._write_values(joined, whole, {**attrs, **more, "order": order})
 
     def flush(self):

@@ -227,7 +227,7 @@ class PipelineTaps:
                 if c.data_axes:  # each data-parallel replica its own samples: the step's rows split over them
                     attrs = with_data_axes(attrs, tuple(whole.shape), c.data_axes, self.rows * self.microbatches)
             else:  # no batch dimension (hand_pipeline.lay_together): one value, or a gradient's sum
-                whole, more = lay_together(name, [pieces[m] for m in range(self.microbatches)], self.rows,
+                whole, more = lay_together([pieces[m] for m in range(self.microbatches)], self.rows,
                                            name.startswith(c._step + "grad/"))
             if complex_views.get(name):
                 whole._diffcheck_complex = True
