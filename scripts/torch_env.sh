@@ -22,6 +22,7 @@ venv=${DIFFCHECK_VENV:-$root/.venv}
 # What is tested (README "Supported torch" and "Supported JAX"): keep the pins together.
 # jax and jaxlib pinned together are jax[cpu] (diffcheck.jax, docs/jax.md).
 REQUIREMENTS=(torch==2.13.0 h5py numpy transformers==5.24.0 diffusers==0.42.1 accelerate deepspeed==0.19.8 yunchang==0.6.4
+  megatron-core==0.16.1
   jax==0.10.2 jaxlib==0.10.2 flax==0.12.8 optax==0.2.8
   junitparser lizard==1.24.3 pyflakes==4.1.0 import-linter==2.17)  # junitparser: the suite reads its JUnit reports as a
 # dashboard would; lizard and pyflakes: the house rules (tests/test_house_rules.py) measure functions

@@ -17,7 +17,8 @@ gradient that is a partial sum over those ranks until someone reduces it
 (`{"grad/time_embed*": (None, "sp")}`). A parameter and its gradient are looked up
 in the capture's layouts by their tap names (`param/<name>`,
 `param_grad/<name>`: a pattern such as "param*/attn.q.weight" covers both);
-one no pattern matches is replicated. A tied parameter (one Parameter under
+one no pattern matches takes what a library says of it (Megatron's partition
+attributes, megatron_plan.py), else is replicated. A tied parameter (one Parameter under
 several names) is tapped under every name it has. A gradient the user reduces after
 backward (a sequence-parallel LayerNorm weight's, a data-parallel one) is
 tapped after that reduction when the optimizer steps, so a layout need not
@@ -58,7 +59,9 @@ class Gradients:
         grad_pattern, layout = self._grad_layout(grad_name[len(step):])
         if layout is None:
             # a partial sum's gradient is replicated; it is the stage's, and microbatched as its output
-            layout = {k: v for k, v in attrs.items() if k in ("spec", "stage", "microbatches")}
+            layout = {k: v for k, v in attrs.items() if k in ("spec", "stage", "microbatches", "_untapped")}
+            if "_grad_partial" in attrs:  # a library's whole value used on each rank's own tokens
+                layout["partial"] = attrs["_grad_partial"]
             grad_pattern = f"{pattern}, its output's" if pattern else None
         depth, steps = rounding.counts(tensor)
         steps = rounding.in_units_of(steps, tensor.dtype, torch.float64)  # one unit for every dtype
@@ -125,6 +128,12 @@ class Gradients:
             if any(fnmatch.fnmatchcase(name, glob) for glob in c.exclude if glob.startswith("param")):
                 continue  # exclude= names parameter taps by their tap names (param/..., param_grad/...)
             pattern, layout = self._param_layout(name, tensor)
+            if pattern is None and c._library:  # what a library says of its parameters (library_plans.py)
+                said, why = c._library.parameter(name, p)
+                if why is not None:
+                    continue
+                if said is not None:
+                    pattern, layout = "from Megatron's parameter attributes", {**layout, **said}
             c._write_now(c._step + name, tensor, layout, pattern)
 
     def _grad_layout(self, name):

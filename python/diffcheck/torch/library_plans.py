@@ -28,9 +28,13 @@ order of the ranks; its output is split the same way, along `gather_idx`,
 over both axes (major to minor in the mesh's order); the rest of the model
 along the sequence as for DeepSpeed. Its attention runs inside ring
 functions, no module: nothing of it is tapped inside.
+
+Megatron-core's tensor- and sequence-parallel layers and parameters:
+megatron_plan.py, asked from here.
 """
 from diffcheck.dump.layouts import rank_coords
 from diffcheck.torch.diffusers_plan import DiffusersContextParallel
+from diffcheck.torch.megatron_plan import MegatronLayouts
 
 
 def group_axis(group, axis_sizes, rank, where):
@@ -84,6 +88,11 @@ def _usp_axes(module, axis_sizes, rank, where):
     return "*".join(a for a in axis_sizes if a in axes)
 
 
+_WHY = {"transposed": "Megatron's VocabParallelEmbedding under sequence parallelism returns [s, b, h], the "
+                      "reference's (tp=1) [b, s, h]: a transposed pair no layout describes (the embedding's "
+                      "output holds the same values in the order of both)"}
+
+
 def _spec(axis, dim, ndim):
     entries = ["-"] * ndim
     entries[dim % ndim] = axis
@@ -97,6 +106,8 @@ class LibraryLayouts:
         self._of = {}  # id(module) -> (axis, dimension, what says so, only the first output)
         self.sequence = None  # (axis, dimension) of a Ulysses model's sequence split
         self.local_length = None  # learnt from the model's first input (learn_length)
+        self._length_of = None  # how, where not that dimension of it (Megatron's token ids)
+        self.left_out = []  # (tap, why): taps no layout describes
         for path, m in model.named_modules():
             if _is_ulysses(m):
                 where = f"rank {rank}: DeepSpeed DistributedAttention '{path or 'model'}'"
@@ -116,6 +127,10 @@ class LibraryLayouts:
                     self._of[id(m)] = (axes, int(m.gather_idx), said, True)
                     self._sequence((axes, _sequence_dimension(m)), where)
         self.cp = DiffusersContextParallel(model, axis_sizes, rank)  # diffusers_plan.py
+        self.megatron = MegatronLayouts(model, axis_sizes, rank, group_axis)  # megatron_plan.py
+        if self.megatron.active and self.megatron.sequence_parallel:  # [s, b, h], s split over tp
+            self._sequence((self.megatron.axis, 0), f"rank {rank}: Megatron's sequence parallelism")
+            self._length_of = self.megatron.local_length
 
     def _sequence(self, sequence, where):
         if self.sequence not in (None, sequence):
@@ -125,7 +140,7 @@ class LibraryLayouts:
         self.sequence = sequence
 
     def __bool__(self):
-        return bool(self._of) or self.cp.active
+        return bool(self._of) or self.cp.active or self.megatron.active
 
     def attach(self, model):
         """The hooks the capture keeps while it is open (their handles)."""
@@ -140,6 +155,10 @@ class LibraryLayouts:
 
     def attrs(self, name, attrs, shape, pattern):
         """A tap's attributes with what the libraries imply (a user's pattern wins); None: not tapped."""
+        if "_untapped" in attrs:  # a value no layout describes
+            self.left_out.append((name, attrs["_untapped"]))
+            return None
+        attrs = {k: v for k, v in attrs.items() if k != "_grad_partial"}  # its gradient's (backward.py)
         attrs = self.with_sequence(attrs, shape)
         if self.cp.active and pattern is None:
             attrs = self.cp.attrs(name, attrs, shape)
@@ -147,17 +166,38 @@ class LibraryLayouts:
 
     def untapped(self):
         """The warning for taps not tapped (diffusers' joint sequences), or None."""
+        said = []
         joint = sorted(set(self.cp.joint)) if self.cp.active else []
-        if not joint:
-            return None
-        return (f"{len(joint)} tap(s) hold each rank's text and image tokens side by side (diffusers' joint "
-                f"sequence), which no layout describes, and were not tapped: {', '.join(joint[:5])}"
-                f"{', ...' if len(joint) > 5 else ''}")
+        if joint:
+            said.append(f"{len(joint)} tap(s) hold each rank's text and image tokens side by side (diffusers' joint "
+                        f"sequence), which no layout describes, and were not tapped: {', '.join(joint[:5])}"
+                        f"{', ...' if len(joint) > 5 else ''}")
+        for why in sorted({why for _, why in self.left_out}):
+            names = sorted({name for name, w in self.left_out if w == why})
+            said.append(f"{len(names)} tap(s) were not tapped: {_WHY.get(why, why)}: {', '.join(names[:5])}"
+                        f"{', ...' if len(names) > 5 else ''}")
+        return "; ".join(said) or None
+
+    def parameter(self, name, p):
+        """The layout a library says of parameter tap `name` (of parameter `p`):
+        (attrs, None), (None, None) where none says, (None, why) where it is
+        left out (named when the capture closes)."""
+        if not self.megatron.active:
+            return None, None
+        attrs, why = self.megatron.parameter(p)
+        if why is not None:
+            self.left_out.append((name, why))
+        return attrs, why
 
     def learn_length(self, module, args, kwargs):
         """A forward pre-hook on the model: the local sequence length."""
         if self.local_length is None:
             for value in list(args) + list(kwargs.values()):
+                if self._length_of is not None:
+                    if hasattr(value, "shape"):
+                        self.local_length = self._length_of(value)
+                        return
+                    continue
                 if hasattr(value, "shape") and hasattr(value, "dim") and value.dim() > self.sequence[1]:
                     self.local_length = int(value.shape[self.sequence[1]])
                     return
@@ -183,6 +223,10 @@ class LibraryLayouts:
         module's output) of `module`, or None where no library says."""
         if self.cp.active:
             said = self.cp.output_layout(module, tensor, rest)
+            if said is not None:
+                return said
+        if self.megatron.active:
+            said = self.megatron.layout(module, tensor, rest)
             if said is not None:
                 return said
         entry = self._of.get(id(module))
