@@ -12,7 +12,9 @@ outputs split along the features, row-parallel ones reduced, or under
 sequence parallelism reduce-scattered along the sequence), its parameters'
 `tensor_model_parallel` and `partition_dim`, and its tp group. The
 reference is the same GPTModel built by Megatron at tp=1 with the run's
-weights gathered, in one process.
+weights gathered, in one process. The training step runs under Megatron's
+DistributedDataParallel and finalize_model_grads; its optimizer allocates on
+CUDA, so torch's SGD steps on the gradients Megatron's would take.
 
 --bug row_reduction_dropped    layer 0's attention projection (a
     RowParallelLinear) leaves out its reduction: each rank keeps its partial
@@ -21,9 +23,11 @@ weights gathered, in one process.
     sequence-parallel input along the batch, not the sequence, into the
     buffer of the whole sequence: its tokens scrambled, found at
     decoder.layers.0.mlp.linear_fc1.
---bug sp_norm_grads_not_reduced  (--sp --train) the gradients Megatron marks
-    `sequence_parallel` (the norms', the row-parallel biases') are not
-    all-reduced over tp: found at the first such param_grad/ tap.
+--bug sp_norm_grads_not_reduced  (--sp --train) the step syncs the
+    data-parallel gradients (Megatron DDP's finish_grad_sync) but not
+    finalize_model_grads' all-reduce over tp of those Megatron marks
+    `sequence_parallel` (the norms', the row-parallel biases'): found at the
+    first such param_grad/ tap.
 
 Megatron on a CPU needs three patches of Megatron's (examples/_megatron_cpu.py),
 none of the math. The lines diffcheck adds end in `# diffcheck`; exit 1 when
@@ -124,22 +128,27 @@ def gathered_along_batch(linear):
 
 def work(rank, world, args):
     from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     patch_megatron_for_cpu()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
     dtype = DTYPES[args.dtype]
     torch.manual_seed(0)  # every rank draws the whole weights and keeps its share (use_cpu_initialization)
     model = gpt(world, args.sp, dtype)
     inject(model, args.bug, rank, world)
+    ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(), model)  # grads into main_grad
     inputs = batch(args.train)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)  # Megatron's own optimizer allocates on CUDA
     whole = gathered_weights(model, world)
     with dct.capture(model, f"{args.out}/megatron", mesh=f"tp={world}", backward=args.train, optimizer=opt if args.train else None):  # noqa: E501  # diffcheck
-        out = model(**inputs)
+        out = ddp(**inputs)
         if args.train:
             out.float().mean().backward()
-            for p in model.parameters():  # Megatron's finalize_model_grads, for the grads of a sequence-parallel region
-                if getattr(p, "sequence_parallel", False) and args.bug != "sp_norm_grads_not_reduced":
-                    dist.all_reduce(p.grad, group=parallel_state.get_tensor_model_parallel_group())
+            if args.bug == "sp_norm_grads_not_reduced":
+                ddp.finish_grad_sync()  # the data-parallel reduction only, not the sequence-parallel one
+            else:
+                finalize_model_grads([ddp])  # also all-reduces the grads of the sequence-parallel region over tp
+            for p in model.parameters():  # as Megatron's optimizer takes them
+                p.grad = p.main_grad
             opt.step()
     parallel_state.destroy_model_parallel()  # the reference: Megatron's model at tp=1, in one process
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)

@@ -91,8 +91,9 @@ class Gradients:
     # -- parameters ---------------------------------------------------------
 
     def grads(self):
-        """Every parameter's .grad, as `param_grad/<name>`."""
-        self._parameters(PARAM_GRAD, lambda p: p.grad)
+        """Every parameter's .grad (or, where none, the `main_grad` that Megatron's
+        DistributedDataParallel accumulates into), as `param_grad/<name>`."""
+        self._parameters(PARAM_GRAD, lambda p: p.grad if p.grad is not None else getattr(p, "main_grad", None))
 
     def params(self):
         """Every parameter's value, as `param/<name>`."""
