@@ -91,6 +91,27 @@ class BitsHash(unittest.TestCase):
         self.assertFalse(torch.equal(bits_hash(torch.zeros(4)), bits_hash(-torch.zeros(4))))
 
 
+class CheckRowsInOneCall(unittest.TestCase):
+    """A check's rows from the kernel library's one call are each tensor's row
+    hashed alone: contiguous, strided, empty, absent and 16-bit tensors mixed."""
+
+    def test_the_fused_rows_are_the_single_rows(self):
+        if sketch_cpu.watch_rows_function() is None:
+            self.skipTest("the kernel library is not built here")
+        g = torch.Generator().manual_seed(0)
+        tensors = [torch.randn(7, 5, generator=g), torch.randn(6, 4, generator=g).t(), None,
+                   torch.empty(0), torch.randn(33, generator=g).to(torch.bfloat16), torch.randn(3, 3).double()]
+        plan = watch_hash.CheckRows(len(tensors), sums=False)
+        rows, on_device = plan.fill(tensors)
+        self.assertEqual(on_device, [])
+        want = [watch_hash.hash_row(t, False) if t is not None else [0, 0, 0, 0] for t in tensors] + [[0, 0, 0, 0]]
+        self.assertEqual(rows.tolist(), want)
+        tensors[0][3, 1] += 1e-6  # a changed element changes its row alone
+        again = plan.fill(tensors)[0].tolist()
+        self.assertNotEqual(again[0], want[0])
+        self.assertEqual(again[1:], want[1:])
+
+
 class RerunDifference(unittest.TestCase):
     def test_first_differing_bits(self):
         from diffcheck.watch.rerun import first_difference

@@ -172,3 +172,24 @@ VECTOR_CLONES void diffcheck_piece_bits(const void *x, int32_t element_size, int
 #include <xxhash.h>
 
 uint64_t diffcheck_bytes_hash(const void *x, int64_t bytes) { return XXH3_64bits(x, (size_t)bytes); }
+
+/* One dct.watch check's rows in one call (python/diffcheck/watch/hashing.py):
+ * for each of the n buffers (ptrs[i], bytes[i] bytes, elements[i] elements)
+ * the row [XXH3's hash, elements, 2 (XXH3), 1]; an empty buffer's hash is 0
+ * (its pointer may be null), and elements[i] < 0 (no tensor: a parameter with
+ * no gradient) gives [0, 0, 0, 0]. One call instead of one per tensor: at every=1 a small
+ * model's check was mostly the per-tensor calls. */
+void diffcheck_watch_rows(const void *const *ptrs, const int64_t *bytes, const int64_t *elements, int64_t n,
+                          int64_t *rows) {
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t *row = rows + 4 * i;
+    if (elements[i] < 0) {
+      row[0] = row[1] = row[2] = row[3] = 0;
+      continue;
+    }
+    row[0] = bytes[i] ? (int64_t)XXH3_64bits(ptrs[i], (size_t)bytes[i]) : 0;
+    row[1] = elements[i];
+    row[2] = 2;
+    row[3] = 1;
+  }
+}

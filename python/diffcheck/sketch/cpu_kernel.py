@@ -20,7 +20,7 @@ LIBRARY = "libdiffcheck_sketch_cpu.so"
 ENV = "DIFFCHECK_SKETCH_KERNEL"
 GROUP_ROWS = 4  # sign rows per pattern byte, as the kernel takes them
 _PATTERN_CACHE_LIMIT = 64
-_state = {"function": None, "bits": None, "bytes_hash": None, "tried": False, "path": None}
+_state = {"function": None, "bits": None, "bytes_hash": None, "watch_rows": None, "tried": False, "path": None}
 _PATTERNS = {}
 
 
@@ -58,6 +58,11 @@ def function():
             if h is not None:
                 h.restype, h.argtypes = ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_int64]
                 _state["bytes_hash"] = h
+            rows = getattr(library, "diffcheck_watch_rows", None)  # likewise
+            if rows is not None:
+                rows.restype = None
+                rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+                _state["watch_rows"] = rows
             break
         given = os.environ.get(ENV)
         if _state["function"] is None and given and given.lower() != "off":
@@ -81,14 +86,14 @@ def loaded_from():
 
 def reset():
     """Look for the library again."""
-    _state.update(function=None, bits=None, bytes_hash=None, tried=False, path=None)
+    _state.update(function=None, bits=None, bytes_hash=None, watch_rows=None, tried=False, path=None)
 
 
 @contextlib.contextmanager
 def torch_ops_only():
     """Within: sketches take the torch-ops path, as without the library (the
     tests compare the two); the library is looked for again after."""
-    _state.update(function=None, bits=None, bytes_hash=None, tried=True, path=None)
+    _state.update(function=None, bits=None, bytes_hash=None, watch_rows=None, tried=True, path=None)
     try:
         yield
     finally:
@@ -164,3 +169,11 @@ def bytes_hash_function():
     library, or None where it is not loaded (dct.watch then takes zlib's CRC-32)."""
     function()
     return _state["bytes_hash"]
+
+
+def watch_rows_function():
+    """The watch's rows of many buffers in one call (pointers, bytes,
+    elements, n, rows out: all int64 arrays) -> None, or None where the
+    library is not loaded (or predates it)."""
+    function()
+    return _state["watch_rows"]

@@ -43,6 +43,7 @@ import os
 import socket
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -50,7 +51,7 @@ from diffcheck.dump import mesh_size, mesh_sizes
 from diffcheck.dump.layouts import (check_layout, dtensor_layout, is_dtensor, layout_attrs, placement_attrs,
                                      rank_coords, replica_axes)
 from diffcheck.watch.exchange import Exchange, Unanswered
-from diffcheck.watch.hashing import ALGORITHMS, SUMS, hash_row
+from diffcheck.watch.hashing import ALGORITHMS, SUMS, CheckRows
 from diffcheck.watch.errors import RankUnresponsive, ReplicasDiffer, TransientFault, WatchError  # noqa: F401
 from diffcheck.watch.report import WatchReports
 from diffcheck.watch.rerun import Rerun
@@ -122,6 +123,18 @@ class Watch(WatchReports):
         self._placed = {}  # (placements, device mesh, dimensions) -> layout attrs
         # DIFFCHECK_WATCH_HASH=sums: the accelerator's hash on every device (its CPU twin, which the suite runs)
         self._sums = os.environ.get("DIFFCHECK_WATCH_HASH", "") == "sums"
+        # Each check's rows, planned once: every parameter, then (with grads) every gradient.
+        self._names = [("param", name, _detached) for name, _ in self.params] + \
+            [("param_grad", name, _grad) for name, _ in self.params]
+        self._rows = {True: CheckRows(2 * len(self.params), self._sums),
+                      False: CheckRows(len(self.params), self._sums)}
+        # The hub's comparison, planned once: each row's and rank's group leader (itself where it has no
+        # replica), so that a check compares the whole table at once.
+        leaders = np.tile(np.arange(self.world), (len(self.params), 1))
+        for i, (name, _) in enumerate(self.params):
+            for g in self._groups[name]:
+                leaders[i, g] = g[0]
+        self._leaders = np.concatenate([leaders, leaders])
         self._step_was = None
         self.rerun = Rerun(self, rerun, rerun_every) if rerun is not None else None
         if optimizer is not None:
@@ -204,30 +217,26 @@ class Watch(WatchReports):
 
     def _check(self, grads, after):
         self.checks += 1
-        kinds = [("param", _detached)] + ([("param_grad", _grad)] if grads else [])
-        rows, on_device, names = [], [], []
-        for kind, value in kinds:
-            for name, p in self.params:
-                if p.shape != self._shapes[name]:
-                    raise ValueError(f"rank {self.rank}: watch(): parameter '{name}' changed shape from "
-                                     f"{tuple(self._shapes[name])} to {tuple(p.shape)} since the watch started")
-                # The parameter itself, not p.detach(): a DTensor's detach is a dispatched op (~30 us each)
-                t = self._local(name, p if kind == "param" else p.grad)
-                names.append((kind, name, value))
-                row = hash_row(t, self._sums) if t is not None else [0, 0, 0, 0]
-                if isinstance(row, torch.Tensor):  # an accelerator's: brought over with the others, at once
-                    on_device.append((len(rows), row))
-                rows.append(row)
+        tensors = []
+        for name, p in self.params:
+            if p.shape != self._shapes[name]:
+                raise ValueError(f"rank {self.rank}: watch(): parameter '{name}' changed shape from "
+                                 f"{tuple(self._shapes[name])} to {tuple(p.shape)} since the watch started")
+            # The parameter itself, not p.detach(): a DTensor's detach is a dispatched op (~30 us each)
+            tensors.append(self._local(name, p))
+        if grads:
+            tensors += [self._local(name, p.grad) for name, p in self.params]
+        names = self._names[:len(tensors)]
+        mine, on_device = self._rows[grads].fill(tensors)
         if on_device:
             for (i, _), h in zip(on_device, torch.stack([h for _, h in on_device]).cpu().tolist()):
-                rows[i] = h + [SUMS, 1]
+                mine[i] = torch.tensor(h + [SUMS, 1], dtype=torch.int64)
         transient = self.rerun.take() if self.rerun is not None else []
-        rows.append([len(transient), 0, 0, 0])  # the last row
+        mine[-1, 0] = len(transient)  # the last row
         when = f"before step {self.steps}'s optimizer step" if not after else "after the last optimizer step"
         try:
-            mine = torch.tensor(rows, dtype=torch.int64)
             table = self.exchange.collect(mine, self.checks, when)  # the hub's alone
-            news = table is not None and (any(ranks[-1][0] for ranks in table) or any(self._apart(table, names)))
+            news = table is not None and (bool(table[:, -1, 0].any()) or self._any_apart(table, len(names)))
             everyone = self.exchange.announce(news, table, self.checks, when)
         except Unanswered as e:
             raise RankUnresponsive(str(e)) from e
@@ -241,6 +250,12 @@ class Watch(WatchReports):
             self._report_transient(transient)
         if found:
             self._report(found, after)
+
+    def _any_apart(self, table, n):
+        """Whether some replica group's rows differ, in the hub's table [rank, row, 4] of n rows (and the last)."""
+        rows = table[:, :n]
+        theirs = rows[self._leaders[:n].T, np.arange(n)[None, :]]  # each rank's row i as its group's leader has it
+        return bool((rows != theirs).any())
 
     def _apart(self, everyone, names):
         """(index, kind, name, value, group, {rank: row}) of every replica group whose rows differ."""

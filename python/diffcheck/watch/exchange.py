@@ -54,8 +54,8 @@ class Exchange:
                                     use_local_synchronization=True)
 
     def collect(self, mine, check, when):
-        """The hub (rank 0 of the group): every rank's rows, a list per rank of
-        lists of ints; the other ranks: None. `check` numbers this check, `when`
+        """The hub (rank 0 of the group): every rank's rows, an int64 array
+        [rank, row, 4]; the other ranks: None. `check` numbers this check, `when`
         says which it is in an error."""
         if self.store is not None:
             self.store.set(f"{self.prefix}{self.rank}", str(check))
@@ -67,7 +67,7 @@ class Exchange:
             table[0] = mine
             for w in [dist.irecv(table[r], src=self.members[r], group=self.group) for r in range(1, self.world)]:
                 w.wait()
-            return table.tolist()
+            return table.numpy()
 
     def announce(self, news, table, check, when):
         """The hub's word to every rank: with news (a finding, collective work
@@ -83,7 +83,7 @@ class Exchange:
                 return None
             shape = torch.tensor([len(table), len(table[0]), 4] if self.rank == 0 else [0, 0, 0], dtype=torch.int64)
             dist.broadcast(shape, src=self.members[0], group=self.group)
-            full = torch.tensor(table, dtype=torch.int64) if self.rank == 0 else torch.empty(*shape.tolist(),
+            full = torch.as_tensor(table, dtype=torch.int64) if self.rank == 0 else torch.empty(*shape.tolist(),
                                                                                              dtype=torch.int64)
             dist.broadcast(full, src=self.members[0], group=self.group)
             return full.tolist()

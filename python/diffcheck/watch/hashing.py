@@ -4,6 +4,7 @@ accelerator two integer sums computed there. Each hash carries the algorithm
 that made it: hashes made two ways are never compared."""
 import zlib
 
+import numpy as np
 import torch
 
 from diffcheck.sketch import cpu_kernel as sketch_cpu
@@ -78,3 +79,59 @@ def _weights(n, device, dtype):
         w = ((torch.arange(n, dtype=torch.int64, device=device) * _MIX) % (1 << (bits - 1)) | 1).to(dtype)
         _WEIGHTS[key] = w
     return w
+
+
+class CheckRows:
+    """The rows of every check of a watch, planned once: `count` tensors' rows
+    and a last row the caller fills, in one int64 buffer. CPU tensors are
+    hashed in one call to the kernel library (diffcheck_watch_rows: at
+    every=1 one call per tensor was most of a small model's check); an
+    accelerator's, a strided one's, or all with `sums` or no library, one by
+    one (hash_row)."""
+
+    def __init__(self, count, sums):
+        self.count = count
+        self.table = np.zeros((count + 1, 4), dtype=np.int64)
+        self.pointers = np.zeros(count, dtype=np.uint64)
+        self.bytes = np.zeros(count, dtype=np.int64)
+        self.elements = np.zeros(count, dtype=np.int64)
+        self.sums = sums
+        self.fused = None if sums else sketch_cpu.watch_rows_function()
+        # the arrays' addresses, taken once (numpy makes an object for each .ctypes)
+        self._addresses = [a.ctypes.data for a in (self.pointers, self.bytes, self.elements)] + [self.table.ctypes.data]
+        self._rows = torch.from_numpy(self.table)
+
+    def fill(self, tensors):
+        """(rows, on_device): rows an int64 tensor [count + 1, 4] (the last row
+        zeros, the caller's), sharing memory with this plan (valid until the next
+        fill); on_device [(index, the accelerator's two sums there)], which the
+        caller brings over at once."""
+        singles, on_device = [], []
+        pointers, sizes, counts = [], [], []  # assigned to the plan's arrays at once: per element is slower
+        fused = self.fused is not None
+        for i, t in enumerate(tensors):
+            if t is not None and fused and t.is_cpu and t.is_contiguous():
+                n = t.numel()
+                pointers.append(t.data_ptr())
+                sizes.append(n * t.element_size())
+                counts.append(n)
+            else:  # no row from the library (-1 elements): absent, or hashed below
+                pointers.append(0)
+                sizes.append(0)
+                counts.append(-1)
+                if t is not None:
+                    singles.append((i, t))
+        self.pointers[:], self.bytes[:], self.elements[:] = pointers, sizes, counts
+        if self.fused is not None:
+            pointers, sizes, counts, table = self._addresses
+            self.fused(pointers, sizes, counts, self.count, table)
+        else:
+            self.table[:self.count] = 0
+        self.table[self.count] = 0
+        for i, t in singles:
+            row = hash_row(t, self.sums)
+            if isinstance(row, torch.Tensor):
+                on_device.append((i, row))
+            else:
+                self.table[i] = row
+        return self._rows, on_device
