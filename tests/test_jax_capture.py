@@ -130,14 +130,70 @@ class Capture(unittest.TestCase):
                 return dcj.tap("carry", c * 2), None
             return jax.lax.scan(body, x, None, length=2)[0]
 
+        # a checkpointed function made before the capture keeps the original jax.checkpoint
+        made_before = jax.checkpoint(lambda y: dcj.tap("inner", y * 2))
+
         def remat(x, w):
-            return jax.checkpoint(lambda y: dcj.tap("inner", y * 2))(x)
+            return made_before(x)
         for fn in (scanned, remat):
             with self.subTest(fn.__name__):
                 with self.assertRaisesRegex(TapError, "'(carry|inner)' is inside a body JAX traces on its own.*unroll=True"):
                     with dcj.capture(jax.jit(fn), self.out(fn.__name__), self.mesh) as run:
                         run(self.x, self.w)
                 self.assertFalse(os.path.exists(self.out(fn.__name__) + ".rank0.h5"))  # no partial file
+
+    def test_taps_inside_jax_checkpoint_bodies(self):
+        """MaxText's layers, flax's nn.remat: each layer's taps leave its checkpoint as extra outputs, the
+        same values as without the checkpoint, under jax.grad too; with backward=True their gradients are
+        named as not taken (the forward values still are)."""
+        def layer(h, w, scale):
+            return dcj.tap("out", jnp.tanh(dcj.tap("pre", h @ w) * scale))
+
+        def forward(remat):
+            def f(x, w):
+                wrapped = jax.checkpoint(layer, static_argnums=(2,)) if remat else layer
+                return jnp.sum(wrapped(x, w, 0.5))
+            return f
+        taps = {}
+        for remat in (False, True):
+            with dcj.capture(jax.jit(forward(remat)), self.out(f"f{remat}"), self.mesh) as run:
+                run(self.x, self.w)
+            taps[remat] = _read(self.out(f"f{remat}") + ".rank0.h5")
+        self.assertEqual(list(taps[True]), ["pre", "out"])
+        for name in ("pre", "out"):
+            self.assertEqual(taps[True][name][0]["spec"], taps[False][name][0]["spec"])
+            np.testing.assert_allclose(taps[True][name][1], taps[False][name][1], rtol=1e-6)
+
+        def trained(x, w):
+            return jax.grad(forward(True), argnums=1)(x, w)
+        with dcj.capture(jax.jit(trained), self.out("grad"), self.mesh) as run:
+            run(self.x, self.w)
+        self.assertEqual(list(_read(self.out("grad") + ".rank0.h5")), ["pre", "out"])
+        with self.assertWarnsRegex(UserWarning, r"gradients of 2 tap\(s\) inside jax.checkpoint bodies are not "
+                                                r"tapped.*grad/pre, grad/out"):
+            with dcj.capture(jax.jit(trained), self.out("backward"), self.mesh, backward=True) as run:
+                run(self.x, self.w)
+        self.assertEqual(list(_read(self.out("backward") + ".rank0.h5")), ["pre", "out"])
+
+    def test_taps_inside_flax_linen_remat(self):
+        import flax.linen as nn
+
+        class Layer(nn.Module):
+            @nn.compact
+            def __call__(self, h):
+                return dcj.tap(f"{self.name}/out", jnp.tanh(nn.Dense(16, use_bias=False)(h)))
+
+        class Net(nn.Module):
+            @nn.compact
+            def __call__(self, h):
+                for i in range(2):
+                    h = nn.remat(Layer)(name=f"layer{i}")(h)
+                return h
+        net = Net()
+        params = net.init(jax.random.key(1), jnp.ones((8, 16)))
+        with dcj.capture(jax.jit(net.apply), self.out("linen"), self.mesh) as run:
+            run(params, self.x)
+        self.assertEqual(list(_read(self.out("linen") + ".rank0.h5")), ["layer0/out", "layer1/out"])
 
     def test_backward_taps_the_gradients_of_taps(self):
         def step(x, w):

@@ -32,6 +32,7 @@ from diffcheck.jax import host_taps as jax_host_taps
 from diffcheck.jax import nnx as jax_nnx
 from diffcheck.jax import taps as jax_taps
 from diffcheck.jax import one_device as one
+from diffcheck.jax import remat_taps
 from diffcheck.jax import static_kwargs
 from diffcheck.compare import DiffcheckError, Divergence, InputError, compare  # noqa: F401
 from diffcheck.dump import RankDump, ReferenceDump
@@ -135,7 +136,8 @@ class Capture:
 
     def _traced(self, *args, **kwargs):
         collector = jax_taps.Collector(self.include, self.exclude, self.backward, self.unroll, self._host)
-        with jax_taps.collecting(collector), (jax.disable_jit() if self.unroll else contextlib.nullcontext()):
+        with jax_taps.collecting(collector), remat_taps.taps_through_checkpoints(), \
+                (jax.disable_jit() if self.unroll else contextlib.nullcontext()):
             result = self.fn(*args, **static_kwargs.unwrap(kwargs))
         return result, collector.outputs()
 

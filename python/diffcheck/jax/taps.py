@@ -4,14 +4,16 @@ concrete arrays when it runs eagerly) become extra outputs of the compiled
 program, so they leave it with the result, with no host round trip per tap.
 
 A value of an inner trace cannot leave that way. Inside a shard_map body,
-each device hands its block to the host (host_taps.py). Elsewhere (the
-body of a lax.scan, jax.checkpoint or an inner jax.jit outside shard_map)
-such a tap is reported by name, never dropped in silence. A pytree is
+each device hands its block to the host (host_taps.py); a jax.checkpoint
+body made while the capture traces returns its taps as extra outputs
+(remat_taps.py). Elsewhere (the body of a lax.scan or an inner jax.jit
+outside shard_map) such a tap is reported by name, never dropped in silence. A pytree is
 tapped leaf by leaf, `name/<key path>`."""
 import contextlib
 import fnmatch
 import re
 import threading
+import warnings
 
 import jax
 from jax._src import core as jax_core
@@ -59,6 +61,8 @@ class Collector:
         self.host = host
         self.values, self.names, self.unseen, self.calls, self.hosted = [], set(), [], {}, set()
         self.trace = None
+        self.root = self  # the captured function's collector (an inner one's: remat_taps.py)
+        self.remat_gradients = []  # taps inside jax.checkpoint bodies whose gradients are not taken
 
     def wanted(self, name):
         base = re.sub(r"@\d+", "", name)
@@ -78,10 +82,13 @@ class Collector:
         self._record(name, x, spec)
         if not self.backward or name.startswith("grad/"):
             return x
+        if self.root is not self:  # inside a jax.checkpoint body: its gradient is made where no tap leaves
+            self.root.remat_gradients += [n for n, _ in leaves_with_names(name, x) if self.wanted(n)]
+            return x
         leaves, tree = jax.tree_util.tree_flatten(x)
         named = leaves_with_names(name, x)
         # A value inside a shard_map body: its forward only (its gradient is the body's transpose's).
-        wrapped = [_gradient_tap(self, n, leaf) if self.wanted(n) and n not in self.hosted else leaf
+        wrapped = [_gradient_tap(self.root, n, leaf) if self.wanted(n) and n not in self.hosted else leaf
                    for (n, _), leaf in zip(named, leaves)]
         return jax.tree_util.tree_unflatten(tree, wrapped)
 
@@ -110,6 +117,29 @@ class Collector:
                 raise TapError(f"tap '{leaf_name}' is a {type(leaf).__name__}, not an array")
             self.values.append((leaf_name, leaf))
 
+    def inner(self):
+        """The collector of a jax.checkpoint body traced inside this one's call
+        (remat_taps.py): the same names and numbering, values of its own."""
+        sub = Collector(self.include, self.exclude, self.backward, self.unroll, self.host)
+        sub.names, sub.calls, sub.hosted, sub.root = self.names, self.calls, self.hosted, self.root
+        return sub
+
+    def body_values(self):
+        """The values tapped in a checkpoint body, which it returns as outputs."""
+        return [v for _, v in self.values if v is not HOSTED]
+
+    def adopt(self, inner, values):
+        """An inner collector's taps, their values as the checkpoint returned them (in this trace)."""
+        returned = iter(values)
+        for name, v in inner.values:
+            if v is not HOSTED:
+                v = self._primal(next(returned))  # under jax.grad: the forward's value
+                if isinstance(v, jax_core.Tracer) and v._trace is not self.trace:
+                    self.unseen.append(name)
+                    continue
+            self.values.append((name, v))
+        self.unseen += inner.unseen
+
     def _primal(self, x):
         """A value under jax.grad or jax.jvp inside the captured function:
         its primal, the forward's value, when that belongs to the capture's trace."""
@@ -129,6 +159,12 @@ class Collector:
                 "program as outputs (or, inside a shard_map body, from each device). Tap the value where the "
                 "body returns it" + ("" if self.unroll else "; or capture(..., unroll=True): inner "
                 "jits traced inline and scans step by step, each step's tap numbered name@k"))
+        if self.remat_gradients:  # never a silent gap
+            names = self.remat_gradients
+            warnings.warn(f"diffcheck.jax: the gradients of {len(names)} tap(s) inside jax.checkpoint bodies are not "
+                          f"tapped (the backward recomputes a body in a trace of its own): "
+                          f"{', '.join('grad/' + n for n in names[:5])}{', ...' if len(names) > 5 else ''}; "
+                          "their forward values are", stacklevel=4)
         return {f"{i:06d}:{name}": v for i, (name, v) in enumerate(self.values) if v is not HOSTED}
 
 
