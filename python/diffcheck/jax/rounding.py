@@ -40,10 +40,10 @@ def _sub_jaxprs(params):
     from jax._src import core
     for v in params.values():
         for j in (v if isinstance(v, (tuple, list)) else (v,)):
-            if isinstance(j, core.ClosedJaxpr):
-                yield j.jaxpr
-            elif isinstance(j, core.Jaxpr):
+            if isinstance(j, core.Jaxpr):
                 yield j
+            elif isinstance(getattr(j, "jaxpr", None), core.Jaxpr) and hasattr(j, "consts"):
+                yield j.jaxpr  # a ClosedJaxpr (jax 0.12 keeps its class elsewhere than core)
 
 
 def _walk(jaxpr, in_depths, axis_sizes):
