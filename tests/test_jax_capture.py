@@ -445,6 +445,30 @@ class NnxModules(unittest.TestCase):
         self.assertRegex(report["console"], r"derived d\d+, ref float32 +PASS")
         self.assertEqual(report["taps"][0]["reference"]["stored"], "float32")
 
+    def test_a_float32_reference_of_a_bfloat16_run_measures_its_noise(self):
+        """MaxText in bfloat16: its "float64 reference" is float32 (its config refuses float64), wider than
+        the run, and its logits are cast up to float32. The float32 logits were held to the derived float32
+        rule, as if the reference were no wider than the run, and failed the clean run (err/tol 745); they
+        take the noise floor the bfloat16 one-device run measures against the float32 reference."""
+        def block(w, x):
+            d = jnp.float32 if x.dtype == jnp.float64 else x.dtype  # the model's own dtype, never float64
+            h = dcj.tap("h", jnp.tanh(x.astype(d) @ w.astype(d)))
+            logits = jnp.einsum("bf,df->bd", h, w.astype(d), out_sharding=P("dp", None))
+            return dcj.tap("logits", logits.astype(jnp.float32))
+
+        mesh = jax.make_mesh((2, 4), ("dp", "tp"))
+        x = jax.device_put(jax.random.normal(jax.random.key(1), (8, 64)), NamedSharding(mesh, P("dp", None)))
+        w = jax.device_put(jax.random.normal(jax.random.key(2), (64, 32)) / 8, NamedSharding(mesh, P(None, "tp")))
+        import warnings
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            report = dcj.check(jax.jit(block), w.astype(jnp.bfloat16), x.astype(jnp.bfloat16),
+                               out=os.path.join(tmp, "m"), mesh=mesh)
+        self.assertTrue(report["pass"], report["console"])
+        self.assertFalse([w for w in said if "not float64" in str(w.message)])  # wider than the run: not said
+        self.assertRegex(report["console"], r"logits .* noise floor +PASS")
+        self.assertNotIn("ref float32", report["console"])
+
     def test_a_model_that_owns_its_mesh_gets_its_references_from_build(self):
         """A module holding the sharded mesh (a shard_map(mesh=...), MaxText's models) cannot run on the
         references' one-device mesh: named with the fix; with build= it is built anew there, in float64 for

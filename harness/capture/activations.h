@@ -25,6 +25,15 @@ enum class StoredKind { float16, float32, float64, integer };
 
 std::string stored_kind_name(StoredKind k);
 
+struct TapData;
+// The reference's stored kind when it is no wider than the run's dtype
+// `run_dtype` (its root attribute; the tap's own where the file has none): a
+// model that computes its "reference" in its own dtype (MaxText refuses
+// float64, so its reference of a float32 run is float32); else empty. A
+// float32 reference of a 16-bit run is wider, its float32 taps (logits cast
+// up) included: it measures that run's noise.
+std::string narrow_reference(const TapData& t, const std::string& run_dtype);
+
 // A sketch tap (docs/FORMAT.md, "Sketch taps"): each piece is stored as its
 // linear sketch [lead..., k+1, width] instead of its values, with exact NaN/Inf
 // counts and a hash of its bits. TapData::local_shape is the SKETCHED

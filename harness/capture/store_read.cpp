@@ -284,6 +284,14 @@ std::string stored_kind_name(StoredKind k) {
   }
 }
 
+std::string narrow_reference(const TapData& t, const std::string& run_dtype) {
+  if (!t.reference_stored || *t.reference_stored == StoredKind::float64) return {};
+  const std::string& d = run_dtype.empty() ? t.dtype : run_dtype;
+  const bool run_is_narrower = *t.reference_stored == StoredKind::float32 &&
+                               (d == "bfloat16" || d == "float16" || d.rfind("float8", 0) == 0);
+  return run_is_narrower ? std::string{} : stored_kind_name(*t.reference_stored);
+}
+
 ActivationSet read_activations(const std::string& source, const std::string& reference_path) {
   h5::silence_errors();
   ActivationSet set;

@@ -173,6 +173,8 @@ CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
   std::vector<ChunkBuffers> bufs;
   for (int k = 0; k < threads; ++k) bufs.emplace_back(need);
   const Workers workers{threads, opts.processes};
+  const auto dtype_info = set.info.find("dtype");
+  const std::string run_dtype = dtype_info == set.info.end() ? std::string{} : dtype_info->second;
 
   CompareResult res;
   for (const auto& t : set.taps) {
@@ -182,8 +184,7 @@ CompareResult compare(const ActivationSet& set, const CompareOptions& opts) {
       res.tolerance_fallbacks.push_back(t.name);
     v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!v.reference.pass && t.microbatches > 0) v.wrong_microbatches = wrong_microbatches(set, t, v);
-    if (v.reference.present && t.reference_stored && *t.reference_stored != StoredKind::float64)
-      v.reference.narrow_reference = stored_kind_name(*t.reference_stored);
+    if (v.reference.present) v.reference.narrow_reference = narrow_reference(t, run_dtype);
     for (const auto& [rank, which] : t.microbatch_copies_differ)
       v.microbatch_copies_differ.push_back(fmt::format("rank {}: microbatches {}", rank, which));
     if (t.mismatched_reference_shape) {

@@ -50,7 +50,8 @@ void require_same_computation(const ActivationSet& run, const ActivationSet& flo
 }
 
 // A one-device run in the run's dtype measures a noise floor only against a
-// reference of higher precision. A model that computes its "reference" in its
+// reference of higher precision (narrow_reference: float64, or float32 for a
+// 16-bit run). A model that computes its "reference" in its
 // own dtype (MaxText casts every layer to its config's) stores it as float32:
 // the one-device run then equals it bit for bit, its floor is 0, and a clean
 // run would fail. Those taps' floors are dropped (the derived rule holds
@@ -58,10 +59,12 @@ void require_same_computation(const ActivationSet& run, const ActivationSet& flo
 std::string drop_floors_of_narrow_references(const ActivationSet& floor_set, Floors& floors) {
   std::vector<std::string> narrow;
   std::string kind;
+  const auto found = floor_set.info.find("dtype");
+  const std::string run_dtype = found == floor_set.info.end() ? std::string{} : found->second;
   for (const auto& t : floor_set.taps)
-    if (t.reference_stored && *t.reference_stored != StoredKind::float64 && floors.erase(t.name)) {
+    if (const std::string k = narrow_reference(t, run_dtype); !k.empty() && floors.erase(t.name)) {
       narrow.push_back(t.name);
-      kind = stored_kind_name(*t.reference_stored);
+      kind = k;
     }
   if (narrow.empty()) return {};
   const std::size_t shown = std::min<std::size_t>(narrow.size(), 3);

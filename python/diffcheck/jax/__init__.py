@@ -230,12 +230,14 @@ class Capture:
             except (ValueError, TypeError) as e:
                 one.name_an_owned_mesh(e, self.path)
                 raise
-            narrow = []
+            narrow, run_width = [], jax.numpy.dtype(one.run_dtype(args) or "float32").itemsize
             for name, value in taps:
                 value = value.whole() if isinstance(value, jax_host_taps.HostedBlocks) else one.gathered(value)
                 if self.reference:
                     self._writer(0).reference(self._named(name), value)
-                    if value.dtype != "float64" and jax.dtypes.issubdtype(value.dtype, jax.numpy.floating):
+                    # no wider than the run (a float32 reference of a bfloat16 run is wider: compare.cpp agrees)
+                    if value.dtype != "float64" and jax.dtypes.issubdtype(value.dtype, jax.numpy.floating) \
+                            and value.dtype.itemsize <= run_width:
                         narrow.append((name, value.dtype.name))
                 else:
                     self._writer(0).write_tap(self._named(name), value)
