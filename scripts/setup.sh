@@ -7,8 +7,9 @@
 #   BUILD_DIR (default build), BUILD_TYPE (default RelWithDebInfo)
 #   --test-tools: also the tools only the test suite uses (clang for the
 #     fuzzers, chromium for the HTML pages, junitparser/xmllint for JUnit),
-#     every target of the build tree (unit, MPI and bench programs), and the
-#     torch environment (--torch)
+#     every target of the build tree (unit, MPI and bench programs), the
+#     torch environment (--torch) and the MaxText one (scripts/maxtext_env.sh:
+#     Python 3.12, jax 0.12, maxtext 0.2.5; <checkout>/.venv-maxtext)
 #   --torch: a virtual environment for diffcheck.torch and its tests
 #     (scripts/torch_env.sh: torch 2.13.0 CPU, h5py, numpy, transformers,
 #     diffusers; DIFFCHECK_VENV, default <checkout>/.venv)
@@ -59,6 +60,13 @@ if ((torch_env)); then
   torch_pid=$!
   trap 'kill "$torch_pid" 2>/dev/null' EXIT  # a failed build leaves no pip behind
 fi
+# The MaxText environment (Python 3.12, jax 0.12: scripts/maxtext_env.sh), for the test command, likewise.
+maxtext_log=$(mktemp)
+if ((test_tools)); then
+  bash scripts/maxtext_env.sh >"$maxtext_log" 2>&1 &
+  maxtext_pid=$!
+  trap 'kill "${torch_pid:-}" "$maxtext_pid" 2>/dev/null' EXIT
+fi
 BUILD_DIR=${BUILD_DIR:-build}
 # The test command's tree is built file by file (no unity batches), so a
 # source that leans on another's #include fails in the default run, not
@@ -79,7 +87,12 @@ if ((torch_env)); then
   trap - EXIT
   cat "$torch_log"
 fi
-rm -f "$torch_log"
+if ((test_tools)); then
+  wait "$maxtext_pid" || { cat "$maxtext_log" >&2; echo "setup: the MaxText environment failed (above)" >&2; exit 1; }
+  trap - EXIT
+  cat "$maxtext_log"
+fi
+rm -f "$torch_log" "$maxtext_log"
 # The Python package (import diffcheck) for Debian's python3, checked from
 # outside the source tree, as a user's program would import it. The demo
 # needs no torch: diffcheck.torch is for the torch environment above.
