@@ -519,8 +519,15 @@ class Sketches(unittest.TestCase):
         want = ["+-+++---", "--+--+--", "---+--++"]  # docs/FORMAT.md, "Sketch taps"
         self.assertEqual(["".join("+" if v > 0 else "-" for v in row) for row in got], want)
         far = np.asarray(signs(7, 2, jnp.uint32(1000), 4))  # a later token range and another seed
-        from diffcheck.sketch import signs as torch_signs  # the torch side's, where torch is
-        np.testing.assert_array_equal(far, torch_signs(7, 2, 1000, 4).numpy())
+
+        def fmix32(h):
+            for shift, mul in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+                h = ((h ^ (h >> shift)) * mul) & 0xFFFFFFFF
+            return h ^ (h >> 16)
+        # FORMAT.md's formula in plain integers (no torch: the jax 0.12 environment has none)
+        want = [[1 - 2 * (fmix32((7 * 0x9E3779B1 + i * 0x85EBCA77 + t * 0xC2B2AE3D) & 0xFFFFFFFF) & 1)
+                 for t in range(1000, 1004)] for i in range(2)]
+        np.testing.assert_array_equal(far, np.array(want))
 
     def test_sketch_capture_holds_each_pieces_sketch(self):
         mesh = jax.make_mesh((2, 4), ("dp", "tp"))
