@@ -49,11 +49,24 @@ def reduction_left_out_over_dp(a, b):
                          out_specs=P(("fsdp", "sp"), "tp"), check_vma=False)(a, b)
 
 
-def make_forward(bug):
+def reduced_by_hand(a, b):
+    """The same result with its reductions written out, as hand-sharded code
+    does: each device's partial product, a reduce-scatter over (fsdp, sp) and
+    an all-reduce over dp, each in the run's dtype (--shard-map)."""
+    def local(a, b):
+        part = jax.lax.psum_scatter(a @ b, ("fsdp", "sp"), scatter_dimension=0, tiled=True)
+        return jax.lax.psum(part, "dp")
+    return jax.shard_map(local, in_specs=(P(None, CONTRACTED), P(CONTRACTED, "tp")),
+                         out_specs=P(("fsdp", "sp"), "tp"))(a, b)
+
+
+def make_forward(bug, by_hand=False):
     def forward(a, b, w):
         partial = dcj.tap("partial", jnp.einsum("mk,kn->mn", a, b, out_sharding=P(None, "tp", unreduced=set(CONTRACTED))))  # noqa: E501  # diffcheck
         if bug and jax.sharding.get_abstract_mesh().shape["dp"] == 2:
             result = reduction_left_out_over_dp(a, b)
+        elif by_hand:
+            result = reduced_by_hand(a, b)
         else:
             result = jax.sharding.reshard(partial, P(("fsdp", "sp"), "tp"))
         result = dcj.tap("result", result)  # diffcheck
@@ -85,6 +98,8 @@ def main():
     ap.add_argument("--no-reference", action="store_true",
                     help="capture the sharded run only, for `diffcheck compare RUN --against OTHER_RUN`")
     ap.add_argument("--seed", type=int, default=0, help="seed of the inputs")
+    ap.add_argument("--shard-map", action="store_true",
+                    help="reduce by hand in a shard_map (psum_scatter over fsdp, sp; psum over dp) instead of reshard")
     ap.add_argument("--sketch", action="store_true",
                     help="capture sketches made inside the XLA program, not whole tensors (docs/jax.md)")
     args = ap.parse_args()
@@ -92,11 +107,11 @@ def main():
     a, b, w = inputs(mesh, getattr(jnp, args.dtype), args.seed)
     out = os.path.join(args.out, "run")
     if args.no_reference:
-        with dcj.capture(jax.jit(make_forward(args.bug)), out, mesh) as run:  # diffcheck
+        with dcj.capture(jax.jit(make_forward(args.bug, args.shard_map)), out, mesh) as run:  # diffcheck
             run(a, b, w)
         print(f"captured {out} on {args.mesh} with no reference: diffcheck compare {out} --against OTHER_RUN")
         return 0
-    return dcj.verdict(jax.jit(make_forward(args.bug)), a, b, w, reference_cache=args.reference_cache, out=out, mesh=mesh, sketch=args.sketch)  # noqa: E501  # diffcheck
+    return dcj.verdict(jax.jit(make_forward(args.bug, args.shard_map)), a, b, w, reference_cache=args.reference_cache, out=out, mesh=mesh, sketch=args.sketch)  # noqa: E501  # diffcheck
 
 
 if __name__ == "__main__":
