@@ -104,6 +104,21 @@ class E2ETest(unittest.TestCase):
     def path(self, name):
         return os.path.join(self.dir, name)
 
+    # An example's verdict, for tests whose run_example(*args) returns its finished process.
+    def expect_clean(self, taps, *args):
+        """The example's run with ARGS passes every one of its `taps` taps; its process."""
+        p = self.run_example(*args)
+        self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
+        self.assertIn(f"PASS: all {taps} taps pass", p.stdout)
+        return p
+
+    def expect_found(self, tap, *args):
+        """The example's run with ARGS fails first at `tap`; its process."""
+        p = self.run_example(*args)
+        self.assertEqual(p.returncode, 1, p.stdout[-3000:] + p.stderr[-3000:])
+        self.assertIn(f"First divergence: tap '{tap}'", p.stdout)
+        return p
+
     def run_cmd(self, args, json_name=None):
         proc = run_ended_gracefully(args, TIMEOUT)
         return Result(proc, self.path(json_name) if json_name else None)

@@ -26,18 +26,6 @@ class MaxText(E2ETest):
         self.assertIn(p.returncode, (0, 1), p.stdout[-2000:] + p.stderr[-3000:])
         return p
 
-    def expect_clean(self, taps, *args):
-        p = self.run_example(*args)
-        self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
-        self.assertIn(f"PASS: all {taps} taps pass", p.stdout)
-        return p
-
-    def expect_found(self, tap, *args):
-        p = self.run_example(*args)
-        self.assertEqual(p.returncode, 1, p.stdout[-3000:] + p.stderr[-3000:])
-        self.assertIn(f"First divergence: tap '{tap}'", p.stdout)
-        return p
-
     def test_clean_forward_with_every_layer_tapped(self):
         p = self.expect_clean(42)
         rows = {line.split()[1]: line.split()[2] for line in p.stdout.splitlines() if line[:3].strip().isdigit()}

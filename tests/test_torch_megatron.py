@@ -18,18 +18,6 @@ class Megatron(E2ETest):
     def run_example(self, *args):
         return super().run_example(EXAMPLE, *args)[0]
 
-    def expect_clean(self, taps, *args):
-        p = self.run_example(*args)
-        self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
-        self.assertIn(f"PASS: all {taps} taps pass", p.stdout)
-        return p
-
-    def expect_found(self, tap, *args):
-        p = self.run_example(*args)
-        self.assertEqual(p.returncode, 1, p.stdout[-3000:] + p.stderr[-3000:])
-        self.assertIn(f"First divergence: tap '{tap}'", p.stdout)
-        return p
-
     def test_sequence_parallel_training_step_with_no_layouts(self):
         p = self.expect_clean(153, "--sp", "--train")
         rows = {line.split()[1]: line.split()[2] for line in p.stdout.splitlines() if line[:3].strip().isdigit()}

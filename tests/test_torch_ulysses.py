@@ -20,12 +20,6 @@ class Ulysses(E2ETest):
     def run_example(self, *args):
         return super().run_example(EXAMPLE, *args)[0]
 
-    def expect_clean(self, taps, *args):
-        p = self.run_example(*args)
-        self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
-        self.assertIn(f"PASS: all {taps} taps pass", p.stdout)
-        return p
-
     def test_clean_forward_and_training_step_with_no_layouts(self):
         p = self.expect_clean(6)
         rows = {line.split()[1]: line.split()[2] for line in p.stdout.splitlines() if line[:3].strip().isdigit()}
