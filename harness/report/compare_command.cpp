@@ -131,7 +131,7 @@ std::optional<ToleranceTable> measured_tolerances(const ActivationSet& set, cons
                 "dump /reference/<tap> with it)", floor_source, found ? " (found beside the reference)" : "");
   if (found)
     note = fmt::format("tolerances: measured, the one-device run {}.rank0.h5 found beside the reference "
-                       "(--noise-floor off: the derived rule)", floor_source);
+                       "(--noise-floor off judges by the derived rule instead)", floor_source);
   if (!narrow.empty()) note += (note.empty() ? "tolerances: " : "; ") + narrow;
   return tolerance_table(f, ToleranceSource::noise_floor, floor_source);
 }
