@@ -64,7 +64,12 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from flax.linen import partitioning as nn_partitioning  # noqa: E402
 
-import maxtext  # noqa: E402
+try:
+    import maxtext  # noqa: E402
+except ImportError:
+    print("examples/jax_maxtext.py needs MaxText 0.2.5, which needs Python 3.12: bash scripts/maxtext_env.sh, "
+          "then .venv-maxtext/bin/python examples/jax_maxtext.py", file=sys.stderr)
+    sys.exit(2)
 from maxtext.configs import pyconfig  # noqa: E402
 from maxtext.models import models  # noqa: E402
 from maxtext.trainers.pre_train.train import loss_fn  # noqa: E402
