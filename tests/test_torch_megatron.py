@@ -14,6 +14,54 @@ EXAMPLE = os.path.join(HERE, "..", "examples", "megatron_gpt.py")
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
 
 
+class MegatronPlanUnit(unittest.TestCase):
+    """megatron_plan.py on stand-ins named as Megatron's classes (no megatron, no process group): a
+    strided partition is left out and named, two tensor-parallel groups on two axes are refused."""
+
+    @staticmethod
+    def stand_ins(stride=1, second_axis=False):
+        import torch
+        import torch.nn as nn
+
+        class Group:
+            def __init__(self, axis):
+                self.axis = axis
+
+            def size(self):
+                return 2
+
+        def parallel(kind, axis, **attrs):
+            m = type(kind, (nn.Module,), {})()
+            m.weight = nn.Parameter(torch.zeros(4, 3))
+            m.weight.tensor_model_parallel, m.weight.partition_dim, m.weight.partition_stride = True, 0, stride
+            m.tp_group = Group(axis)
+            for k, v in attrs.items():
+                setattr(m, k, v)
+            return m
+        model = nn.Module()
+        model.fc1 = parallel("ColumnParallelLinear", "tp", gather_output=False)
+        model.fc2 = parallel("RowParallelLinear", "tp2" if second_axis else "tp", sequence_parallel=True)
+        return model
+
+    def test_a_strided_partition_is_left_out_and_named(self):
+        from diffcheck.torch.megatron_plan import MegatronLayouts
+        model = self.stand_ins(stride=2)
+        plan = MegatronLayouts(model, {"tp": 2}, 0, lambda group, sizes, rank, where: group.axis)
+        self.assertTrue(plan.active and plan.sequence_parallel)
+        self.assertEqual(plan.parameter(model.fc1.weight), (None, "partition_stride 2 (interleaved shares, which no "
+                                                                  "spec describes)"))
+        import torch
+        said, where = plan.layout(model.fc2, torch.zeros(8, 2, 3), "/0")
+        self.assertEqual(said, {"spec": "tp,-,-"})  # reduce-scattered along the sequence
+        self.assertIn("RowParallelLinear", where)
+
+    def test_two_tensor_parallel_axes_are_refused(self):
+        from diffcheck.torch.megatron_plan import MegatronLayouts
+        with self.assertRaisesRegex(ValueError, "its tensor-parallel group is axis 'tp2', another module's 'tp'"):
+            MegatronLayouts(self.stand_ins(second_axis=True), {"tp": 2, "tp2": 2}, 0,
+                            lambda group, sizes, rank, where: group.axis)
+
+
 class Megatron(E2ETest):
     def run_example(self, *args):
         return super().run_example(EXAMPLE, *args)[0]
