@@ -63,5 +63,22 @@ TEST(TapOrder, AScheduleCapturesOrderIsKept) {
   EXPECT_EQ(names(taps), (std::vector<std::string>{"l0", "l0.fc", "l1", "grad/l1", "grad/l0"}));
 }
 
+// An interleaved schedule at 2 ranks: rank 0 (pp=0) holds stages 0 and 2,
+// rank 1 (pp=1) stages 1 and 3. Keyed on the rank's coordinate, rank 0's
+// stage 2 came before rank 1's stage 1, and a fault entering stage 1 was
+// named at stage 2; `pipeline_stage` says the schedule's stage.
+TEST(TapOrder, ARankHoldingSeveralStagesIsOrderedByTheSchedulesStage) {
+  auto staged = [](const std::string& name, long order, int rank, long schedule_stage) {
+    TapData t = tap(name, order, rank);
+    t.pipeline_stage = schedule_stage;
+    return t;
+  };
+  std::vector<TapData> taps{staged("l4", 20'000, 0, 2), staged("l2", 10'000, 1, 1), staged("l0", 0, 0, 0),
+                            staged("l6", 30'000, 1, 3), staged("grad/l6", 1'000'000, 1, 3),
+                            staged("grad/l4", 1'010'000, 0, 2), staged("grad/l2", 1'020'000, 1, 1)};
+  sort_taps(taps);
+  EXPECT_EQ(names(taps), (std::vector<std::string>{"l0", "l2", "l4", "l6", "grad/l6", "grad/l4", "grad/l2"}));
+}
+
 }  // namespace
 }  // namespace dc

@@ -61,6 +61,10 @@ struct TapData {
   std::string name;
   Layout layout;
   std::optional<long> order;  // the `order` attribute
+  // The `pipeline_stage` attribute: the stage in the order data flows through
+  // a schedule's stages, where one rank holds several (interleaved, zero
+  // bubble V); the `stage` coordinate says which ranks hold the tap.
+  std::optional<long> pipeline_stage;
   long visit_index = 0;       // creation order when tracked, else name order
   std::string dtype;          // logical dtype (`dtype` attribute or the stored type)
   StoredKind stored = StoredKind::float32;

@@ -170,6 +170,11 @@ void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapDat
     input_error("{}: attributes 'spec'/'partial'{}: {}", where, stage ? "/'stage'" : "", e.what());
   }
   if (auto o = h5::read_int_attr(ds, "order", where)) t.order = *o;
+  if (auto p = h5::read_int_attr(ds, "pipeline_stage", where)) {
+    if (*p < 0 || !stage) input_error("{}: attribute 'pipeline_stage' is {}: a stage's tap (with 'stage') numbers its "
+                                      "schedule stage from 0", where, *p);
+    t.pipeline_stage = *p;
+  }
   t.dtype = h5::read_string_attr(ds, "dtype", where).value_or(stored_kind_name(t.stored));
   static const std::vector<std::string> known = {"float16", "bfloat16", "float32", "float64",
                                                  "integer"};

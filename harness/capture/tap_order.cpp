@@ -38,11 +38,20 @@ struct PipelinePlace {
   int stage;
 };
 
+// The stage as data flows: the schedule's stage where the file says it (a
+// rank holding several), else the rank's coordinate on the stage axis.
+int stage_of(const TapData& t) {
+  return t.pipeline_stage ? static_cast<int>(*t.pipeline_stage) : t.layout.stage_index;
+}
+
 PipelinePlace place_of(const TapData& t, int last_stage) {
   auto [step, rest] = split_step(t.name);
   const Phase phase = phase_of(rest);
   int stage = -1;  // a tap every rank holds: before the stages' taps
-  if (t.layout.staged()) stage = phase == kBackward ? last_stage - t.layout.stage_index : t.layout.stage_index;
+  if (t.layout.staged()) {
+    const int s = stage_of(t);
+    stage = phase == kBackward ? last_stage - s : s;
+  }
   return {step, phase, stage};
 }
 
@@ -57,7 +66,7 @@ bool by_order(const TapData& a, const TapData& b) {
 void sort_taps(std::vector<TapData>& taps) {
   int last_stage = -1;
   for (const auto& t : taps)
-    if (t.layout.staged()) last_stage = std::max(last_stage, t.layout.stage_index);
+    if (t.layout.staged()) last_stage = std::max(last_stage, stage_of(t));
   if (last_stage < 0) {
     std::stable_sort(taps.begin(), taps.end(), by_order);
     return;

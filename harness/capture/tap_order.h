@@ -14,7 +14,8 @@ namespace dc {
 // 0, so `order` alone would interleave the stages and name a fault of stage 0
 // at stage 1's first tap. Then the key is, in turn: the step (a `step<t>/`
 // name prefix), the phase (activations, then `grad/` taps, then `param/` and
-// `param_grad/`), the stage as the data flows (forward from the first stage,
+// `param_grad/`), the stage as the data flows (`pipeline_stage` where a rank
+// holds several, else the `stage` coordinate; forward from the first stage,
 // gradients from the last; taps every rank holds before the stages), and
 // only then `order`. A schedule's capture (diffcheck.torch) writes orders
 // that already follow this key, so it keeps them.

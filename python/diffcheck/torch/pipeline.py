@@ -176,7 +176,9 @@ class PipelineTaps:
         phase, stage_index, mb = self._chunk
         entry = self._held.get(name)
         if entry is None:
-            entry = self._held[name] = [dict(attrs), self._position(phase, stage_index), {}, None]
+            # the schedule's stage index beside the rank's `stage`: one rank may hold several (interleaved, zbv)
+            entry = self._held[name] = [dict(attrs, pipeline_stage=stage_index), self._position(phase, stage_index),
+                                        {}, None]
         pieces = entry[2]
         if mb in pieces:  # a zero-bubble schedule's weight pass hands the same gradient again
             return True
