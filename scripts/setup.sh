@@ -91,6 +91,8 @@ if ((test_tools)); then
   wait "$maxtext_pid" || { cat "$maxtext_log" >&2; echo "setup: the MaxText environment failed (above)" >&2; exit 1; }
   trap - EXIT
   cat "$maxtext_log"
+  # transformers 5.15 apart (its string tensor-parallel plans: tests/test_transformers_string_plan.py)
+  echo "setup: transformers 5.15 in $(bash scripts/transformers_515.sh)"
 fi
 rm -f "$torch_log" "$maxtext_log"
 # The Python package (import diffcheck) for Debian's python3, checked from

@@ -22,12 +22,15 @@ venv=${DIFFCHECK_VENV:-$root/.venv}
 # What is tested (README "Supported torch" and "Supported JAX"): keep the pins together.
 # jax and jaxlib pinned together are jax[cpu] (diffcheck.jax, docs/jax.md).
 REQUIREMENTS=(torch==2.13.0 h5py numpy transformers==5.24.0 diffusers==0.42.1 accelerate deepspeed==0.19.8 yunchang==0.6.4
-  megatron-core==0.16.1
+  megatron-core==0.16.1 spmd_types==0.2.3 tyro==1.0.17 einops
   jax==0.10.2 jaxlib==0.10.2 flax==0.12.8 optax==0.2.8
   junitparser lizard==1.24.3 pyflakes==4.1.0 import-linter==2.17)  # junitparser: the suite reads its JUnit reports as a
 # dashboard would; lizard and pyflakes: the house rules (tests/test_house_rules.py) measure functions
 # with the one and look for unused imports and undefined names with the other; import-linter: the
 # Python package's layers (tests/test_python_layering.py)
+# torchtitan without its trainer's dependencies (datasets, wandb, tensorboard, torchdata): the
+# example builds and parallelizes its model, which imports only spmd_types, tyro and einops (above).
+NO_DEPS=(torchtitan==0.3.0)
 
 python_311() {
   local cand
@@ -48,7 +51,7 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 [[ ${1:-} == --venv-only ]] && exit 0
 py=$venv/bin/python
-if ! "$py" - "${REQUIREMENTS[@]}" <<'EOF' 2>/dev/null; then
+if ! "$py" - "${REQUIREMENTS[@]}" "${NO_DEPS[@]}" <<'EOF' 2>/dev/null; then
 import sys
 from importlib.metadata import version, PackageNotFoundError
 for req in sys.argv[1:]:
@@ -62,6 +65,8 @@ for req in sys.argv[1:]:
 EOF
   echo "torch_env: installing ${REQUIREMENTS[*]} into $venv (a minute or two)"
   PIP_DISABLE_PIP_VERSION_CHECK=1 "$py" -m pip install -q --progress-bar off "${REQUIREMENTS[@]}" 2>&1 |
+    grep -v "^WARNING: Location .* is ignored" || true
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$py" -m pip install -q --progress-bar off --no-deps "${NO_DEPS[@]}" 2>&1 |
     grep -v "^WARNING: Location .* is ignored" || true
 fi
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -3,7 +3,8 @@ data axis read from DDP's process group (no data-parallel word), the
 reference on the global batch, a training step clean; a rank that trains on
 the other's samples (a loader's sharding bug) named at the first tap; the
 gradient's average over the ranks lost on one rank named at the first
-parameter gradient, its replicas apart. (FSDP2 x TP with distinct samples: tests/test_e2e_torch_dtensor.py.)"""
+parameter gradient, its replicas apart. FSDP2 with its gradients summed
+(torchtitan's convention) read as loss_scale="global". (FSDP2 x TP with distinct samples: tests/test_e2e_torch_dtensor.py.)"""
 import os
 import unittest
 
@@ -59,6 +60,46 @@ def _ddp_rank(rank, world, init, out, bug):
                        step=lambda m, inputs, optimizer: step(m, *inputs, optimizer))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _fsdp_summing_rank(rank, world, init, out):
+    """FSDP2 as torchtitan runs it: its division turned off (the data ranks' gradients summed) and each rank's
+    loss its samples' sum over the global batch's count; the capture is told nothing of the convention."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    model, x = make(torch.float32)
+    fully_shard(model, mesh=init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",)))
+    model.set_gradient_divide_factor(1.0)
+    model.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+    share = GLOBAL_BATCH // world
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def global_step(m, batch, optimizer):
+        optimizer.zero_grad()
+        (m(batch).square().sum() / (GLOBAL_BATCH * D)).backward()
+        optimizer.step()
+    with dct.capture(model, out=f"{out}/run", mesh=f"fsdp={world}", backward=True, optimizer=opt):
+        global_step(model, x[rank * share:(rank + 1) * share], opt)
+    if rank == 0:
+        dct.references(lambda dt: (make(dt)[0], (x.to(dt),)), f"{out}/ref", dtype=torch.float32, backward=True,
+                       optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                       step=lambda m, inputs, optimizer: global_step(m, *inputs, optimizer))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+class FullyShardedSummingGradients(E2ETest):
+    def test_the_global_convention_is_read_from_fsdp2(self):
+        """Before, the capture took "local_mean" and every output gradient failed at 0.5x its reference."""
+        out = self.path("fsdp_sum")
+        os.makedirs(out)
+        mp.spawn(_fsdp_summing_rank, args=(2, "file://" + os.path.join(out, "rdv"), out), nprocs=2)
+        report = dct.compare(f"{out}/run", reference=f"{out}/ref.h5", check=False)
+        self.assertTrue(report["pass"], report["console"])
+        self.assertIn("loss scale: global (read from FSDP2: its gradients summed", report["console"])
 
 
 class DistributedDataParallelSamples(E2ETest):

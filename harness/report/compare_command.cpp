@@ -15,6 +15,7 @@
 #include "harness/check/against.h"
 #include "harness/capture/store.h"
 #include "harness/check/noise_floor.h"
+#include "harness/check/tolerance.h"
 #include "harness/report/report.h"
 #include "harness/core/error.h"
 #include "harness/core/agree.h"
@@ -31,8 +32,9 @@ namespace {
 void require_same_computation(const ActivationSet& run, const ActivationSet& floor) {
   const std::string run_dtype = root_info(run, "dtype"), floor_dtype = root_info(floor, "dtype");
   if (!run_dtype.empty() && !floor_dtype.empty() && run_dtype != floor_dtype)
-    input_error("noise floor {} is {} but the run {} is {}: the one-device run must be captured in the run's dtype",
-                floor.source, floor_dtype, run.source, run_dtype);
+    input_error("noise floor {} is {} but the run {} is {} (each file's root attribute 'dtype'): capture the "
+                "one-device run in the dtype the run computes in (dct.references(..., dtype=...)), or say the "
+                "run's with capture(dtype=...)", floor.source, floor_dtype, run.source, run_dtype);
   // TF32 or autocast in one and not the other: the floor would measure other math.
   const std::string run_math = root_info(run, "math"), floor_math = root_info(floor, "math");
   if (!run_math.empty() && !floor_math.empty() && run_math != floor_math)
@@ -43,8 +45,14 @@ void require_same_computation(const ActivationSet& run, const ActivationSet& flo
   for (const auto& t : run.taps) {
     auto it = in_floor.find(t.name);
     if (it == in_floor.end()) continue;
-    if (!t.dtype.empty() && !it->second->dtype.empty() && t.dtype != it->second->dtype)
-      input_error("tap '{}': the run {} is {} but the noise floor {} is {}: the one-device run must be captured "
+    if (t.dtype.empty() || it->second->dtype.empty() || t.dtype == it->second->dtype) continue;
+    // Mixed precision keeps parameters, their gradients and the optimizer's
+    // values wider than it computes: such a tap's error is the compute
+    // dtype's, which the floor (in that dtype, as the whole run) measures.
+    if (it->second->dtype == run_dtype && unit_roundoff(t.dtype) > 0 &&
+        unit_roundoff(t.dtype) < unit_roundoff(it->second->dtype))
+      continue;
+    input_error("tap '{}': the run {} is {} but the noise floor {} is {}: the one-device run must be captured "
                   "in the run's dtype", t.name, run.source, t.dtype, floor.source, it->second->dtype);
   }
 }

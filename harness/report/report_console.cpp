@@ -81,6 +81,8 @@ class ConsoleReporter final : public Reporter {
     if (set.info.count("flags") && !set.info.at("flags").empty())
       out << "  flags: " << set.info.at("flags");
     out << "\n";
+    // Data parallelism's loss convention: the output gradients' scale depends on it (docs/torch.md).
+    if (set.info.count("loss_scale")) out << "loss scale: " << set.info.at("loss_scale") << "\n";
     if (!res.reference_source.empty()) out << res.reference_source << "\n";
     if (!res.tolerance_note.empty()) out << res.tolerance_note << "\n";
     const std::size_t wname = tap_name_width(res);

@@ -134,6 +134,13 @@ class _AtomicH5:
         dtype = np.float32 if a.dtype == np.float32 else np.float64
         self._dataset(f"reference/{name}", a, dtype=dtype)
 
+    def set_root_attrs(self, **attrs):
+        """Sets root attributes of the open file (learnt while writing: the run's dtype)."""
+        for name in attrs:
+            if name in self.f.attrs:  # set_attrs creates, never rewrites
+                del self.f.attrs[name]
+        hdf5_writes.set_attrs(self.f["/"], attrs)
+
     def close(self):
         """Closes the file and gives it its name: only a file that closed
         cleanly (all data and metadata written) is renamed; otherwise the

@@ -20,6 +20,31 @@ def logical_dtype(tensor):
 
 
 class TapWriting:
+    def _model_dtype(self):
+        for p in self.model.parameters():
+            if p.is_floating_point():
+                return TORCH_DTYPES.get(p.dtype)
+        return None
+
+    def _count_dtype(self, name, tensor):
+        """Counts the dtypes of the activation taps (the run's dtype, close_writer)."""
+        if tensor.is_floating_point() and not is_parameter_tap(name) and not name.startswith("grad/"):
+            counts = self.__dict__.setdefault("_tap_dtypes", {})
+            counts[tensor.dtype] = counts.get(tensor.dtype, 0) + 1
+
+    def close_writer(self, writer):
+        """Closes the file, its root `dtype` the one most activation taps
+        were computed in: under mixed precision (FSDP2's policy, a model that
+        casts its float32 parameters down) that is not the parameters', and
+        the one-device yardstick in the compute dtype must pair with it.
+        capture(dtype=...) is kept as given; a reference keeps its own."""
+        counts = getattr(self, "_tap_dtypes", None)
+        if counts and not self._dtype_given and not self.reference_mode:
+            most = TORCH_DTYPES.get(max(counts, key=counts.get))
+            if most is not None and most != self.root_attrs.get("dtype"):
+                writer.set_root_attrs(dtype=most)
+        writer.close()
+
     def _check_layout(self, name, tensor, pattern, attrs):
         where = f"rank {self.rank}: tap '{name}' (shape {tuple(tensor.shape)})" + \
             (f", layout '{pattern}'" if pattern else "")
@@ -44,6 +69,7 @@ class TapWriting:
     def _write_now(self, name, tensor, attrs, pattern=None):
         if self.only is not None and name not in self.only:
             return
+        self._count_dtype(name, tensor)
         local = dtensor_layout(tensor, list(self.axis_sizes))
         if local is not None:  # a DTensor: its shard, laid out as its placements say (unless a layout does)
             tensor, placed = local

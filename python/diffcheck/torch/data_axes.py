@@ -24,7 +24,12 @@ parameter gradients averaged over the data axes), each rank's output
 gradients are D times those of the global batch's mean loss (D the data
 axes' ranks): they are written divided by D. With "global" (the loss summed
 and divided by the global count, torchtitan's convention) they are written as
-they are. The convention goes in the file's root attribute `loss_scale`.
+they are. Not given, it is read from the trainer: FSDP2 with its division
+turned off (`set_gradient_divide_factor(1.0)`, as torchtitan does) sums the
+data ranks' gradients, which is right only for a loss already divided by
+the global count: "global"; otherwise (FSDP2's average, DDP's) "local_mean".
+The convention, and where it came from, goes in the file's root attribute
+`loss_scale`.
 """
 import re
 import sys
@@ -51,6 +56,19 @@ def fsdp_mesh_axes(model):
                 if name not in axes:
                     axes.append(name)
     return tuple(axes)
+
+
+def read_loss_scale(model):
+    """(convention, where it was read) when capture() was given none: see the module's docstring."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    FSDPModule = getattr(fsdp, "FSDPModule", None)
+    factors = set()
+    for m in model.modules() if FSDPModule is not None and hasattr(model, "modules") else ():
+        if isinstance(m, FSDPModule):
+            factors.update(g.gradient_divide_factor for g in getattr(m._get_fsdp_state(), "_fsdp_param_groups", []))
+    if factors == {1.0}:
+        return "global", "read from FSDP2: its gradients summed, set_gradient_divide_factor(1.0)"
+    return "local_mean", "the default" if not factors else "read from FSDP2: its gradients averaged"
 
 
 def is_ddp(model):
@@ -124,15 +142,18 @@ def settle_data_axes(given, loss_scale, whole, model, axis_sizes, rank, root_att
     """(data axes, the divisor of the output gradients) of a capture; the
     convention recorded in `root_attrs["loss_scale"]`. A reference, one-device
     or pipeline capture (whole, or microbatched by its schedule) has none."""
-    if loss_scale not in LOSS_SCALES:
+    if loss_scale is not None and loss_scale not in LOSS_SCALES:
         raise ValueError(f"rank {rank}: capture(loss_scale={loss_scale!r}): one of {', '.join(LOSS_SCALES)}")
     if whole:
         return (), 1
     axes = resolve(given, model, axis_sizes, f"rank {rank}: capture()")
     if not axes:
         return (), 1
+    source = "as given"
+    if loss_scale is None:
+        loss_scale, source = read_loss_scale(model)
     d = degree(axes, axis_sizes)
     divisor = d if loss_scale == "local_mean" else 1
-    root_attrs.setdefault("loss_scale", f"{loss_scale} (data axes {','.join(axes)}: output gradients "
+    root_attrs.setdefault("loss_scale", f"{loss_scale} ({source}; data axes {','.join(axes)}: output gradients "
                                         + (f"divided by {d})" if divisor > 1 else "as they are)"))
     return axes, divisor

@@ -38,6 +38,8 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from diffcheck.dump.layouts import is_dtensor, placement_attrs
+from diffcheck.torch.hook_closures import closure_values
+from diffcheck.torch.transformers_plan import has_tensor_parallel_layers
 
 
 def _dtensor_types():
@@ -216,7 +218,8 @@ def _is_parallelized(model, types):
     DTensor = types[0]
     if any(isinstance(p, DTensor) for p in model.parameters()):
         return True
-    return any(_declared_output(m, types) is not None for m in model.modules())
+    # transformers' own layers (transformers_plan.py) say their outputs; the views after them are read here
+    return any(_declared_output(m, types) is not None for m in model.modules()) or has_tensor_parallel_layers(model)
 
 
 def _module_mesh(module, DTensor):
@@ -233,7 +236,7 @@ def _declared_output(module, types):
     PrepareModuleOutput keeps them on the style as desired_output_layouts."""
     _, Placement, ParallelStyle = types
     for hook in module._forward_hooks.values():
-        for value in _closure_values(hook):
+        for value in closure_values(hook):
             if isinstance(value, functools.partial):
                 for arg in value.args:
                     if _placements(arg, Placement):
@@ -244,17 +247,6 @@ def _declared_output(module, types):
                 if desired is not None and len(desired) == 1 and _placements(desired, Placement):
                     return tuple(desired)
     return None
-
-
-def _closure_values(fn):
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            yield cell.cell_contents
-        except ValueError:  # an empty cell
-            pass
-    owner = getattr(fn, "__self__", None)
-    if owner is not None:
-        yield owner
 
 
 def _placements(value, Placement):

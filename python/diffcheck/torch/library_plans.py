@@ -30,11 +30,13 @@ along the sequence as for DeepSpeed. Its attention runs inside ring
 functions, no module: nothing of it is tapped inside.
 
 Megatron-core's tensor- and sequence-parallel layers and parameters:
-megatron_plan.py, asked from here.
+megatron_plan.py, asked from here; transformers' own tensor-parallel layers
+(5.x with plain tensors): transformers_plan.py, likewise.
 """
 from diffcheck.dump.layouts import rank_coords
 from diffcheck.torch.diffusers_plan import DiffusersContextParallel
 from diffcheck.torch.megatron_plan import MegatronLayouts
+from diffcheck.torch.transformers_plan import TransformersLayouts
 
 
 def group_axis(group, axis_sizes, rank, where):
@@ -128,6 +130,7 @@ class LibraryLayouts:
                     self._sequence((axes, _sequence_dimension(m)), where)
         self.cp = DiffusersContextParallel(model, axis_sizes, rank)  # diffusers_plan.py
         self.megatron = MegatronLayouts(model, axis_sizes, rank, group_axis)  # megatron_plan.py
+        self.transformers = TransformersLayouts(model, axis_sizes, rank, group_axis)  # transformers_plan.py
         if self.megatron.active and self.megatron.sequence_parallel:  # [s, b, h], s split over tp
             self._sequence((self.megatron.axis, 0), f"rank {rank}: Megatron's sequence parallelism")
             self._length_of = self.megatron.local_length
@@ -140,7 +143,7 @@ class LibraryLayouts:
         self.sequence = sequence
 
     def __bool__(self):
-        return bool(self._of) or self.cp.active or self.megatron.active
+        return bool(self._of) or self.cp.active or self.megatron.active or self.transformers.active
 
     def attach(self, model):
         """The hooks the capture keeps while it is open (their handles)."""
@@ -182,9 +185,9 @@ class LibraryLayouts:
         """The layout a library says of parameter tap `name` (of parameter `p`):
         (attrs, None), (None, None) where none says, (None, why) where it is
         left out (named when the capture closes)."""
-        if not self.megatron.active:
+        if not (self.megatron.active or self.transformers.active):
             return None, None
-        attrs, why = self.megatron.parameter(p)
+        attrs, why = (self.megatron if self.megatron.active else self.transformers).parameter(p)
         if why is not None:
             self.left_out.append((name, why))
         return attrs, why
@@ -225,8 +228,8 @@ class LibraryLayouts:
             said = self.cp.output_layout(module, tensor, rest)
             if said is not None:
                 return said
-        if self.megatron.active:
-            said = self.megatron.layout(module, tensor, rest)
+        for reader in (self.megatron, self.transformers):
+            said = reader.layout(module, tensor, rest) if reader.active else None
             if said is not None:
                 return said
         entry = self._of.get(id(module))

@@ -50,7 +50,7 @@ class Capture(ModuleHooks, TapWriting):
     def __init__(self, model, out, mesh=None, *, layouts=None, include=None, exclude=None, inputs=False,
                  reference=False, one_device=False, rename=None, rank=None, world_size=None, attrs=None,
                  derive_depths=True, backward=False, optimizer=None, sketch=False, sketch_seed=0, only=None,
-                 pipeline_axis="pp", data_axes=None, loss_scale="local_mean", stage=None, microbatches=None,
+                 pipeline_axis="pp", data_axes=None, loss_scale=None, stage=None, microbatches=None,
                  **root_attrs):
         check_root_keywords("capture()", root_attrs, _CAPTURE_PARAMETERS)
         schedule = model if is_schedule(model) else None
@@ -103,6 +103,7 @@ class Capture(ModuleHooks, TapWriting):
         if isinstance(root_attrs.get("dtype"), torch.dtype):  # dtype=torch.bfloat16 as dtype="bfloat16"
             given = root_attrs["dtype"]
             root_attrs["dtype"] = TORCH_DTYPES.get(given, str(given).replace("torch.", ""))
+        self._dtype_given = "dtype" in root_attrs  # else the taps' (TapWriting.close_writer)
         self.root_attrs = {"producer": f"diffcheck.torch {__version__}", "dtype": self._model_dtype(),
                            "math": math_mode(self._model_device()), **extra_attrs, **root_attrs}
         self._writer, self._thread, self._handles, self._calls, self._step = None, None, [], {}, ""
@@ -137,12 +138,6 @@ class Capture(ModuleHooks, TapWriting):
     def _learn_local_batch(self, module, args, kwargs):
         if self._local_batch is None:
             self._local_batch = first_batch(args, kwargs)
-
-    def _model_dtype(self):
-        for p in self.model.parameters():
-            if p.is_floating_point():
-                return TORCH_DTYPES.get(p.dtype)
-        return None
 
     def tap(self, name, tensor, spec=None, partial=None, **attrs):
         """A value that is not a module output (latents between steps): this
@@ -275,7 +270,7 @@ class Capture(ModuleHooks, TapWriting):
                     error = e
         writer, self._writer, self._staging = self._writer, None, None
         if writer is not None:
-            writer.abandon() if failed or error else writer.close()
+            writer.abandon() if failed or error else self.close_writer(writer)
         if error is not None and not failed:  # else the block's own exception is the one to see
             raise error
         if unseen:
@@ -346,9 +341,11 @@ def capture(model, out, mesh=None, **kwargs):
               microbatch k on call k; the calls are laid together
               (diffcheck/torch/hand_pipeline.py)
     loss_scale  with data axes, how the loss was scaled: "local_mean"
-              (default: each rank's mean over its own samples; the output
-              gradients are written divided by the data-parallel degree)
-              or "global" (summed and divided by the global count)
+              (each rank's mean over its own samples; the output gradients
+              are written divided by the data-parallel degree) or "global"
+              (summed and divided by the global count); default: "global"
+              where FSDP2 sums the gradients (set_gradient_divide_factor(1.0),
+              torchtitan's), else "local_mean" (diffcheck/torch/data_axes.py)
     rank, world_size   override what torch.distributed or the launcher say
     scenario, flags, dtype, seed, producer, size   root attributes of the file
     attrs     {name: str | number | bool}: other root attributes

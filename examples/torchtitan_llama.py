@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""torchtitan's llama3 debug model (2 layers) parallelized by torchtitan's
+own `parallelize_llama`, checked by diffcheck with no layouts.
+
+    python3 examples/torchtitan_llama.py [-n 2] [--parallel tp|fsdp_tp] [--train] [--dtype bfloat16]
+                                         [--bug wo_unreduced|rope_shift|wrong_samples]
+
+--parallel tp: tensor and sequence parallelism over tp = n (torchtitan's
+plan: column/row-parallel projections, SP norms, loss parallel), and FSDP2
+at degree 1, which torchtitan always installs for its mixed precision.
+--parallel fsdp_tp: FSDP2 over fsdp = n/2 x TP+SP over tp = 2, each fsdp
+rank its own samples (the global batch's share of its data index).
+
+torchtitan's backend is `partial_dtensor` (DTensors over the model-parallel
+axes), its mixed precision policy is FSDP2's (parameters float32, compute in
+--dtype), and its loss is its own: cross entropy summed over the tokens,
+divided by the global batch's token count, the gradients summed over the
+data ranks (FSDP2's division turned off). The capture says nothing of it:
+the convention ("global") is read from FSDP2's divide factor, the data axis
+(fsdp) from FSDP2's mesh, every layout from the DTensors, and the run's
+dtype from its taps. The reference is torchtitan's model built
+without parallelism, on the global batch, in float64 (its complex RoPE
+table complex128) and in --dtype (the yardstick); one SGD step with --train.
+
+torchtitan's CPU patches live in examples/_torchtitan_cpu.py (no triton, no
+CUDA, FlexAttention written out eagerly).
+
+--bug wo_unreduced: layer 0's `attention.wo` output is left unreduced (each
+rank's partial sum taken as its share): found at layers.0.attention.wo.
+--bug rope_shift: the last rank's RoPE positions are one ahead: found at
+layers.0.attention.rope.
+--bug wrong_samples (fsdp_tp): the last data index trains on the first's
+samples (a loader's sharding bug): found at the first tap, tok_embeddings.
+
+The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _torchtitan_cpu  # noqa: E402
+from _launch import launch, parser  # noqa: E402
+
+import diffcheck.torch as dct  # noqa: E402  # diffcheck
+
+LAYERS = 2
+SEQ = 32
+B_GLOBAL = 4
+LR = 0.1
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def config():
+    """torchtitan's llama3 debug model's config, cut to LAYERS layers, sequence parallel."""
+    from torchtitan.models.llama3 import llama3_configs
+    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+    cfg = llama3_configs["debugmodel"](attn_backend="flex")
+    cfg.layers = cfg.layers[:LAYERS]
+    set_llama3_sharding_config(cfg, enable_sp=True)
+    return cfg
+
+
+def global_batch():
+    """(tokens, labels, positions) of the global batch, the same in every process."""
+    g = torch.Generator().manual_seed(1)
+    stream = torch.randint(0, config().vocab_size, (B_GLOBAL, SEQ + 1), generator=g)
+    return stream[:, :-1], stream[:, 1:], torch.arange(SEQ).repeat(B_GLOBAL, 1)
+
+
+def forward(model, tokens, positions):
+    return model(tokens, positions, model.get_attention_masks(positions))
+
+
+def train_step(model, tokens, labels, positions, optimizer, global_tokens):
+    """torchtitan's step: the summed cross entropy over the global token count, then the update."""
+    from torchtitan.components.loss import CrossEntropyLoss
+    optimizer.zero_grad()
+    loss, _ = CrossEntropyLoss(CrossEntropyLoss.Config())(forward(model, tokens, positions), labels, global_tokens)
+    loss.backward()
+    optimizer.step()
+
+
+def parallelize(model, world, args):
+    """torchtitan's own parallelize_llama: (the capture's mesh, data degree, this rank's data index)."""
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.utils import set_spmd_backend
+    from torchtitan.models.llama3 import parallelize_llama
+    tp = world if args.parallel == "tp" else 2
+    dp = world // tp
+    backend = "partial_dtensor"
+    dims = ParallelDims(dp_replicate=1, dp_shard=dp, cp=1, tp=tp, pp=1, ep=1, world_size=world,
+                        spmd_backend=backend)
+    parallelism = ParallelismConfig(spmd_backend=backend, tensor_parallel_degree=tp, data_parallel_shard_degree=dp,
+                                    enable_sequence_parallel=True)
+    set_spmd_backend(backend)  # as torchtitan's Trainer does
+    training = TrainingConfig(mixed_precision_param=args.dtype, mixed_precision_reduce="float32")
+    parallelize_llama(model, parallel_dims=dims, training=training, parallelism=parallelism,
+                      compile_config=CompileConfig(), ac_config=None, dump_folder=args.out)
+    rank = torch.distributed.get_rank()
+    return f"fsdp={dp},tp={tp}", dp, rank // tp  # torchtitan's mesh axes (fsdp even at degree 1)
+
+
+def leave_wo_unreduced(model):
+    """The injected fault: layer 0's attention.wo output keeps each rank's
+    partial sum, taken as its share of the reduced output."""
+    from torch.distributed.tensor import DTensor, Shard
+    wo = model.layers["0"].attention.wo
+    reduce = wo._redistribute_outputs
+
+    def unreduced(parallel_dims, outputs):
+        good = reduce(parallel_dims, outputs)
+        local = outputs.to_local()
+        for axis, placement in enumerate(good.placements):
+            if isinstance(placement, Shard):
+                size, index = good.device_mesh.size(axis), good.device_mesh.get_local_rank(axis)
+                local = local.chunk(size, dim=placement.dim)[index]
+        return DTensor.from_local(local.contiguous(), good.device_mesh, good.placements)
+    wo._redistribute_outputs = unreduced
+
+
+def work(rank, world, args):
+    _torchtitan_cpu.import_torchtitan()
+    cfg = config()
+    torch.manual_seed(0)
+    model = cfg.build()
+    model.init_states(buffer_device=None)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}  # the unparallelized model's
+    mesh, dp, data_index = parallelize(model, world, args)
+    tokens, labels, positions = global_batch()
+    if args.bug == "wrong_samples" and data_index == dp - 1:
+        data_index = 0  # the bug: the loader hands this data index another one's share
+    share = slice(data_index * (B_GLOBAL // dp), (data_index + 1) * (B_GLOBAL // dp))
+    local = tokens[share], labels[share], positions[share]
+    if args.bug == "rope_shift" and rank == world - 1:  # the bug: this rank's rotary positions one ahead
+        model.layers["0"].attention.rope.register_forward_pre_hook(lambda m, a: (a[0], a[1], a[2] + 1))
+    if args.bug == "wo_unreduced":
+        leave_wo_unreduced(model)
+    opt = torch.optim.SGD(model.parameters(), lr=LR) if args.train else None
+    with dct.capture(model, f"{args.out}/titan", mesh=mesh, backward=args.train, optimizer=opt):  # diffcheck
+        if args.train:
+            train_step(model, *local, opt, labels.numel())
+        else:
+            with torch.no_grad():
+                forward(model, local[0], local[2])
+
+    def unparallelized(dt):
+        reference = cfg.build()
+        reference.load_state_dict(weights)
+        return dct.to_dtype(reference, dt), (tokens, positions) if not args.train else (tokens, labels, positions)
+    step = (lambda m, b, optimizer: train_step(m, *b, optimizer, labels.numel())) if args.train else (
+        lambda m, b: forward(m, *b))
+    # Rank 0: the unparallelized model on the global batch in float64, and in --dtype (the yardstick).
+    dct.references(unparallelized, f"{args.out}/ref", dtype=DTYPES[args.dtype], step=step, backward=args.train, optimizer=(lambda m: torch.optim.SGD(m.parameters(), lr=LR)) if args.train else None)  # noqa: E501  # diffcheck
+
+
+def after(args):
+    return dct.verdict(f"{args.out}/titan", reference=f"{args.out}/ref.h5")  # diffcheck
+
+
+if __name__ == "__main__":
+    ap = parser(__doc__, "dumps/torchtitan_llama", n=2, dtypes=DTYPES, sketch=False, train=True)
+    ap.add_argument("--bug", choices=["wo_unreduced", "rope_shift", "wrong_samples"],
+                    help="wo_unreduced: layer 0's attention output unreduced; rope_shift: the last rank's "
+                         "positions one ahead; wrong_samples (fsdp_tp): the last data index reads the first's")
+    ap.add_argument("--parallel", choices=["tp", "fsdp_tp"], default="tp",
+                    help="TP+SP over tp = n (default), or FSDP2 over fsdp = n/2 x TP+SP over tp = 2")
+    a = ap.parse_args()
+    if a.parallel == "fsdp_tp" and (a.n % 2 or B_GLOBAL % (a.n // 2)):
+        ap.error(f"--parallel fsdp_tp: -n must be even with n/2 dividing the global batch of {B_GLOBAL}")
+    if a.bug == "wrong_samples" and a.parallel != "fsdp_tp":
+        ap.error("--bug wrong_samples needs data parallelism: --parallel fsdp_tp")
+    launch(work, after, a, a.n)

@@ -1,0 +1,44 @@
+"""torchtitan as its users run it (examples/torchtitan_llama.py): its llama3
+debug model parallelized by its own parallelize_llama (partial_dtensor
+backend, FSDP2's mixed precision, its loss over the global token count), no
+layouts. By default a clean TP+SP training step and a reduction left out;
+FSDP2 x TP with each data rank its own samples, bfloat16 and the other
+faults nightly."""
+import os
+import unittest
+
+from e2e import E2ETest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(HERE, "..", "examples", "torchtitan_llama.py")
+FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
+
+
+class Torchtitan(E2ETest):
+    def run_example(self, *args):
+        return super().run_example(EXAMPLE, *args)[0]
+
+    def test_tensor_and_sequence_parallel_training_step_with_no_layouts(self):
+        p = self.expect_clean(106, "--train")
+        rows = {line.split()[1]: line.split()[2] for line in p.stdout.splitlines() if line[:3].strip().isdigit()}
+        self.assertEqual(rows["layers.0.attention_norm"], "-,tp,-")  # the sequence-parallel region
+        self.assertEqual(rows["layers.0.attention.qkv_linear.wqkv"], "-,-,tp")  # column-parallel
+        self.assertEqual(rows["lm_head"], "-,-,tp")  # loss parallel: logits split on the vocabulary
+
+    def test_a_reduction_left_out_is_found_at_its_tap(self):
+        self.expect_found("layers.0.attention.wo", "--bug", "wo_unreduced")
+
+    @unittest.skipUnless(FULL, "nightly: FSDP2 x TP at 4 ranks, bfloat16, the other faults")
+    def test_every_mesh_dtype_and_fault(self):
+        self.expect_clean(36)
+        self.expect_clean(106, "--train", "--dtype", "bfloat16")
+        self.expect_clean(106, "-n", "4", "--parallel", "fsdp_tp", "--train")
+        self.expect_clean(106, "-n", "4", "--parallel", "fsdp_tp", "--train", "--dtype", "bfloat16")
+        self.expect_found("layers.0.attention.rope/0", "--bug", "rope_shift")
+        p = self.expect_found("tok_embeddings", "-n", "4", "--parallel", "fsdp_tp", "--train", "--bug",
+                              "wrong_samples")
+        self.assertIn("rank(s) 2-3", p.stdout)  # the ranks of the last data index
+
+
+if __name__ == "__main__":
+    unittest.main()
