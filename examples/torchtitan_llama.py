@@ -16,9 +16,10 @@ axes), its mixed precision policy is FSDP2's (parameters float32, compute in
 --dtype), and its loss is its own: cross entropy summed over the tokens,
 divided by the global batch's token count, the gradients summed over the
 data ranks (FSDP2's division turned off). The capture says nothing of it:
-the convention ("global") is read from FSDP2's divide factor, the data axis
-(fsdp) from FSDP2's mesh, every layout from the DTensors, and the run's
-dtype from its taps. The reference is torchtitan's model built
+the mesh (fsdp=1,tp=2 or fsdp=2,tp=2: torchtitan installs FSDP2 even at
+degree 1) is read from the DTensors' DeviceMesh, the convention ("global")
+from FSDP2's divide factor, the data axis (fsdp) from FSDP2's mesh, every
+layout from the DTensors, and the run's dtype from its taps. The reference is torchtitan's model built
 without parallelism, on the global batch, in float64 (its complex RoPE
 table complex128) and in --dtype (the yardstick); one SGD step with --train.
 
@@ -83,7 +84,7 @@ def train_step(model, tokens, labels, positions, optimizer, global_tokens):
 
 
 def parallelize(model, world, args):
-    """torchtitan's own parallelize_llama: (the capture's mesh, data degree, this rank's data index)."""
+    """torchtitan's own parallelize_llama: (data degree, this rank's data index)."""
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed.utils import set_spmd_backend
@@ -100,7 +101,7 @@ def parallelize(model, world, args):
     parallelize_llama(model, parallel_dims=dims, training=training, parallelism=parallelism,
                       compile_config=CompileConfig(), ac_config=None, dump_folder=args.out)
     rank = torch.distributed.get_rank()
-    return f"fsdp={dp},tp={tp}", dp, rank // tp  # torchtitan's mesh axes (fsdp even at degree 1)
+    return dp, rank // tp
 
 
 def leave_wo_unreduced(model):
@@ -128,7 +129,7 @@ def work(rank, world, args):
     model = cfg.build()
     model.init_states(buffer_device=None)
     weights = {k: v.clone() for k, v in model.state_dict().items()}  # the unparallelized model's
-    mesh, dp, data_index = parallelize(model, world, args)
+    dp, data_index = parallelize(model, world, args)
     tokens, labels, positions = global_batch()
     if args.bug == "wrong_samples" and data_index == dp - 1:
         data_index = 0  # the bug: the loader hands this data index another one's share
@@ -139,7 +140,7 @@ def work(rank, world, args):
     if args.bug == "wo_unreduced":
         leave_wo_unreduced(model)
     opt = torch.optim.SGD(model.parameters(), lr=LR) if args.train else None
-    with dct.capture(model, f"{args.out}/titan", mesh=mesh, backward=args.train, optimizer=opt):  # diffcheck
+    with dct.capture(model, f"{args.out}/titan", backward=args.train, optimizer=opt):  # diffcheck
         if args.train:
             train_step(model, *local, opt, labels.numel())
         else:

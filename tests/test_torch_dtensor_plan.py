@@ -154,6 +154,17 @@ class PlanTest(unittest.TestCase):
             dct.capture(net, out=os.path.join(self.dir, "q"), mesh="dp=1")
         self.assertIn("up", self.capture(net))  # the right name passes
 
+    def test_the_mesh_is_read_from_the_dtensors_when_not_given(self):
+        # Before, a capture with no mesh= took 'dp=1' at one rank (then refused: no axis 'tp') and refused
+        # any other world size; the DTensors' named DeviceMesh says it.
+        net = Net()
+        parallelize_module(net, MESH, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        out = os.path.join(self.dir, "m")
+        with torch.no_grad(), dct.capture(net, out=out):
+            net(torch.randn(2, 3, 8))
+        with h5py.File(out + ".rank0.h5") as f:
+            self.assertEqual(f.attrs["mesh"], "tp=1")
+
     def test_a_model_without_a_plan_is_untouched(self):
         original = DTensor.to_local
         taps = self.capture(Net())

@@ -269,3 +269,19 @@ def check_mesh_axes(model, axes, mesh, rank):
                              f"capture's mesh '{mesh}' has no axis {', '.join(repr(m) for m in missing)}: "
                              f"name the capture's axes as the DeviceMesh does (mesh=\"{sizes}\", with any "
                              "other axes of the job)")
+
+
+def mesh_of_model(model, world):
+    """The mesh string ("fsdp=2,tp=2") of the named DeviceMesh the model's
+    DTensor parameters lie on, where it spans all `world` ranks; else None."""
+    for p in model.parameters():
+        if not is_dtensor(p):
+            continue
+        names = tuple(getattr(p.device_mesh, "mesh_dim_names", None) or ())
+        shape = tuple(p.device_mesh.shape)
+        size = 1
+        for k in shape:
+            size *= k
+        if names and len(names) == len(shape) and size == world:
+            return ",".join(f"{n}={k}" for n, k in zip(names, shape))
+    return None

@@ -20,7 +20,7 @@ from diffcheck.torch.staging import HostStaging
 from diffcheck.sketch import DEFAULT_ROWS
 from diffcheck.torch.sketch_capture import SketchTaps
 from diffcheck.torch.drill_down import drill_down_taps
-from diffcheck.torch.dtensor_plan import PlanLayouts, check_mesh_axes
+from diffcheck.torch.dtensor_plan import PlanLayouts, check_mesh_axes, mesh_of_model
 from diffcheck.torch.library_plans import LibraryLayouts
 from diffcheck.torch import compiled
 from diffcheck.torch.compiled_counts import CompiledCounts
@@ -79,11 +79,11 @@ class Capture(ModuleHooks, TapWriting):
         if not 0 <= self.rank < self.world:
             raise ValueError(f"capture(): rank {self.rank} is not one of the {self.world} ranks (0 to {self.world - 1})")
         if not reference:
-            if mesh is None:
-                if self.world != 1:
+            if mesh is None:  # one rank, or the DeviceMesh of the model's DTensors where it spans the world
+                mesh = mesh_of_model(self.model, self.world) or ("dp=1" if self.world == 1 else None)
+                if mesh is None:
                     raise ValueError(f"rank {self.rank}: capture(mesh=...) is needed with {self.world} ranks, "
                                      "e.g. mesh='tp=4' (the axes your layouts name)")
-                mesh = "dp=1"
             if mesh_size(mesh) != self.world:
                 raise ValueError(f"rank {self.rank}: mesh '{mesh}' has {mesh_size(mesh)} ranks but this run has "
                                  f"{self.world} (from torch.distributed or the launcher; pass rank= and world_size=)")
@@ -302,7 +302,8 @@ def capture(model, out, mesh=None, **kwargs):
     out       prefix of the rank file (`<out>.rank<R>.h5`), or of the
               reference file (`<out>.h5`) with reference=True
     mesh      "cfg=2,sp=2": named axes whose product is the world size
-              (needed with more than one rank)
+              (default: one rank's "dp=1", or the named DeviceMesh of the
+              model's DTensor parameters where it spans every rank)
     layouts   {glob on tap names: spec | (spec, partial) | {attrs}}
     include, exclude   globs on module paths (default: every module);
               an exclude glob starting with "param" leaves out the
