@@ -2,7 +2,7 @@
 """torchtitan's llama3 debug model (2 layers) parallelized by torchtitan's
 own `parallelize_llama`, checked by diffcheck with no layouts.
 
-    python3 examples/torchtitan_llama.py [-n 2] [--parallel tp|fsdp_tp] [--train] [--dtype bfloat16]
+    python3 examples/torchtitan_llama.py [-n 2] [--parallel tp|fsdp_tp|pp] [--train] [--dtype bfloat16]
                                          [--bug wo_unreduced|rope_shift|wrong_samples]
 
 --parallel tp: tensor and sequence parallelism over tp = n (torchtitan's
@@ -10,6 +10,11 @@ plan: column/row-parallel projections, SP norms, loss parallel), and FSDP2
 at degree 1, which torchtitan always installs for its mixed precision.
 --parallel fsdp_tp: FSDP2 over fsdp = n/2 x TP+SP over tp = 2, each fsdp
 rank its own samples (the global batch's share of its data index).
+--parallel pp (with --train): torchtitan's own pipeline_llm over pp = n
+(its split of the layers into stages, parallelize_llama on each part, its
+1F1B schedule), the global batch in 4 microbatches of 1 sample; the capture
+is of the schedule, each rank its stage's taps, the microbatches laid
+together.
 
 torchtitan's backend is `partial_dtensor` (DTensors over the model-parallel
 axes), its mixed precision policy is FSDP2's (parameters float32, compute in
@@ -29,7 +34,7 @@ CUDA, FlexAttention written out eagerly).
 --bug wo_unreduced: layer 0's `attention.wo` output is left unreduced (each
 rank's partial sum taken as its share): found at layers.0.attention.wo.
 --bug rope_shift: the last rank's RoPE positions are one ahead: found at
-layers.0.attention.rope.
+layers.0.attention.rope (with pp, at the last rank's first layer).
 --bug wrong_samples (fsdp_tp): the last data index trains on the first's
 samples (a loader's sharding bug): found at the first tap, tok_embeddings.
 
@@ -104,6 +109,39 @@ def parallelize(model, world, args):
     return dp, rank // tp
 
 
+def pipelined(model, world, args, cfg):
+    """torchtitan's own pipeline_llm: (its schedule, this rank's model parts, first stage here, last stage here)."""
+    from torchtitan.components.loss import CrossEntropyLoss
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.pipeline_parallel import pipeline_llm
+    from torchtitan.distributed.utils import set_spmd_backend
+    from torchtitan.models.llama3 import parallelize_llama
+    backend = "partial_dtensor"
+    set_spmd_backend(backend)
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=world, ep=1, world_size=world,
+                        spmd_backend=backend)
+    parallelism = ParallelismConfig(spmd_backend=backend, pipeline_parallel_degree=world,
+                                    pipeline_parallel_schedule="1F1B", pipeline_parallel_microbatch_size=1)
+    training = TrainingConfig(mixed_precision_param=args.dtype, mixed_precision_reduce="float32",
+                              local_batch_size=B_GLOBAL)
+    schedule, parts, first, last = pipeline_llm(
+        model, parallel_dims=dims, training=training, parallelism=parallelism, compile_config=CompileConfig(),
+        ac_config=None, dump_folder=args.out, device=torch.device("cpu"), model_config=cfg,
+        parallelize_fn=parallelize_llama, loss_fn=CrossEntropyLoss(CrossEntropyLoss.Config()))
+    return schedule, parts, first, last
+
+
+def pipeline_step(schedule, parts, first, last, tokens, labels, positions, opt):
+    """torchtitan's pipelined step: every stage gets the positions and masks, the last the labels."""
+    opt.zero_grad()
+    masks = parts[0].get_attention_masks(positions)
+    schedule.step(*((tokens,) if first else ()), positions=positions, attention_masks=masks,
+                  **({"target": labels, "losses": []} if last else {}),
+                  loss_kwargs={"global_valid_tokens": labels.numel()})
+    opt.step()
+
+
 def leave_wo_unreduced(model):
     """The injected fault: layer 0's attention.wo output keeps each rank's
     partial sum, taken as its share of the reduced output."""
@@ -129,23 +167,12 @@ def work(rank, world, args):
     model = cfg.build()
     model.init_states(buffer_device=None)
     weights = {k: v.clone() for k, v in model.state_dict().items()}  # the unparallelized model's
-    dp, data_index = parallelize(model, world, args)
+    if args.parallel == "pp":
+        run_pipelined(model, world, args, cfg)
+    else:
+        run_parallelized(model, world, args)
+
     tokens, labels, positions = global_batch()
-    if args.bug == "wrong_samples" and data_index == dp - 1:
-        data_index = 0  # the bug: the loader hands this data index another one's share
-    share = slice(data_index * (B_GLOBAL // dp), (data_index + 1) * (B_GLOBAL // dp))
-    local = tokens[share], labels[share], positions[share]
-    if args.bug == "rope_shift" and rank == world - 1:  # the bug: this rank's rotary positions one ahead
-        model.layers["0"].attention.rope.register_forward_pre_hook(lambda m, a: (a[0], a[1], a[2] + 1))
-    if args.bug == "wo_unreduced":
-        leave_wo_unreduced(model)
-    opt = torch.optim.SGD(model.parameters(), lr=LR) if args.train else None
-    with dct.capture(model, f"{args.out}/titan", backward=args.train, optimizer=opt):  # diffcheck
-        if args.train:
-            train_step(model, *local, opt, labels.numel())
-        else:
-            with torch.no_grad():
-                forward(model, local[0], local[2])
 
     def unparallelized(dt):
         reference = cfg.build()
@@ -157,6 +184,37 @@ def work(rank, world, args):
     dct.references(unparallelized, f"{args.out}/ref", dtype=DTYPES[args.dtype], step=step, backward=args.train, optimizer=(lambda m: torch.optim.SGD(m.parameters(), lr=LR)) if args.train else None)  # noqa: E501  # diffcheck
 
 
+def run_pipelined(model, world, args, cfg):
+    schedule, parts, first, last = pipelined(model, world, args, cfg)
+    tokens, labels, positions = global_batch()
+    if args.bug == "rope_shift" and torch.distributed.get_rank() == world - 1:  # the bug: its positions one ahead
+        layer = next(iter(parts[0].layers.values()))
+        layer.attention.rope.register_forward_pre_hook(lambda m, a: (a[0], a[1], a[2] + 1))
+    opt = torch.optim.SGD([p for part in parts for p in part.parameters()], lr=LR)
+    with dct.capture(schedule, f"{args.out}/titan", mesh=f"pp={world},fsdp=1", backward=True, optimizer=opt):  # noqa: E501  # diffcheck
+        pipeline_step(schedule, parts, first, last, tokens, labels, positions, opt)
+
+
+def run_parallelized(model, world, args):
+    dp, data_index = parallelize(model, world, args)
+    tokens, labels, positions = global_batch()
+    if args.bug == "wrong_samples" and data_index == dp - 1:
+        data_index = 0  # the bug: the loader hands this data index another one's share
+    share = slice(data_index * (B_GLOBAL // dp), (data_index + 1) * (B_GLOBAL // dp))
+    local = tokens[share], labels[share], positions[share]
+    if args.bug == "rope_shift" and torch.distributed.get_rank() == world - 1:  # the bug: its positions one ahead
+        model.layers["0"].attention.rope.register_forward_pre_hook(lambda m, a: (a[0], a[1], a[2] + 1))
+    if args.bug == "wo_unreduced":
+        leave_wo_unreduced(model)
+    opt = torch.optim.SGD(model.parameters(), lr=LR) if args.train else None
+    with dct.capture(model, f"{args.out}/titan", backward=args.train, optimizer=opt):  # diffcheck
+        if args.train:
+            train_step(model, *local, opt, labels.numel())
+        else:
+            with torch.no_grad():
+                forward(model, local[0], local[2])
+
+
 def after(args):
     return dct.verdict(f"{args.out}/titan", reference=f"{args.out}/ref.h5")  # diffcheck
 
@@ -166,11 +224,14 @@ if __name__ == "__main__":
     ap.add_argument("--bug", choices=["wo_unreduced", "rope_shift", "wrong_samples"],
                     help="wo_unreduced: layer 0's attention output unreduced; rope_shift: the last rank's "
                          "positions one ahead; wrong_samples (fsdp_tp): the last data index reads the first's")
-    ap.add_argument("--parallel", choices=["tp", "fsdp_tp"], default="tp",
-                    help="TP+SP over tp = n (default), or FSDP2 over fsdp = n/2 x TP+SP over tp = 2")
+    ap.add_argument("--parallel", choices=["tp", "fsdp_tp", "pp"], default="tp",
+                    help="TP+SP over tp = n (default), FSDP2 over fsdp = n/2 x TP+SP over tp = 2, or torchtitan's "
+                         "pipeline over pp = n (1F1B, with --train)")
     a = ap.parse_args()
     if a.parallel == "fsdp_tp" and (a.n % 2 or B_GLOBAL % (a.n // 2)):
         ap.error(f"--parallel fsdp_tp: -n must be even with n/2 dividing the global batch of {B_GLOBAL}")
+    if a.parallel == "pp" and (not a.train or a.bug == "wo_unreduced"):
+        ap.error("--parallel pp runs torchtitan's pipelined training step: give --train (and no --bug wo_unreduced)")
     if a.bug == "wrong_samples" and a.parallel != "fsdp_tp":
         ap.error("--bug wrong_samples needs data parallelism: --parallel fsdp_tp")
     launch(work, after, a, a.n)

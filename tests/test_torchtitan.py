@@ -2,8 +2,8 @@
 debug model parallelized by its own parallelize_llama (partial_dtensor
 backend, FSDP2's mixed precision, its loss over the global token count), no
 layouts. By default a clean TP+SP training step and a reduction left out;
-FSDP2 x TP with each data rank its own samples, bfloat16 and the other
-faults nightly."""
+FSDP2 x TP with each data rank its own samples, its pipeline (1F1B),
+bfloat16 and the other faults nightly."""
 import os
 import unittest
 
@@ -38,6 +38,12 @@ class Torchtitan(E2ETest):
         p = self.expect_found("tok_embeddings", "-n", "4", "--parallel", "fsdp_tp", "--train", "--bug",
                               "wrong_samples")
         self.assertIn("rank(s) 2-3", p.stdout)  # the ranks of the last data index
+
+    @unittest.skipUnless(FULL, "nightly: torchtitan's pipeline (pipeline_llm, 1F1B)")
+    def test_its_pipeline(self):
+        self.expect_clean(104, "--parallel", "pp", "--train")
+        self.expect_clean(104, "--parallel", "pp", "--train", "--dtype", "bfloat16")
+        self.expect_found("layers.1.attention.rope/0", "--parallel", "pp", "--train", "--bug", "rope_shift")
 
 
 if __name__ == "__main__":
