@@ -38,12 +38,12 @@ def _summed(bucket, world):
     return work.get_future().then(lambda f: f.value()[0] * world)
 
 
-def _ddp_rank(rank, world, init, out, bug):
+def _ddp_rank(rank, world, init, out, bug, dtype=torch.float32):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    model, x = make(torch.float32)
+    model, x = make(dtype)
     ddp = DistributedDataParallel(model)
     share = GLOBAL_BATCH // world
     index = 0 if bug == "wrong_samples" and rank == world - 1 else rank  # the bug: another rank's share
@@ -55,7 +55,7 @@ def _ddp_rank(rank, world, init, out, bug):
     with dct.capture(ddp, out=f"{out}/run", mesh=f"dp={world}", backward=True, optimizer=opt, loss_scale=told):
         step(ddp, local, opt)
     if rank == 0:
-        dct.references(lambda dt: (make(dt)[0], (x.to(dt),)), f"{out}/ref", dtype=torch.float32, backward=True,
+        dct.references(lambda dt: (make(dt)[0], (x.to(dt),)), f"{out}/ref", dtype=dtype, backward=True,
                        optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
                        step=lambda m, inputs, optimizer: step(m, *inputs, optimizer))
     dist.barrier()
@@ -103,10 +103,10 @@ class FullyShardedSummingGradients(E2ETest):
 
 
 class DistributedDataParallelSamples(E2ETest):
-    def run_ddp(self, bug=None, world=2):
-        out = self.path(f"{bug or 'clean'}{world}")
+    def run_ddp(self, bug=None, world=2, dtype=torch.float32):
+        out = self.path(f"{bug or 'clean'}{world}{str(dtype)[6:]}")
         os.makedirs(out)
-        mp.spawn(_ddp_rank, args=(world, "file://" + os.path.join(out, "rdv"), out, bug), nprocs=world)
+        mp.spawn(_ddp_rank, args=(world, "file://" + os.path.join(out, "rdv"), out, bug, dtype), nprocs=world)
         return dct.compare(f"{out}/run", reference=f"{out}/ref.h5", check=False)
 
     def test_clean_and_each_fault(self):
@@ -132,6 +132,13 @@ class DistributedDataParallelSamples(E2ETest):
         self.assertIn("each 2x its reference", report["console"])
         self.assertIn('If 2 is its data-parallel degree, capture with loss_scale="local_mean"', report["console"])
         self.assertIn("a loss scaled by another convention than the capture was told", report["hints"][0])
+
+    @unittest.skipUnless(os.environ.get("DIFFCHECK_E2E_FULL") == "1", "nightly: bfloat16")
+    def test_bfloat16(self):
+        report = self.run_ddp(dtype=torch.bfloat16)
+        self.assertTrue(report["pass"], report["console"])
+        report = self.run_ddp("wrong_samples", dtype=torch.bfloat16)
+        self.assertEqual(report["first_divergence"]["tap"], "0", report["console"])
 
     @unittest.skipUnless(os.environ.get("DIFFCHECK_E2E_FULL") == "1", "nightly: 4 ranks")
     def test_four_ranks(self):
