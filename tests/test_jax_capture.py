@@ -174,6 +174,8 @@ class Capture(unittest.TestCase):
             with dcj.capture(jax.jit(trained), self.out("backward"), self.mesh, backward=True) as run:
                 run(self.x, self.w)
         self.assertEqual(list(_read(self.out("backward") + ".rank0.h5")), ["pre", "out"])
+        with h5py.File(self.out("backward") + ".rank0.h5") as f:  # and the report says so (root `left_out`)
+            self.assertRegex(f.attrs["left_out"], r"gradients of 2 tap\(s\) inside jax.checkpoint bodies")
 
     def test_taps_inside_flax_linen_remat(self):
         import flax.linen as nn

@@ -79,6 +79,7 @@ class Megatron(E2ETest):
         # the embedding's lookup is [s, b, h] here, [b, s, h] at tp=1: left out, and said
         self.assertNotIn("embedding.word_embeddings", rows)
         self.assertIn("transposed pair", p.stderr)
+        self.assertRegex(p.stdout, r"left out at capture: \d+ tap\(s\) were not tapped: Megatron.s VocabParallelEmbedding")
 
     def test_a_row_parallel_reduction_left_out_is_found_at_its_tap(self):
         self.expect_found("decoder.layers.0.self_attention.linear_proj/0", "--bug", "row_reduction_dropped")

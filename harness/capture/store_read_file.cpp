@@ -49,7 +49,7 @@ Root read_root(hid_t file, const std::string& path, bool need_mesh) {
   r.mesh = mesh.value_or("");
   r.world_size = world.value_or(1);
   r.rank = h5::read_int_attr(file, "rank", path);
-  for (const char* k : {"scenario", "flags", "dtype", "producer", "size", "math", "loss_scale"})
+  for (const char* k : {"scenario", "flags", "dtype", "producer", "size", "math", "loss_scale", "left_out"})
     if (auto v = h5::read_string_attr(file, k, path)) r.info[k] = *v;
   if (auto seed = h5::read_int_attr(file, "seed", path)) r.info["seed"] = std::to_string(*seed);
   return r;

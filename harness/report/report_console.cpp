@@ -83,6 +83,8 @@ class ConsoleReporter final : public Reporter {
     out << "\n";
     // Data parallelism's loss convention: the output gradients' scale depends on it (docs/torch.md).
     if (set.info.count("loss_scale")) out << "loss scale: " << set.info.at("loss_scale") << "\n";
+    // Values the capture could describe with no layout and so did not write: never a silent gap.
+    if (set.info.count("left_out")) out << "left out at capture: " << set.info.at("left_out") << "\n";
     if (!res.reference_source.empty()) out << res.reference_source << "\n";
     if (!res.tolerance_note.empty()) out << res.tolerance_note << "\n";
     const std::size_t wname = tap_name_width(res);

@@ -139,7 +139,9 @@ class Capture:
         with jax_taps.collecting(collector), remat_taps.taps_through_checkpoints(), \
                 (jax.disable_jit() if self.unroll else contextlib.nullcontext()):
             result = self.fn(*args, **static_kwargs.unwrap(kwargs))
-        return result, collector.outputs()
+        outputs = collector.outputs()
+        self._left_out = collector.left_out() or getattr(self, "_left_out", None)  # said in the files (__exit__)
+        return result, outputs
 
     def _run(self, mesh, args, kwargs):
         with jax.set_mesh(mesh):
@@ -289,6 +291,8 @@ class Capture:
     def __exit__(self, exc_type, exc, tb):
         writers, self._writers = self._writers or {}, None
         for w in writers.values():
+            if exc_type is None and getattr(self, "_left_out", None):  # the report says what was not tapped
+                w.set_root_attrs(left_out=self._left_out)
             w.abandon() if exc_type is not None else w.close()
         return False
 

@@ -160,12 +160,17 @@ class Collector:
                 "body returns it" + ("" if self.unroll else "; or capture(..., unroll=True): inner "
                 "jits traced inline and scans step by step, each step's tap numbered name@k"))
         if self.remat_gradients:  # never a silent gap
-            names = self.remat_gradients
-            warnings.warn(f"diffcheck.jax: the gradients of {len(names)} tap(s) inside jax.checkpoint bodies are not "
-                          f"tapped (the backward recomputes a body in a trace of its own): "
-                          f"{', '.join('grad/' + n for n in names[:5])}{', ...' if len(names) > 5 else ''}; "
-                          "their forward values are", stacklevel=4)
+            warnings.warn(f"diffcheck.jax: {self.left_out()}", stacklevel=4)
         return {f"{i:06d}:{name}": v for i, (name, v) in enumerate(self.values) if v is not HOSTED}
+
+    def left_out(self):
+        """What the capture could not tap, and why (warned, and written in the files' root `left_out`), or None."""
+        names = self.remat_gradients
+        if not names:
+            return None
+        return (f"the gradients of {len(names)} tap(s) inside jax.checkpoint bodies are not tapped (the backward "
+                f"recomputes a body in a trace of its own): {', '.join('grad/' + n for n in names[:5])}"
+                f"{', ...' if len(names) > 5 else ''}; their forward values are")
 
 
 def _gradient_tap(collector, name, x):

@@ -38,6 +38,9 @@ class TapWriting:
         casts its float32 parameters down) that is not the parameters', and
         the one-device yardstick in the compute dtype must pair with it.
         capture(dtype=...) is kept as given; a reference keeps its own."""
+        left_out = self._library.untapped() if getattr(self, "_library", None) is not None else None
+        if left_out:  # the report says what was not tapped, and why (also warned when the capture closes)
+            writer.set_root_attrs(left_out=left_out)
         counts = getattr(self, "_tap_dtypes", None)
         if counts and not self._dtype_given and not self.reference_mode:
             most = TORCH_DTYPES.get(max(counts, key=counts.get))
