@@ -92,8 +92,8 @@ class DiffusersContextParallelE2E(E2ETest):
 
     def test_tensor_parallelism_passes_clean_and_the_packed_split_fault_is_found(self):
         """examples/flux_tensor_parallel.py: diffusers' TensorParallelConfig (FLUX's _tp_plan through
-        parallelize_module) at 2 ranks, float32 (nightly also 4 ranks and bfloat16): the layouts
-        come from the plan but four; the fused projection split in plain halves is found there."""
+        parallelize_module) at 2 ranks, float32 (nightly also 4 ranks and bfloat16), no layouts: the
+        plan's, and from it its wrappers'; the fused projection split in plain halves is found there."""
         runs = [(2, ())] + ([(4, ()), (2, ("--dtype", "bfloat16")), (4, ("--dtype", "bfloat16"))] if FULL else [])
         for n, args in runs:
             with self.subTest(ranks=n, args=args):
@@ -101,6 +101,7 @@ class DiffusersContextParallelE2E(E2ETest):
                 self.assertEqual(p.returncode, 0, p.stdout[-3000:])
                 self.assertRegex(p.stdout, r"transformer_blocks\.0\.attn\.to_q\s+-,-,tp")
                 self.assertRegex(p.stdout, r"transformer_blocks\.0\.attn\.to_out\.0\s+replicated")
+                self.assertRegex(p.stdout, r"transformer_blocks\.0\.ff\.net\.0\s+-,-,tp")  # GELU(proj)
                 p = self.example("flux_tp", n, *args, "--bug", "packed_rows_split_plainly")
                 self.assertEqual(p.returncode, 1, p.stdout[-3000:])
                 first = re.search(r"First divergence: tap '([^']+)'", p.stdout)

@@ -129,8 +129,8 @@ class Gradients:
             if any(fnmatch.fnmatchcase(name, glob) for glob in c.exclude if glob.startswith("param")):
                 continue  # exclude= names parameter taps by their tap names (param/..., param_grad/...)
             pattern, layout = self._param_layout(name, tensor)
-            if pattern is None and c._library:  # what a library says of its parameters (library_plans.py)
-                said, why = c._library.parameter(name, p)
+            if pattern is None and c._library is not None:  # what a library says of them (library_plans.py)
+                said, why = c._library.parameter(name, p, c.model.get_submodule(path.rpartition(".")[0]))
                 if why is not None:
                     continue
                 if said is not None:

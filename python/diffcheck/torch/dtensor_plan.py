@@ -25,6 +25,11 @@ them back, most trusted first:
    that layout; an input that is a view of such a tensor splitting its
    sharded last dimension into heads has the heads sharded (a per-head norm
    after a column-parallel projection, Qwen3's q_norm and k_norm).
+5. what its children's outputs were: a module whose output has the shape of
+   the sharded output of the child that ran last of those with that shape
+   keeps its layout (a wrapper of a column-parallel layer that applies an
+   activation, diffusers' GELU(proj); an attention whose output is its heads
+   merged, the shape of its value projection's).
 
 An output with none of these whose input is sharded or partial has a layout
 no one can know here: `UnknownLayout` names the tap and asks for a layout.
@@ -70,6 +75,7 @@ class PlanLayouts:
         self.active = self.types is not None and _is_parallelized(model, self.types)
         self._seen = WeakIdKeyDictionary()  # local tensor -> attrs (from to_local, or tapped)
         self._declared = {}  # id(module) -> (placements, mesh) of its plan's output
+        self._resolved, self._order = {}, 0  # id(module) -> (order, shape, attrs) of its latest output
         self._to_local = None
         if self.active:
             for module in model.modules():
@@ -112,6 +118,12 @@ class PlanLayouts:
         returned from `inputs`; None: replicated."""
         if not self.active:
             return None
+        attrs = self._resolve(module, output, inputs, where)
+        self._order += 1
+        self._resolved[id(module)] = (self._order, tuple(output.shape), attrs)
+        return attrs
+
+    def _resolve(self, module, output, inputs, where):
         seen = self._seen.get(output)
         declared = self._declared.get(id(module))
         if declared is not None:
@@ -134,6 +146,10 @@ class PlanLayouts:
             if tensor.shape == output.shape:
                 self._seen[output] = (attrs, mesh)
                 return attrs
+        wrapped = self._wrapped_child(module, output)
+        if wrapped is not None:
+            self._seen[output] = (wrapped, None)
+            return wrapped
         sharded = [attrs for _, (attrs, _) in known if attrs.get("spec") or attrs.get("partial")]
         if sharded:
             raise UnknownLayout(
@@ -141,6 +157,19 @@ class PlanLayouts:
                 f"(shape {tuple(output.shape)}) is laid out cannot be told from the plan: give it a layout, "
                 "e.g. layouts={'<tap>': '-,-,tp'}")
         return None
+
+    def _wrapped_child(self, module, output):
+        """Source 5: the layout of the output of `module`'s child that ran
+        last of those with `output`'s shape, where it is sharded — a module
+        that wraps a column-parallel layer and applies something elementwise
+        (diffusers' GELU(proj), an attention whose heads leave merged as its
+        value projection's). None where no such child is sharded."""
+        ran = [self._resolved[id(c)] for c in module.children() if id(c) in self._resolved]
+        same = [r for r in ran if r[1] == tuple(output.shape)]
+        if not same:
+            return None
+        attrs = max(same)[2]
+        return attrs if attrs and (attrs.get("spec") or attrs.get("partial")) else None
 
     def _view_layout(self, tensor):
         """(attrs, mesh) of a view that splits the last dimension of a tensor

@@ -95,6 +95,20 @@ _WHY = {"transposed": "Megatron's VocabParallelEmbedding under sequence parallel
                       "output holds the same values in the order of both)"}
 
 
+def _packed_blocks(module, p):
+    """Why parameter `p` of `module` is left out where diffusers packs it
+    (`_tp_packed_row_blocks` / `_tp_packed_col_blocks`: a fused projection
+    whose blocks are split one by one, [its attention, its MLP] on each rank,
+    while its DTensor says one plain Shard; a row-packed layer's bias is
+    whole), else None."""
+    for attr in ("_tp_packed_row_blocks", "_tp_packed_col_blocks"):
+        blocks = getattr(module, attr, None)
+        if blocks and len(blocks) > 1 and (p.dim() > 1 or attr == "_tp_packed_col_blocks"):
+            return f"diffusers' packed projection ({attr} {list(blocks)}): each block split on its own, which its " \
+                   "DTensor's one Shard does not say and no spec describes"
+    return None
+
+
 def _spec(axis, dim, ndim):
     entries = ["-"] * ndim
     entries[dim % ndim] = axis
@@ -181,10 +195,14 @@ class LibraryLayouts:
                         f"{', ...' if len(names) > 5 else ''}")
         return "; ".join(said) or None
 
-    def parameter(self, name, p):
-        """The layout a library says of parameter tap `name` (of parameter `p`):
-        (attrs, None), (None, None) where none says, (None, why) where it is
-        left out (named when the capture closes)."""
+    def parameter(self, name, p, module=None):
+        """The layout a library says of parameter tap `name` (of parameter `p`,
+        of `module`): (attrs, None), (None, None) where none says, (None, why)
+        where it is left out (named when the capture closes)."""
+        packed = _packed_blocks(module, p)
+        if packed is not None:  # a DTensor that says Shard(d), its pieces block by block
+            self.left_out.append((name, packed))
+            return None, packed
         if not (self.megatron.active or self.transformers.active):
             return None, None
         attrs, why = (self.megatron if self.megatron.active else self.transformers).parameter(p)
