@@ -3,7 +3,8 @@ data axis read from DDP's process group (no data-parallel word), the
 reference on the global batch, a training step clean; a rank that trains on
 the other's samples (a loader's sharding bug) named at the first tap; the
 gradient's average over the ranks lost on one rank named at the first
-parameter gradient, its replicas apart. FSDP2 with its gradients summed
+parameter gradient, its replicas apart; averaged twice on every rank, named
+there against the reference, its replicas agreeing. FSDP2 with its gradients summed
 (torchtitan's convention) read as loss_scale="global". (FSDP2 x TP with distinct samples: tests/test_e2e_torch_dtensor.py.)"""
 import os
 import unittest
@@ -38,6 +39,13 @@ def _summed(bucket, world):
     return work.get_future().then(lambda f: f.value()[0] * world)
 
 
+def _averaged_twice(bucket, world):
+    """DDP's all-reduce of a gradient bucket divided by the world size twice (every rank's bug)."""
+    import torch.distributed as dist
+    work = dist.all_reduce(bucket.buffer() / world, async_op=True)
+    return work.get_future().then(lambda f: f.value()[0] / world)
+
+
 def _ddp_rank(rank, world, init, out, bug, dtype=torch.float32):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -51,6 +59,8 @@ def _ddp_rank(rank, world, init, out, bug, dtype=torch.float32):
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     if bug == "unaveraged_on_one_rank" and rank == world - 1:  # the bug: this rank's average over dp lost
         ddp.register_comm_hook(None, lambda _, bucket: _summed(bucket, world))
+    if bug == "averaged_twice":  # the bug: every rank divides the summed gradient by dp twice
+        ddp.register_comm_hook(None, lambda _, bucket: _averaged_twice(bucket, world))
     told = "global" if bug == "loss_scale_misnamed" else "local_mean"  # the slip: a mean loss said to be global
     with dct.capture(ddp, out=f"{out}/run", mesh=f"dp={world}", backward=True, optimizer=opt, loss_scale=told):
         step(ddp, local, opt)
@@ -122,6 +132,9 @@ class DistributedDataParallelSamples(E2ETest):
         report = self.run_ddp("unaveraged_on_one_rank")
         self.assertEqual(report["first_divergence"]["tap"], "param_grad/0.weight", report["console"])
         self.assertIn("replica", report["first_divergence"]["checks"], report["console"])
+        report = self.run_ddp("averaged_twice")  # replicas agree, on 1/dp of the reference
+        self.assertEqual(report["first_divergence"]["tap"], "param_grad/0.weight", report["console"])
+        self.assertEqual(report["first_divergence"]["checks"], ["reference"], report["console"])
 
     def test_a_misnamed_loss_scale_is_named_as_such(self):
         """A per-rank mean loss captured as loss_scale="global": every output gradient is 2x its reference,
