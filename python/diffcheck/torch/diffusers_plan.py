@@ -142,11 +142,13 @@ class DiffusersContextParallel:
             return None
         index = int(rest.lstrip("/").split("/")[0]) if rest.lstrip("/") else 0
         dim = split.get(index)
-        if dim is None or not -tensor.dim() <= dim < tensor.dim():
+        # a complex table (its real view, capture_hooks.complex_view): its layout names its own dimensions
+        ndim = tensor.dim() - (1 if getattr(tensor, "_diffcheck_complex", False) else 0)
+        if dim is None or not -ndim <= dim < ndim:
             return None
-        self.lengths.setdefault(dim % tensor.dim(), set()).add(int(tensor.shape[dim]))
-        entries = ["-"] * tensor.dim()
-        entries[dim % tensor.dim()] = self.axis
+        self.lengths.setdefault(dim % ndim, set()).add(int(tensor.shape[dim % ndim]))
+        entries = ["-"] * ndim
+        entries[dim % ndim] = self.axis
         return {"spec": ",".join(entries)}, "from diffusers' context-parallel plan (split_output)"
 
     def attrs(self, name, attrs, shape):
