@@ -74,6 +74,13 @@ def spec_entry(spec, dim, ndim):
     return entries[dim % ndim] if len(entries) == ndim else "-"
 
 
+def spec_at(axis, dim, ndim):
+    """The spec of a tensor of `ndim` dimensions split over `axis` on dimension `dim` (negative: from the end)."""
+    entries = ["-"] * ndim
+    entries[dim % ndim] = axis
+    return ",".join(entries)
+
+
 def is_dtensor(tensor):
     """A torch DTensor (duck-typed: `to_local()`, `placements`)."""
     return getattr(tensor, "placements", None) is not None and hasattr(tensor, "to_local")

@@ -31,7 +31,7 @@ are the context-parallel mesh's.
 """
 import itertools
 
-from diffcheck.dump.layouts import rank_coords
+from diffcheck.dump.layouts import rank_coords, spec_at
 from diffcheck.torch.data_axes import is_parameter_tap
 
 
@@ -147,9 +147,7 @@ class DiffusersContextParallel:
         if dim is None or not -ndim <= dim < ndim:
             return None
         self.lengths.setdefault(dim % ndim, set()).add(int(tensor.shape[dim % ndim]))
-        entries = ["-"] * ndim
-        entries[dim % ndim] = self.axis
-        return {"spec": ",".join(entries)}, "from diffusers' context-parallel plan (split_output)"
+        return {"spec": spec_at(self.axis, dim, ndim)}, "from diffusers' context-parallel plan (split_output)"
 
     def attrs(self, name, attrs, shape):
         """`attrs` of a tap no layout pattern set, as the plan implies; None: not tapped (a joint sequence)."""

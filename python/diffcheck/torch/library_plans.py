@@ -33,7 +33,7 @@ Megatron-core's tensor- and sequence-parallel layers and parameters:
 megatron_plan.py, asked from here; transformers' own tensor-parallel layers
 (5.x with plain tensors): transformers_plan.py, likewise.
 """
-from diffcheck.dump.layouts import rank_coords
+from diffcheck.dump.layouts import rank_coords, spec_at
 from diffcheck.torch.diffusers_plan import DiffusersContextParallel
 from diffcheck.torch.megatron_plan import MegatronLayouts
 from diffcheck.torch.transformers_plan import TransformersLayouts
@@ -108,11 +108,6 @@ def _packed_blocks(module, p):
                    "DTensor's one Shard does not say and no spec describes"
     return None
 
-
-def _spec(axis, dim, ndim):
-    entries = ["-"] * ndim
-    entries[dim % ndim] = axis
-    return ",".join(entries)
 
 
 class LibraryLayouts:
@@ -258,4 +253,4 @@ class LibraryLayouts:
             return None
         if not -tensor.dim() <= dim < tensor.dim():
             return None
-        return {"spec": _spec(axis, dim, tensor.dim())}, said
+        return {"spec": spec_at(axis, dim, tensor.dim())}, said

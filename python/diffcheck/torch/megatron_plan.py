@@ -38,6 +38,7 @@ The group's mesh axis is the one whose ranks are the group's (library_plans
 .group_axis). Recognised by class name and attributes: nothing of megatron
 is imported.
 """
+from diffcheck.dump.layouts import spec_at
 
 _COLUMN, _ROW, _CORE, _VOCAB = "ColumnParallelLinear", "RowParallelLinear", "DotProductAttention", "VocabParallelEmbedding"
 _ROW_PAIRS = ("SelfAttention", "MLP")  # blocks that return their row-parallel layer's (output, bias)
@@ -104,9 +105,7 @@ class MegatronLayouts:
         said = f"from Megatron's {kind}"
 
         def split(dim, ndim):
-            entries = ["-"] * ndim
-            entries[dim % ndim] = axis
-            return {"spec": ",".join(entries)}
+            return {"spec": spec_at(axis, dim, ndim)}
 
         if kind == _COLUMN:
             gathered = bool(getattr(m, "gather_output", False))

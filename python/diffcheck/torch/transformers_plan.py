@@ -31,6 +31,7 @@ Recognised by class name through the layer's base class, read from the hook
 closures: nothing of transformers is imported.
 """
 
+from diffcheck.dump.layouts import spec_at
 from diffcheck.torch.hook_closures import closure_values
 
 _WHOLE_OUTPUT = ("RowwiseParallel", "PackedRowwiseParallel", "EmbeddingParallel", "AllReduceParallel")
@@ -59,11 +60,6 @@ def tensor_parallel_layer(module):
 def has_tensor_parallel_layers(model):
     return any(tensor_parallel_layer(m) is not None for m in model.modules())
 
-
-def _spec(axis, dim, ndim):
-    entries = ["-"] * ndim
-    entries[dim % ndim] = axis
-    return ",".join(entries)
 
 
 class TransformersLayouts:
@@ -97,11 +93,11 @@ class TransformersLayouts:
         if kind in _OWN_SPLIT:
             return None, f"transformers' {kind}: its own split of the experts, which no spec describes"
         if kind == "ColwiseParallel":
-            return {"spec": _spec(axis, -1 if p.dim() == 1 else -2, p.dim())}, None
+            return {"spec": spec_at(axis, -1 if p.dim() == 1 else -2, p.dim())}, None
         if kind == "RowwiseParallel" and p.dim() > 1:
-            return {"spec": _spec(axis, -1, p.dim())}, None
+            return {"spec": spec_at(axis, -1, p.dim())}, None
         if kind == "EmbeddingParallel":
-            return {"spec": _spec(axis, int(getattr(layer, "embedding_dim_sharding", 0)), p.dim())}, None
+            return {"spec": spec_at(axis, int(getattr(layer, "embedding_dim_sharding", 0)), p.dim())}, None
         return {}, None  # whole on every rank
 
     def parameter(self, p):
@@ -119,10 +115,10 @@ class TransformersLayouts:
                                  "block side by side, which no layout describes"}, said
         if kind == "ColwiseParallel":
             gathered = getattr(layer, "gather_output", False)
-            return ({} if gathered else {"spec": _spec(axis, -1, tensor.dim())}), said
+            return ({} if gathered else {"spec": spec_at(axis, -1, tensor.dim())}), said
         if kind in _WHOLE_OUTPUT:
             return {}, said
         if kind == "SequenceParallel":
             dim = int(getattr(layer, "sequence_dim", 1))
-            return ({"spec": _spec(axis, dim, tensor.dim())} if -tensor.dim() <= dim < tensor.dim() else {}), said
+            return ({"spec": spec_at(axis, dim, tensor.dim())} if -tensor.dim() <= dim < tensor.dim() else {}), said
         return None  # ReplicatedWithGradAllReduce: as its input (dtensor_plan.py)
