@@ -121,6 +121,7 @@ class Gradients:
         # A parameter under several names (tied: an output head that is the
         # token embedding) is tapped under each, so a pipeline stage that holds
         # it under one of them finds its reference.
+        modules = dict(c.model.named_modules(remove_duplicate=False))  # a parameter's module (packed layers)
         for path, p in c.model.named_parameters(remove_duplicate=False):
             tensor = value(p)
             if tensor is None:
@@ -130,7 +131,7 @@ class Gradients:
                 continue  # exclude= names parameter taps by their tap names (param/..., param_grad/...)
             pattern, layout = self._param_layout(name, tensor)
             if pattern is None and c._library is not None:  # what a library says of them (library_plans.py)
-                said, why = c._library.parameter(name, p, c.model.get_submodule(path.rpartition(".")[0]))
+                said, why = c._library.parameter(name, p, modules.get(path.rpartition(".")[0]))
                 if why is not None:
                     continue
                 if said is not None:
