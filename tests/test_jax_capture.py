@@ -514,55 +514,5 @@ class NnxModules(unittest.TestCase):
         self.assertEqual((p.returncode, p.stdout.strip()), (0, "True"), p.stderr[-2000:])
 
 
-class Sketches(unittest.TestCase):
-    def test_signs_are_format_mds(self):
-        from diffcheck.jax.sketch import signs
-        got = np.asarray(signs(0, 3, jnp.uint32(0), 8))
-        want = ["+-+++---", "--+--+--", "---+--++"]  # docs/FORMAT.md, "Sketch taps"
-        self.assertEqual(["".join("+" if v > 0 else "-" for v in row) for row in got], want)
-        far = np.asarray(signs(7, 2, jnp.uint32(1000), 4))  # a later token range and another seed
-
-        def fmix32(h):
-            for shift, mul in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
-                h = ((h ^ (h >> shift)) * mul) & 0xFFFFFFFF
-            return h ^ (h >> 16)
-        # FORMAT.md's formula in plain integers (no torch: the jax 0.12 environment has none)
-        want = [[1 - 2 * (fmix32((7 * 0x9E3779B1 + i * 0x85EBCA77 + t * 0xC2B2AE3D) & 0xFFFFFFFF) & 1)
-                 for t in range(1000, 1004)] for i in range(2)]
-        np.testing.assert_array_equal(far, np.array(want))
-
-    def test_sketch_capture_holds_each_pieces_sketch(self):
-        mesh = jax.make_mesh((2, 4), ("dp", "tp"))
-        x = jax.device_put(jax.random.normal(jax.random.key(1), (32, 24)), NamedSharding(mesh, P("tp", None)))
-
-        def f(x):
-            dcj.tap("vec", jnp.sum(x, axis=0))  # 1-D: whole
-            return dcj.tap("y", x * 2)
-        with tempfile.TemporaryDirectory() as tmp:
-            with dcj.capture(jax.jit(f), os.path.join(tmp, "s"), mesh, sketch=3, sketch_seed=5) as run:
-                run(x)
-            taps = _read(os.path.join(tmp, "s.rank6.h5"))  # dp 1, tp 2: tokens 16-23
-        attrs, sketch = taps["y"]
-        self.assertEqual((attrs["sketch_tokens"], attrs["sketch_seed"], attrs["spec"], attrs["nan_count"]),
-                         (8, 5, "tp,-", 0))
-        # dp is a replica axis: its 2 ranks share the piece's 8 tokens, rank 6 (dp 1) sketching 20-23
-        self.assertEqual(attrs["sketch_shared"], "dp")
-        from diffcheck.jax.sketch import signs
-        r = np.concatenate([np.asarray(signs(5, 3, jnp.uint32(20), 4)), np.ones((1, 4))]).astype(np.float64)
-        piece = np.asarray(x, np.float64)[20:24] * 2
-        np.testing.assert_allclose(sketch, r @ piece, rtol=1e-6)
-        self.assertNotIn("sketch", taps["vec"][0])
-        self.assertRegex(attrs["bits_hash"], "^[0-9a-f]{8}$")  # replicas compare it
-
-    def test_a_nan_is_counted_on_its_rank(self):
-        mesh = jax.make_mesh((8,), ("sp",))
-        x = jax.device_put(jnp.ones((64, 16)).at[41, 3].set(jnp.nan), NamedSharding(mesh, P("sp", None)))
-        with tempfile.TemporaryDirectory() as tmp:
-            with dcj.capture(jax.jit(lambda x: dcj.tap("x", x + 0)), os.path.join(tmp, "n"), mesh, sketch=True) as run:
-                run(x)
-            counts = [_read(os.path.join(tmp, f"n.rank{r}.h5"))["x"][0]["nan_count"] for r in range(8)]
-        self.assertEqual(counts, [0, 0, 0, 0, 0, 1, 0, 0])  # token 41 is rank 5's (8 tokens each)
-
-
 if __name__ == "__main__":
     unittest.main()

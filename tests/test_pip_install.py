@@ -62,11 +62,11 @@ class PipInstall(unittest.TestCase):
         return p.returncode, p.stdout + p.stderr
 
     def check_installed(self, py):
-        # The kernel beside the package (it loads through diffcheck.sketch, which needs torch, where torch is).
+        # The kernel beside the package (diffcheck.kernels loads it; diffcheck.sketch's wrapper needs torch).
         probe = ("import os, importlib.util, diffcheck; from diffcheck.compare import find_executable; "
                  "print(diffcheck.__file__); "
                  "print(find_executable()); "
-                 "lib = os.path.join(os.path.dirname(diffcheck.__file__), 'sketch', 'libdiffcheck_sketch_cpu.so'); "
+                 "lib = os.path.join(os.path.dirname(diffcheck.__file__), 'kernels', 'libdiffcheck_sketch_cpu.so'); "
                  "assert os.path.exists(lib), lib; print(lib)\n"
                  "if importlib.util.find_spec('torch'):\n"
                  "    from diffcheck.sketch import cpu_kernel; print(cpu_kernel.loaded_from())")

@@ -1,6 +1,6 @@
-/* The CPU sketch of a float32 or float64 tap in one pass, summed in float64
+/* The CPU sketch of a float32, float64, bfloat16 or float16 tap in one pass, summed in float64
  * (diffcheck/sketch.py, docs/FORMAT.md "Sketch taps"): the fused twin of the
- * torch-ops path, loaded by diffcheck/sketch/cpu_kernel.py through ctypes.
+ * torch-ops path and of diffcheck.jax's XLA sketch, loaded by diffcheck/kernels/library.py through ctypes.
  *
  * Why not a matrix product: with k = 8 sign rows the torch path widens each
  * float32 tap to float64 (a float32 sketch's own rounding swamps a float32
@@ -32,11 +32,35 @@
 #define VECTOR_CLONES
 #endif
 
+/* The element kinds a piece may hold (diffcheck/kernels/library.py KINDS). */
+enum { KIND_F32 = 0, KIND_F64 = 1, KIND_BF16 = 2, KIND_F16 = 3 };
+
+static inline double load_plain_f32(float v) { return (double)v; }
+static inline double load_plain_f64(double v) { return v; }
+
+/* bfloat16 is float32's upper half. */
+static inline double load_bf16(uint16_t b) {
+  union { uint32_t u; float f; } v = {(uint32_t)b << 16};
+  return (double)v.f;
+}
+
+/* IEEE half to float without a half type: the exponent and mantissa moved
+ * up to float32's places and scaled by 2^112 (exact for normals and
+ * subnormals), Inf and NaN set apart, the sign put back. */
+static inline double load_f16(uint16_t h) {
+  uint32_t magnitude = h & 0x7FFFu;
+  union { uint32_t u; float f; } v = {magnitude << 13};
+  v.f *= 0x1p112f;
+  if (magnitude >= 0x7C00u) v.u = 0x7F800000u | ((magnitude & 0x3FFu) << 13);
+  v.u |= (uint32_t)(h & 0x8000u) << 16;
+  return (double)v.f;
+}
+
 /* Buckets of `groups` groups for columns 0..n-1 of a piece whose token t
  * starts at x + t * token_stride; patterns[g * tokens + t] is token t's
  * pattern in group g. Groups go two at a time: one read of the row feeds
- * both. */
-#define BUCKET_KERNEL(NAME, T)                                                                          \
+ * both. LOAD widens an element to double. */
+#define BUCKET_KERNEL(NAME, T, LOAD)                                                                          \
   VECTOR_CLONES static void NAME(const T *x, int64_t tokens, int64_t token_stride, int64_t n,          \
                                  const uint8_t *patterns, int32_t groups, double *buckets) {            \
     memset(buckets, 0, sizeof(double) * (size_t)groups * PATTERNS * BUCKET_STRIDE);                     \
@@ -49,7 +73,7 @@
         double *restrict b1 =                                                                           \
             buckets + ((size_t)(g + 1) * PATTERNS + patterns[(size_t)(g + 1) * tokens + t]) * BUCKET_STRIDE; \
         for (int64_t j = 0; j < n; ++j) {                                                               \
-          double v = (double)row[j];                                                                    \
+          double v = LOAD(row[j]);                                                                      \
           b0[j] += v;                                                                                   \
           b1[j] += v;                                                                                   \
         }                                                                                               \
@@ -59,12 +83,14 @@
         const T *row = x + t * token_stride;                                                            \
         double *restrict b =                                                                            \
             buckets + ((size_t)g * PATTERNS + patterns[(size_t)g * tokens + t]) * BUCKET_STRIDE;        \
-        for (int64_t j = 0; j < n; ++j) b[j] += (double)row[j];                                         \
+        for (int64_t j = 0; j < n; ++j) b[j] += LOAD(row[j]);                                           \
       }                                                                                                 \
   }
 
-BUCKET_KERNEL(buckets_f32, float)
-BUCKET_KERNEL(buckets_f64, double)
+BUCKET_KERNEL(buckets_f32, float, load_plain_f32)
+BUCKET_KERNEL(buckets_f64, double, load_plain_f64)
+BUCKET_KERNEL(buckets_bf16, uint16_t, load_bf16)
+BUCKET_KERNEL(buckets_f16, uint16_t, load_f16)
 
 /* Rows 0..k of the sketch for columns 0..n-1, into out (row stride width):
  * row i < k is group i/4's buckets with sign -1 where the pattern has bit
@@ -85,11 +111,12 @@ static void combine(const double *buckets, int32_t k, int64_t n, double *out, in
 }
 
 /* The sketch [lead][k + 1][width] (float64, contiguous) of a piece of `lead`
- * matrices [tokens][width] at x (float32, or float64 if is_f64), strides in
- * elements (the width's is 1). patterns: [ceil(k/4)][tokens], token t's bits
+ * matrices [tokens][width] at x, strides in elements (the width's is 1).
+ * kind: float32 (0), float64 (1), bfloat16 (2) or float16 (3); 16-bit
+ * pieces are summed in float64 too (diffcheck.jax's host sketches). patterns: [ceil(k/4)][tokens], token t's bits
  * in group g (bit b set: row 4g + b has sign -1). Returns 0, or -1 if the
  * buckets could not be allocated (the caller then takes the torch path). */
-int diffcheck_sketch_cpu(const void *x, int32_t is_f64, int64_t lead, int64_t lead_stride, int64_t tokens,
+int diffcheck_sketch_cpu(const void *x, int32_t kind, int64_t lead, int64_t lead_stride, int64_t tokens,
                          int64_t token_stride, int64_t width, const uint8_t *patterns, int32_t k, double *out) {
   int32_t groups = (k + GROUP_ROWS - 1) / GROUP_ROWS;
   double *buckets = malloc(sizeof(double) * (size_t)groups * PATTERNS * BUCKET_STRIDE);
@@ -97,10 +124,13 @@ int diffcheck_sketch_cpu(const void *x, int32_t is_f64, int64_t lead, int64_t le
   for (int64_t l = 0; l < lead; ++l)
     for (int64_t j0 = 0; j0 < width; j0 += TILE) {
       int64_t n = width - j0 < TILE ? width - j0 : TILE;
-      if (is_f64)
-        buckets_f64((const double *)x + l * lead_stride + j0, tokens, token_stride, n, patterns, groups, buckets);
-      else
-        buckets_f32((const float *)x + l * lead_stride + j0, tokens, token_stride, n, patterns, groups, buckets);
+      int64_t at = l * lead_stride + j0;
+      switch (kind) {
+        case KIND_F64: buckets_f64((const double *)x + at, tokens, token_stride, n, patterns, groups, buckets); break;
+        case KIND_BF16: buckets_bf16((const uint16_t *)x + at, tokens, token_stride, n, patterns, groups, buckets); break;
+        case KIND_F16: buckets_f16((const uint16_t *)x + at, tokens, token_stride, n, patterns, groups, buckets); break;
+        default: buckets_f32((const float *)x + at, tokens, token_stride, n, patterns, groups, buckets);
+      }
       combine(buckets, k, n, out + (size_t)l * (k + 1) * width + j0, width);
     }
   free(buckets);
@@ -192,4 +222,62 @@ void diffcheck_watch_rows(const void *const *ptrs, const int64_t *bytes, const i
     row[2] = 2;
     row[3] = 1;
   }
+}
+
+/* Exact NaN and Inf counts of n elements whose magnitude bits (the sign
+ * masked off) are compared with the all-ones exponent `inf_bits`: above it
+ * NaN, equal Inf. One vectorizable pass. */
+#define SPECIAL_COUNT(NAME, T, MAGNITUDE)                                               \
+  VECTOR_CLONES static void NAME(const T *x, int64_t n, T inf_bits, int64_t *nan, int64_t *inf) { \
+    int64_t nans = 0, infs = 0;                                                         \
+    for (int64_t i = 0; i < n; ++i) {                                                   \
+      T m = x[i] & (T)(MAGNITUDE);                                                      \
+      nans += m > inf_bits;                                                             \
+      infs += m == inf_bits;                                                            \
+    }                                                                                   \
+    *nan = nans;                                                                        \
+    *inf = infs;                                                                        \
+  }
+
+SPECIAL_COUNT(special_u16, uint16_t, 0x7FFFu)
+SPECIAL_COUNT(special_u32, uint32_t, 0x7FFFFFFFu)
+SPECIAL_COUNT(special_u64, uint64_t, 0x7FFFFFFFFFFFFFFFull)
+
+/* What diffcheck.jax's host sketch needs of a contiguous piece of n
+ * elements of `kind` besides its sketch: XXH3's 64-bit hash of its bytes
+ * (replicas of one run compare it; FORMAT.md lets bits_hash be any function
+ * of the bytes) and its exact NaN and Inf counts, in one read: the piece
+ * goes a chunk at a time through XXH3's streaming state (the same hash as
+ * one call over all of it) and, while the chunk is in the first-level cache,
+ * through the counts. */
+#define CHECK_CHUNK 16384 /* bytes: a multiple of every element size */
+
+void diffcheck_piece_check(const void *x, int32_t kind, int64_t n, int32_t hash_it, uint64_t *hash, int64_t *nan,
+                           int64_t *inf) {
+  size_t size = kind == KIND_F64 ? 8 : kind == KIND_F32 ? 4 : 2;
+  size_t total = (size_t)n * size;
+  const char *bytes = x;
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_64bits_reset(&state);
+  int64_t nans = 0, infs = 0;
+  for (size_t at = 0; at < total; at += CHECK_CHUNK) {
+    size_t len = total - at < CHECK_CHUNK ? total - at : CHECK_CHUNK;
+    int64_t chunk_nan, chunk_inf;
+    if (hash_it) XXH3_64bits_update(&state, bytes + at, len);
+    switch (kind) {
+      case KIND_F64: special_u64((const uint64_t *)(bytes + at), (int64_t)(len / 8), 0x7FF0000000000000ull,
+                                 &chunk_nan, &chunk_inf); break;
+      case KIND_F32: special_u32((const uint32_t *)(bytes + at), (int64_t)(len / 4), 0x7F800000u,
+                                 &chunk_nan, &chunk_inf); break;
+      case KIND_BF16: special_u16((const uint16_t *)(bytes + at), (int64_t)(len / 2), 0x7F80u,
+                                  &chunk_nan, &chunk_inf); break;
+      default: special_u16((const uint16_t *)(bytes + at), (int64_t)(len / 2), 0x7C00u, &chunk_nan, &chunk_inf);
+    }
+    nans += chunk_nan;
+    infs += chunk_inf;
+  }
+  *hash = hash_it ? XXH3_64bits_digest(&state) : 0;
+  *nan = nans;
+  *inf = infs;
 }

@@ -85,7 +85,7 @@ def _block_index(entry, axis_sizes):
     return b
 
 
-def _entry_axes(entry):
+def entry_axes(entry):
     if entry is None:
         return ()
     return (entry,) if isinstance(entry, str) else tuple(entry)
@@ -105,7 +105,7 @@ def replica_axes(spec, mesh):
     """The mesh axes of size > 1 that a PartitionSpec neither splits nor sums over."""
     used = set(getattr(spec, "unreduced", ()) or ())
     for entry in getattr(spec, "partitions", spec):
-        used.update(_entry_axes(entry))
+        used.update(entry_axes(entry))
     return [a for a, n in mesh.shape.items() if n > 1 and a not in used]
 
 
@@ -127,7 +127,7 @@ def sketch_pieces(x, spec, mesh, k, seed):
     sizes = dict(mesh.shape)
     parts = list(getattr(spec, "partitions", spec))
     parts += [None] * (x.ndim - len(parts))
-    token_axes = _entry_axes(parts[x.ndim - 2])
+    token_axes = entry_axes(parts[x.ndim - 2])
     local_tokens = x.shape[-2] // int(np.prod([sizes[a] for a in token_axes] or [1]))
     shared, share = token_share(local_tokens, spec, mesh)
     hashed = bool(replica_axes(spec, mesh))

@@ -1,10 +1,14 @@
-"""A sharded capture in sketch mode (sketch.py): the function jitted with
-each sketchable tap replaced by its devices' sketches, counts and hashes;
-the rest (small, 1-D, integer taps) leave whole as in a full capture."""
+"""A sharded capture in sketch mode: on CPU devices the function runs jitted
+with its taps as outputs and each device's piece is sketched on the host by
+the C kernel (host_sketch.py); elsewhere (or with DIFFCHECK_SKETCH_KERNEL=off)
+the function is jitted with each sketchable tap replaced by its devices'
+sketches, counts and hashes (sketch.py). The rest (small, 1-D, integer taps)
+leave whole as in a full capture."""
 import numpy as np
 
 import jax
 
+from diffcheck.jax import host_sketch
 from diffcheck.jax import sketch as jax_sketch
 from diffcheck.jax.layouts import spec_strings
 
@@ -21,6 +25,8 @@ class SketchRun:
         self._shardings = {}  # tap key -> NamedSharding XLA gave it
         self._shared, self._hashed = {}, {}  # tap key -> replica axes sharing its tokens, whether hashed
         self._jit = jax.jit(self._traced)
+        self._plain = jax.jit(capture._traced)  # the host path's: every tap an output
+        self.on_host = host_sketch.available(capture.mesh)
 
     def _traced(self, *args, **kwargs):
         result, taps = self.capture._traced(*args, **kwargs)
@@ -44,23 +50,37 @@ class SketchRun:
         self._shardings.update(out_info)
 
     def run(self, args, kwargs):
-        """(result, [(name, kind, value)]) in tap order: kind "sketch" with
-        (sketch, nan, inf, hash) stacked over ranks, or "whole" with the array."""
+        """(result, [(name, kind, value, key)]) in tap order: kind "sketch" with
+        [(device id, sketch, nan, inf, hash)], or "whole" with the array."""
         with jax.set_mesh(self.capture.mesh):
+            if self.on_host:
+                return self._run_on_host(args, kwargs)
             try:
                 result, sketches, whole = self._jit(*args, **kwargs)
             except _NewTaps:
                 self._learn_shardings(args, kwargs)
                 result, sketches, whole = self._jit(*args, **kwargs)
-        taps = [(key, "sketch", v) for key, v in sketches.items()] + [(key, "whole", v) for key, v in whole.items()]
-        taps.sort(key=lambda t: t[0])
-        return result, [(key.split(":", 1)[1], kind, v, key) for key, kind, v in taps]
+        taps = [(key, "sketch", _per_device(v, self._hashed[key])) for key, v in sketches.items()]
+        return result, _in_order(taps + [(key, "whole", v) for key, v in whole.items()])
 
-    def write(self, name, stacked, key, writer_of, named, depth, ranks):
+    def _run_on_host(self, args, kwargs):
+        result, outputs = self._plain(*args, **kwargs)
+        taps, pending = [], []
+        for key, x in outputs.items():
+            if jax_sketch.sketchable(x.shape, x.dtype, self.k) and host_sketch.takes(x.dtype):
+                self._shardings[key] = x.sharding
+                jobs, self._shared[key], self._hashed[key] = host_sketch.sketch_array(x, self.capture.mesh, self.k,
+                                                                                      self.seed)
+                pending.append((key, jobs))
+            else:
+                taps.append((key, "whole", x))
+        taps += [(key, "sketch", [job.result() for job in jobs]) for key, jobs in pending]
+        return result, _in_order(taps)
+
+    def write(self, name, per_device, key, writer_of, named, depth, ranks):
         """Each rank's sketch of tap `name` to its file."""
-        sketch, nan, inf, hashes = stacked
         x_sharding = self._shardings[key]
-        shape = sketch.shape[1:]
+        shape = per_device[0][1].shape
         mesh = self.capture.mesh
         ndim = len(shape) if len(shape) >= 2 else 2
         spec, partial = spec_strings(x_sharding.spec, ndim, list(mesh.shape), f"tap '{name}'")
@@ -69,14 +89,11 @@ class SketchRun:
         tokens = self._global_tokens[key] // split
         dtype = self._dtypes[key]
         steps = None if depth[1] is None else max(depth[1], 1)
-        for arrays in zip(sketch.addressable_shards, nan.addressable_shards, inf.addressable_shards,
-                          hashes.addressable_shards):
-            rank = ranks[arrays[0].device.id]
-            s, n, i, h = (np.asarray(a.data)[0] for a in arrays)
-            writer_of(rank).sketch(named, s, tokens=tokens, seed=self.seed, nan=int(n), inf=int(i),
-                                   bits_hash=jax_sketch.hash_string(h, self._hashed[key]), dtype=dtype, spec=spec,
-                                   partial=partial, shared=self._shared[key] or None,
-                                   reduction_depth=depth[0] or None, rounding_steps=steps)
+        for device, s, n, i, h in per_device:
+            writer_of(ranks[device]).sketch(named, s, tokens=tokens, seed=self.seed, nan=int(n), inf=int(i),
+                                            bits_hash=h, dtype=dtype, spec=spec, partial=partial,
+                                            shared=self._shared[key] or None, reduction_depth=depth[0] or None,
+                                            rounding_steps=steps)
 
     def note_shapes(self, args, kwargs):
         """Each tap's global token count and dtype (from the traced shapes)."""
@@ -85,3 +102,19 @@ class SketchRun:
         self._global_tokens = {k: (v.shape[-2] if len(v.shape) >= 2 else 1) for k, v in shapes.items()}
         self._dtypes = {k: str(v.dtype) for k, v in shapes.items()}
 
+
+def _per_device(stacked, hashed):
+    """[(device id, sketch, nan, inf, hash string)] of the XLA program's
+    results stacked over the devices (row r on device r)."""
+    sketch, nan, inf, hashes = stacked
+    rows = []
+    for arrays in zip(sketch.addressable_shards, nan.addressable_shards, inf.addressable_shards,
+                      hashes.addressable_shards):
+        s, n, i, h = (np.asarray(a.data)[0] for a in arrays)
+        rows.append((arrays[0].device.id, s, n, i, jax_sketch.hash_string(h, hashed)))
+    return rows
+
+
+def _in_order(taps):
+    taps.sort(key=lambda t: t[0])
+    return [(key.split(":", 1)[1], kind, v, key) for key, kind, v in taps]

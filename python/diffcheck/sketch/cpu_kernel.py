@@ -1,103 +1,31 @@
 """The fused CPU sketch (python/kernels/sketch_cpu.c, built by CMake as
-libdiffcheck_sketch_cpu.so) through ctypes: a float32 or float64 tap on the
-CPU sketched in one pass, summed in float64, where the torch-ops path of
-diffcheck/sketch/__init__.py makes three passes. Same sketch, same verdicts (the
-suite checks the two agree); where the library is not found the torch-ops
-path serves, and a warning says so once.
-
-Where it is looked for: $DIFFCHECK_SKETCH_KERNEL (a path; "off": not at
-all), beside this package (CMake's install puts it there), then the build
-tree of a source checkout (<checkout>/build/python, scripts/setup.sh's).
+libdiffcheck_sketch_cpu.so, loaded by diffcheck/kernels/library.py) for
+torch tensors: a float32 or float64 tap on the CPU sketched in one pass,
+summed in float64, where the torch-ops path of diffcheck/sketch/__init__.py
+makes three passes. Same sketch, same verdicts (the suite checks the two
+agree); where the library is not found the torch-ops path serves, and a
+warning says so once. Where it is looked for: diffcheck/kernels/library.py
+($DIFFCHECK_SKETCH_KERNEL, "off": not at all).
 """
-import contextlib
 import ctypes
-import logging
-import os
 
 import torch
 
-LIBRARY = "libdiffcheck_sketch_cpu.so"
-ENV = "DIFFCHECK_SKETCH_KERNEL"
+from diffcheck.kernels import library
+
+LIBRARY, ENV = library.LIBRARY, library.ENV
 GROUP_ROWS = 4  # sign rows per pattern byte, as the kernel takes them
 _PATTERN_CACHE_LIMIT = 64
-_state = {"function": None, "bits": None, "bytes_hash": None, "watch_rows": None, "tried": False, "path": None}
 _PATTERNS = {}
-
-
-def _candidates():
-    given = os.environ.get(ENV)
-    if given:
-        return [] if given.lower() == "off" else [given]
-    here = os.path.dirname(os.path.abspath(__file__))
-    return [os.path.join(here, LIBRARY), os.path.join(here, "..", "..", "..", "build", "python", LIBRARY)]
 
 
 def function():
     """The kernel's entry point, or None (the torch-ops path then)."""
-    if not _state["tried"]:
-        _state["tried"] = True
-        for path in _candidates():
-            if not os.path.exists(path):
-                continue
-            try:
-                library = ctypes.CDLL(path)
-                f, b = library.diffcheck_sketch_cpu, library.diffcheck_piece_bits
-            except (OSError, AttributeError) as e:
-                logging.getLogger("diffcheck").warning("diffcheck: %s does not load (%s): sketches use torch ops",
-                                                       path, e)
-                continue
-            f.restype = ctypes.c_int32
-            f.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                          ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]
-            b.restype = None
-            b.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,
-                          ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int64),
-                          ctypes.POINTER(ctypes.c_int64)]
-            _state["function"], _state["bits"], _state["path"] = f, b, os.path.abspath(path)
-            h = getattr(library, "diffcheck_bytes_hash", None)  # absent from a library built before it
-            if h is not None:
-                h.restype, h.argtypes = ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_int64]
-                _state["bytes_hash"] = h
-            rows = getattr(library, "diffcheck_watch_rows", None)  # likewise
-            if rows is not None:
-                rows.restype = None
-                rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-                _state["watch_rows"] = rows
-            break
-        given = os.environ.get(ENV)
-        if _state["function"] is None and given and given.lower() != "off":
-            logging.getLogger("diffcheck").warning("diffcheck: %s=%s is not a loadable kernel: sketches use torch ops",
-                                                   ENV, os.environ[ENV])
-        elif _state["function"] is None and not given:
-            # Named once per process, never replaced in silence: the fallbacks are slower
-            # (sketches in torch ops, the watch's CRC-32 in place of XXH3).
-            logging.getLogger("diffcheck").warning(
-                "diffcheck: the CPU kernel %s was not found (looked in %s): sketches use torch ops and "
-                "dct.watch hashes with CRC-32; `pip install .` from the checkout builds it, or set %s to "
-                "its path (\"off\": do without, and say nothing)", LIBRARY, ", ".join(_candidates()), ENV)
-    return _state["function"]
+    return library.get("diffcheck_sketch_cpu")
 
 
-def loaded_from():
-    """The library's path, or None where the torch-ops path serves."""
-    function()
-    return _state["path"]
-
-
-def reset():
-    """Look for the library again."""
-    _state.update(function=None, bits=None, bytes_hash=None, watch_rows=None, tried=False, path=None)
-
-
-@contextlib.contextmanager
-def torch_ops_only():
-    """Within: sketches take the torch-ops path, as without the library (the
-    tests compare the two); the library is looked for again after."""
-    _state.update(function=None, bits=None, bytes_hash=None, watch_rows=None, tried=True, path=None)
-    try:
-        yield
-    finally:
-        reset()
+loaded_from, reset = library.loaded_from, library.reset
+torch_ops_only = library.without  # within: sketches take the torch-ops path, as without the library
 
 
 def takes(x):
@@ -157,8 +85,8 @@ def piece_bits(x):
     Inf counts and diffcheck.sketch's bits_hash (a 64-bit two's-complement value)."""
     width = x.shape[-1] if x.dim() else 1
     h, nan, inf = ctypes.c_uint64(), ctypes.c_int64(), ctypes.c_int64()
-    _state["bits"](x.data_ptr(), x.element_size(), x.numel() // width, width, ctypes.byref(h), ctypes.byref(nan),
-                   ctypes.byref(inf))
+    library.get("diffcheck_piece_bits")(x.data_ptr(), x.element_size(), x.numel() // width, width, ctypes.byref(h),
+                                        ctypes.byref(nan), ctypes.byref(inf))
     signed = h.value - (1 << 64) if h.value >= 1 << 63 else h.value
     return (torch.tensor(nan.value, dtype=torch.int64), torch.tensor(inf.value, dtype=torch.int64),
             torch.tensor(signed, dtype=torch.int64))
@@ -167,13 +95,11 @@ def piece_bits(x):
 def bytes_hash_function():
     """XXH3's 64-bit hash of a buffer (address, bytes) -> int, from the
     library, or None where it is not loaded (dct.watch then takes zlib's CRC-32)."""
-    function()
-    return _state["bytes_hash"]
+    return library.get("diffcheck_bytes_hash")
 
 
 def watch_rows_function():
     """The watch's rows of many buffers in one call (pointers, bytes,
     elements, n, rows out: all int64 arrays) -> None, or None where the
     library is not loaded (or predates it)."""
-    function()
-    return _state["watch_rows"]
+    return library.get("diffcheck_watch_rows")

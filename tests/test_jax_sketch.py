@@ -1,0 +1,172 @@
+"""diffcheck.jax's sketch mode (capture(..., sketch=True)): the signs are
+FORMAT.md's, each rank's file holds its piece's sketch, NaN and Inf are
+counted on their rank, and the two ways of making the sketches agree: on
+the host by the C kernel (host_sketch.py, CPU devices) and in the XLA
+program (sketch.py, accelerators; here its CPU twin)."""
+import contextlib
+import os
+import tempfile
+import unittest
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
+import h5py  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+import diffcheck.jax as dcj  # noqa: E402
+from diffcheck.jax import host_sketch  # noqa: E402
+from diffcheck.jax.sketch import signs  # noqa: E402
+from diffcheck.kernels import library  # noqa: E402
+
+
+def _read(path):
+    """{tap name: (attributes, values)} of a rank file."""
+    out = {}
+    with h5py.File(path) as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                out[name] = (dict(obj.attrs), obj[()])
+        f["taps"].visititems(visit)
+    return out
+
+
+def _paths():
+    """(name, context) of each way of sketching: the host's kernel, the XLA program."""
+    return (("host", contextlib.nullcontext()), ("program", library.without()))
+
+
+def _capture(fn, args, mesh, tmp, name, **kw):
+    with dcj.capture(jax.jit(fn), os.path.join(tmp, name), mesh, **kw) as run:
+        run(*args)
+    on_host = run.sketches.on_host
+    return on_host, [_read(os.path.join(tmp, f"{name}.rank{r}.h5")) for r in range(mesh.size)]
+
+
+class Signs(unittest.TestCase):
+    def test_signs_are_format_mds(self):
+        got = np.asarray(signs(0, 3, jnp.uint32(0), 8))
+        want = ["+-+++---", "--+--+--", "---+--++"]  # docs/FORMAT.md, "Sketch taps"
+        self.assertEqual(["".join("+" if v > 0 else "-" for v in row) for row in got], want)
+        far = np.asarray(signs(7, 2, jnp.uint32(1000), 4))  # a later token range and another seed
+
+        def fmix32(h):
+            for shift, mul in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+                h = ((h ^ (h >> shift)) * mul) & 0xFFFFFFFF
+            return h ^ (h >> 16)
+        # FORMAT.md's formula in plain integers (no torch: the jax 0.12 environment has none)
+        want = [[1 - 2 * (fmix32((7 * 0x9E3779B1 + i * 0x85EBCA77 + t * 0xC2B2AE3D) & 0xFFFFFFFF) & 1)
+                 for t in range(1000, 1004)] for i in range(2)]
+        np.testing.assert_array_equal(far, np.array(want))
+
+    def test_the_hosts_patterns_are_the_signs(self):
+        """The kernel's pattern bytes (bit b of group g: row 4g+b is -1), from tokens that wrap 2^32."""
+        k, first, tokens = 6, 2 ** 32 - 3, 11
+        r = np.asarray(signs(9, k, jnp.uint32(first), tokens))
+        patterns = host_sketch.sign_patterns(9, k, first, tokens)
+        self.assertEqual(patterns.shape, (2, tokens))
+        bits = np.array([[(patterns[i // 4, t] >> (i % 4)) & 1 for t in range(tokens)] for i in range(k)])
+        np.testing.assert_array_equal(bits, (r < 0).astype(int))
+        self.assertTrue((patterns[1] >> 2 == 0).all())  # rows 6 and 7 do not exist
+
+
+class Pieces(unittest.TestCase):
+    def setUp(self):
+        if os.environ.get(library.ENV):
+            self.assertIsNotNone(library.loaded_from(), os.environ[library.ENV])
+
+    def test_each_rank_holds_its_pieces_sketch(self):
+        mesh = jax.make_mesh((2, 4), ("dp", "tp"))
+        x = jax.device_put(jax.random.normal(jax.random.key(1), (32, 24)), NamedSharding(mesh, P("tp", None)))
+
+        def f(x):
+            dcj.tap("vec", jnp.sum(x, axis=0))  # 1-D: whole
+            return dcj.tap("y", x * 2)
+        for path, context in _paths():
+            with self.subTest(path=path), context, tempfile.TemporaryDirectory() as tmp:
+                on_host, files = _capture(f, (x,), mesh, tmp, "s", sketch=3, sketch_seed=5)
+                self.assertEqual(on_host, path == "host" and library.loaded_from() is not None)
+                attrs, sketch = files[6]["y"]  # dp 1, tp 2: tokens 16-23
+                self.assertEqual((attrs["sketch_tokens"], attrs["sketch_seed"], attrs["spec"], attrs["nan_count"]),
+                                 (8, 5, "tp,-", 0))
+                # dp is a replica axis: its 2 ranks share the piece's 8 tokens, rank 6 (dp 1) sketching 20-23
+                self.assertEqual(attrs["sketch_shared"], "dp")
+                r = np.concatenate([np.asarray(signs(5, 3, jnp.uint32(20), 4)), np.ones((1, 4))]).astype(np.float64)
+                piece = np.asarray(x, np.float64)[20:24] * 2
+                np.testing.assert_allclose(sketch, r @ piece, rtol=1e-6)
+                self.assertNotIn("sketch", files[6]["vec"][0])
+                self.assertRegex(attrs["bits_hash"], "^[0-9a-f]{16}$" if on_host else "^[0-9a-f]{8}$")
+                self.assertEqual(attrs["bits_hash"], files[2]["y"][0]["bits_hash"])  # its dp replica
+
+    def test_nan_and_inf_are_counted_on_their_rank(self):
+        mesh = jax.make_mesh((8,), ("sp",))
+        for dtype in ("float32", "bfloat16", "float16"):
+            x = jnp.ones((64, 16), dtype).at[41, 3].set(jnp.nan).at[9, 0].set(jnp.inf).at[10, 1].set(-jnp.inf)
+            x = jax.device_put(x, NamedSharding(mesh, P("sp", None)))
+            for path, context in _paths():
+                with self.subTest(dtype=dtype, path=path), context, tempfile.TemporaryDirectory() as tmp:
+                    _, files = _capture(lambda x: dcj.tap("x", x + 0), (x,), mesh, tmp, "n", sketch=True)
+                    counts = [(f["x"][0]["nan_count"], f["x"][0]["inf_count"]) for f in files]
+                # token 41 is rank 5's, tokens 9 and 10 rank 1's (8 tokens each)
+                self.assertEqual(counts, [(0, 0), (0, 2), (0, 0), (0, 0), (0, 0), (1, 0), (0, 0), (0, 0)])
+
+    def test_the_host_and_the_program_agree(self):
+        """Every kind of piece: replicated (its tokens shared, hashed), split along tokens, along width,
+        with lead dimensions, a partial sum over an unreduced axis, 16-bit dtypes, subnormals; each rank's
+        sketch, counts, shares and layout the same both ways."""
+        mesh = jax.make_mesh((2, 2, 2), ("dp", "sp", "tp"))
+        keys = jax.random.split(jax.random.key(3), 3)
+        x = jax.device_put(jax.random.normal(keys[0], (64, 32)), NamedSharding(mesh, P(("dp", "sp"), None)))
+        w = jax.device_put(jax.random.normal(keys[1], (32, 48)), NamedSharding(mesh, P("dp", "tp")))
+
+        def f(x, w):
+            rep = dcj.tap("rep", jax.sharding.reshard(jnp.tanh(x), P()))
+            dcj.tap("tokens", x * 3)
+            dcj.tap("lead", jax.sharding.reshard(jnp.stack([x, -x, x * x]), P(None, "sp", "tp")))
+            lhs = jax.sharding.reshard(rep, P(None, "dp"))  # contracted over dp on both sides: a partial sum
+            dcj.tap("partial", jnp.einsum("tk,kn->tn", lhs, w, out_sharding=P(None, "tp", unreduced={"dp"})))
+            dcj.tap("half", (x * 0.5).astype(jnp.bfloat16))
+            dcj.tap("f16", (x * 1e-6).astype(jnp.float16))  # subnormal halves among them
+            return rep
+        results = {}
+        for path, context in _paths():
+            with context, tempfile.TemporaryDirectory() as tmp:
+                results[path] = _capture(f, (x, w), mesh, tmp, "a", sketch=True, sketch_seed=11)
+        if not results["host"][0]:
+            self.skipTest("no CPU sketch kernel built (DIFFCHECK_SKETCH_KERNEL): only the program runs")
+        same = ("sketch_tokens", "sketch_seed", "spec", "partial", "sketch_shared", "nan_count", "inf_count", "dtype")
+        for rank, (host, program) in enumerate(zip(results["host"][1], results["program"][1])):
+            self.assertEqual(sorted(host), sorted(program))
+            for name in ("rep", "tokens", "lead", "partial", "half", "f16"):
+                with self.subTest(rank=rank, tap=name):
+                    (a, s), (b, t) = host[name], program[name]
+                    self.assertIn("sketch", a)
+                    self.assertEqual({k: a.get(k) for k in same}, {k: b.get(k) for k in same})
+                    # 16-bit taps: the program sums in float32, the host in float64
+                    scale = np.abs(t).max() * (1e-6 if name in ("half", "f16") else 1e-12)
+                    np.testing.assert_allclose(s, t, rtol=1e-6, atol=scale)
+        self.assertEqual(results["host"][1][0]["rep"][0]["sketch_shared"], "dp*sp*tp")
+        self.assertEqual(results["host"][1][0]["partial"][0]["partial"], "dp")
+
+    def test_replicas_that_differ_hash_apart(self):
+        """A value said to be replicated whose dp replicas differ in one bit: their hashes differ, the
+        tp replicas' agree (the comparator names the replicas from them)."""
+        mesh = jax.make_mesh((2, 4), ("dp", "tp"))
+        x = jax.device_put(jnp.ones((32, 16)), NamedSharding(mesh, P()))
+
+        def f(x):
+            odd = jax.shard_map(lambda b: b + jax.lax.axis_index("dp") * 2.0 ** -20, mesh=mesh, in_specs=P(),
+                                out_specs=P(), check_vma=False)(x)
+            return dcj.tap("y", odd)
+        with tempfile.TemporaryDirectory() as tmp:
+            _, files = _capture(f, (x,), mesh, tmp, "d", sketch=True)
+        hashes = [f["y"][0]["bits_hash"] for f in files]
+        self.assertEqual(len(set(hashes[:4])), 1, hashes)  # dp 0
+        self.assertEqual(len(set(hashes[4:])), 1, hashes)  # dp 1
+        self.assertNotEqual(hashes[0], hashes[4])
+
+
+if __name__ == "__main__":
+    unittest.main()
