@@ -112,7 +112,7 @@ def main():
                     help="read the one-device runs from DIR when made before for this program and these inputs "
                          "(under other XLA flags: a flag bisect's baseline makes them), else keep them there")
     ap.add_argument("--sketch", action="store_true",
-                    help="capture sketches made inside the XLA program, not whole tensors (docs/jax.md)")
+                    help="capture each device's sketches, not whole tensors (docs/jax.md, \"Sketch mode\")")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "diffcheck-jax-dit"),
                     help="directory of the activation files")
     args = ap.parse_args(ARGV)

@@ -71,6 +71,8 @@ def main():
     ap.add_argument("--mesh", default="dp=2,fsdp=2", help="dp=A,fsdp=B (default dp=2,fsdp=2)")
     ap.add_argument("--bug", action="store_true", help="leave the gradients' sum over dp out")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the run's dtype")
+    ap.add_argument("--sketch", action="store_true",
+                    help="capture each device's sketches, not whole tensors (docs/jax.md, \"Sketch mode\")")
     ap.add_argument("--reference-cache", metavar="DIR",
                     help="read the one-device runs from DIR when made before for this program and these inputs "
                          "(under other XLA flags: a flag bisect's baseline makes them), else keep them there")
@@ -89,7 +91,7 @@ def main():
     x, y = put(rng.standard_normal((BATCH, D)), DATA), put(rng.standard_normal((BATCH, D)), DATA)
     optimizer = optax.adam(1e-2)
     opt_state = jax.jit(optimizer.init)(params)
-    return dcj.verdict(jax.jit(make_step(args.bug, optimizer)), params, opt_state, x, y, reference_cache=args.reference_cache, out=os.path.join(args.out, "run"), mesh=mesh)  # noqa: E501  # diffcheck
+    return dcj.verdict(jax.jit(make_step(args.bug, optimizer)), params, opt_state, x, y, reference_cache=args.reference_cache, out=os.path.join(args.out, "run"), mesh=mesh, sketch=args.sketch)  # noqa: E501  # diffcheck
 
 
 if __name__ == "__main__":

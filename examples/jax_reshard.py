@@ -101,7 +101,7 @@ def main():
     ap.add_argument("--shard-map", action="store_true",
                     help="reduce by hand in a shard_map (psum_scatter over fsdp, sp; psum over dp) instead of reshard")
     ap.add_argument("--sketch", action="store_true",
-                    help="capture sketches made inside the XLA program, not whole tensors (docs/jax.md)")
+                    help="capture each device's sketches, not whole tensors (docs/jax.md, \"Sketch mode\")")
     args = ap.parse_args()
     mesh = mesh_of(args.mesh, AXES)
     a, b, w = inputs(mesh, getattr(jnp, args.dtype), args.seed)

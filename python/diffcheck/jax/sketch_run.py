@@ -51,7 +51,7 @@ class SketchRun:
 
     def run(self, args, kwargs):
         """(result, [(name, kind, value, key)]) in tap order: kind "sketch" with
-        [(device id, sketch, nan, inf, hash)], or "whole" with the array."""
+        [(device id, sketch, nan, inf, hash)] (or futures of them), or "whole" with the array."""
         with jax.set_mesh(self.capture.mesh):
             if self.on_host:
                 return self._run_on_host(args, kwargs)
@@ -74,11 +74,14 @@ class SketchRun:
                 pending.append((key, jobs))
             else:
                 taps.append((key, "whole", x))
-        taps += [(key, "sketch", [job.result() for job in jobs]) for key, jobs in pending]
+        # futures: the files are written in tap order while later pieces are still sketched
+        taps += [(key, "sketch", jobs) for key, jobs in pending]
         return result, _in_order(taps)
 
     def write(self, name, per_device, key, writer_of, named, depth, ranks):
-        """Each rank's sketch of tap `name` to its file."""
+        """Each rank's sketch of tap `name` to its file (per_device: its rows,
+        or futures of them)."""
+        per_device = [row.result() if hasattr(row, "result") else row for row in per_device]
         x_sharding = self._shardings[key]
         shape = per_device[0][1].shape
         mesh = self.capture.mesh
