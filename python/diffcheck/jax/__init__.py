@@ -40,6 +40,7 @@ from diffcheck.jax.layouts import LayoutError, array_layout, mesh_string  # noqa
 from diffcheck.jax.reference_cache import fetch as reference_cache_fetch, key as reference_cache_key
 from diffcheck.jax.reference_cache import store as reference_cache_store
 from diffcheck.jax.rounding import output_depths
+from diffcheck.jax import closed_over
 from diffcheck.jax.sketch_run import SketchRun
 from diffcheck.jax.taps import TapError  # noqa: F401
 from diffcheck.dump.keywords import check_root_keywords, root_attributes
@@ -228,7 +229,9 @@ class Capture:
             args1, kwargs1 = one.to_one_device((args, kwargs), mesh1, widen=self.reference)
             self._open(args)
             try:
-                result, taps = self._run(mesh1, args1, kwargs1)
+                # what the function reads of the run from outside its arguments: the one-device twins
+                with closed_over.swapped(self.fn, self.mesh, mesh1, widen=bool(self.reference)):
+                    result, taps = self._run(mesh1, args1, kwargs1)
             except (ValueError, TypeError) as e:
                 one.name_an_owned_mesh(e, self.path)
                 raise

@@ -109,7 +109,10 @@ def name_an_owned_mesh(error, path):
     if not ("should match the mesh" in text or "incompatible devices" in text or "should match the aval mesh" in text):
         return
     raise ValueError(f"{path}: the references run the program on a one-device mesh, but it holds the sharded mesh "
-                     "(a shard_map(mesh=...), a NamedSharding or a model built for that mesh), which JAX refuses "
-                     "there. For an nnx.Module give dcj.check(..., build=lambda mesh, dtype: Model(..., mesh, dtype)): "
+                     "inside an object diffcheck does not reach (it swaps the mesh, its NamedShardings and arrays "
+                     "that the function reads from closures, globals and its object's attributes: docs/jax.md, "
+                     "\"The references\"), such as a shard_map(mesh=...) or a model built for that mesh before "
+                     "the capture. Build it inside the function (shard_map without mesh= takes the context's), "
+                     "or for an nnx.Module give dcj.check(..., build=lambda mesh, dtype: Model(..., mesh, dtype)): "
                      "the references' model is built on their mesh and takes the run's state. JAX said: "
                      f"{text.splitlines()[0][:300]}") from error
