@@ -165,6 +165,24 @@ class PlanTest(unittest.TestCase):
         with h5py.File(out + ".rank0.h5") as f:
             self.assertEqual(f.attrs["mesh"], "tp=1")
 
+    def test_a_schedules_mesh_is_its_stages_group_then_the_dtensors(self):
+        """A pipeline schedule with no mesh=: pp from its stages' group size, outermost, then the stages'
+        DeviceMesh where the two span the world (torchtitan's pp=2,fsdp=1 needed mesh= before)."""
+        from types import SimpleNamespace
+        from diffcheck.torch.pipeline import StageModules, mesh_of_schedule
+        plain = Net()
+        tp = Net()
+        parallelize_module(tp, MESH, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+
+        def schedule(net, pp):
+            return SimpleNamespace(_n_microbatches=4, _stage=SimpleNamespace(group_size=pp, submod=net))
+        cases = [(plain, 2, 2, "pp=2"), (plain, 2, 4, None), (tp, 2, 2, "pp=2,tp=1"), (tp, 2, 4, None),
+                 (tp, 1, 1, "pp=1,tp=1")]
+        for net, pp, world, want in cases:
+            with self.subTest(dtensors=net is tp, pp=pp, world=world):
+                stages = StageModules([net])
+                self.assertEqual(mesh_of_schedule(schedule(net, pp), stages, world, "pp"), want)
+
     def test_a_model_without_a_plan_is_untouched(self):
         original = DTensor.to_local
         taps = self.capture(Net())

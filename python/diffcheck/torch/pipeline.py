@@ -30,7 +30,9 @@ fault reached.
 """
 import torch
 
+from diffcheck.dump.layouts import is_dtensor
 from diffcheck.torch.data_axes import first_batch, with_data_axes
+from diffcheck.torch.dtensor_plan import mesh_of_model
 from diffcheck.torch.hand_pipeline import lay_together
 
 _FORWARD, _BACKWARD, _OTHER = 0, 1, 2
@@ -44,6 +46,23 @@ def is_schedule(obj):
 
 def schedule_stages(schedule):
     return list(schedule._stages) if hasattr(schedule, "_stages") else [schedule._stage]
+
+
+def mesh_of_schedule(schedule, model, world, axis):
+    """The mesh string of a schedule's run where it can be read: the pipeline
+    axis (its stages' process group) outermost, as torchtitan and Megatron
+    lay it, then the named DeviceMesh of the stages' DTensor parameters where
+    the two span the world ("pp=2,fsdp=1"); "pp=N" when the stages hold no
+    DTensor and the pipeline is the world; else None."""
+    stage = schedule_stages(schedule)[0]
+    pp = int(getattr(stage, "group_size", 0) or 0)
+    if pp < 1 or world % pp:
+        return None
+    inner = mesh_of_model(model, world // pp)
+    if inner is not None:
+        return f"{axis}={pp},{inner}"
+    has_dtensor = any(is_dtensor(p) for p in model.parameters())
+    return f"{axis}={pp}" if pp == world and not has_dtensor else None
 
 
 class StageModules(torch.nn.Module):

@@ -24,7 +24,7 @@ from diffcheck.torch.dtensor_plan import PlanLayouts, check_mesh_axes, mesh_of_m
 from diffcheck.torch.library_plans import LibraryLayouts
 from diffcheck.torch import compiled
 from diffcheck.torch.compiled_counts import CompiledCounts
-from diffcheck.torch.pipeline import PipelineTaps, StageModules, is_schedule, schedule_stages
+from diffcheck.torch.pipeline import PipelineTaps, StageModules, is_schedule, mesh_of_schedule, schedule_stages
 from diffcheck.torch.hand_pipeline import HandPipeline
 from diffcheck.torch.launch import compiled_original, rank_and_world
 
@@ -80,7 +80,8 @@ class Capture(ModuleHooks, TapWriting):
             raise ValueError(f"capture(): rank {self.rank} is not one of the {self.world} ranks (0 to {self.world - 1})")
         if not reference:
             if mesh is None:  # one rank, or the DeviceMesh of the model's DTensors where it spans the world
-                mesh = mesh_of_model(self.model, self.world) or ("dp=1" if self.world == 1 else None)
+                mesh = (mesh_of_schedule(schedule, self.model, self.world, pipeline_axis) if schedule
+                        else mesh_of_model(self.model, self.world)) or ("dp=1" if self.world == 1 else None)
                 if mesh is None:
                     raise ValueError(f"rank {self.rank}: capture(mesh=...) is needed with {self.world} ranks, "
                                      "e.g. mesh='tp=4' (the axes your layouts name)")
