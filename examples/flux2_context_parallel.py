@@ -26,11 +26,6 @@ import diffcheck.torch as dct  # noqa: E402  # diffcheck
 B, H, W, TXT = 1, 4, 10, 12  # 40 image and 12 text tokens: divisible by 2 and 4 ranks, no length a feature width
 
 
-# FLUX.2's rotary tables come from the position ids indexed down to [tokens, 4]: the sequence on dimension 0,
-# which the plan reader (keyed on the split's dimension, 1) does not follow.
-LAYOUTS = {"pos_embed*": "sp,-"}  # diffcheck
-
-
 def build(dtype):
     from diffusers import Flux2Transformer2DModel
     torch.manual_seed(0)
@@ -55,7 +50,7 @@ def work(rank, world, args):
     parallelize(model, world, args.ring, args.bug, args.mend_ring_backward)
     sgd = (lambda m: torch.optim.SGD(m.parameters(), lr=0.1)) if args.train else None
     opt = sgd(model) if sgd else None
-    with dct.capture(model, f"{args.out}/sp", f"sp={world}", optimizer=opt, backward=args.train, layouts=LAYOUTS):  # noqa: E501  # diffcheck
+    with dct.capture(model, f"{args.out}/sp", f"sp={world}", optimizer=opt, backward=args.train):  # noqa: E501  # diffcheck
         step(model, inputs, opt, sharded=True)
     # Rank 0: the unsharded model in float64, and in the run's dtype (each tap's yardstick).
     dct.references(build, f"{args.out}/ref", dtype=DTYPES[args.dtype], step=step, optimizer=sgd, backward=args.train)  # noqa: E501  # diffcheck

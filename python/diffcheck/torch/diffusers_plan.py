@@ -171,6 +171,11 @@ class DiffusersContextParallel:
                 if dim < len(shape) and any(a + b == shape[dim] for a in locals_ for b in locals_ if a != b):
                     self.joint.append(name)
                     return None
+        if self.axis not in entries and len(shape) == 2 and entries[0] == "-" and \
+                shape[0] in self.lengths.get(1, ()) and shape[0] not in self.whole_lengths:
+            # a tokens-first table ([tokens, features]: FLUX.2's rotary tables, from position ids
+            # [batch, tokens, n] split on their tokens and indexed down to them): split as its tokens
+            entries[0] = self.axis
         attrs = {**attrs, "spec": ",".join(entries)} if self.axis in entries else attrs
         if "/grad/" not in "/" + name:
             if self.after_gather:

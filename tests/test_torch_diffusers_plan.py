@@ -1,0 +1,35 @@
+"""The diffusers context-parallel plan reader's layouts of taps the plan does
+not name (python/diffcheck/torch/diffusers_plan.py), on the rules alone: no
+model, no ranks. FLUX.2's rotary tables ([tokens, features], from position
+ids [batch, tokens, 4] split on dimension 1) needed a layout line before."""
+import unittest
+
+from diffcheck.torch.diffusers_plan import DiffusersContextParallel
+
+
+def reader(lengths, whole=()):
+    """A reader that learnt these splits' local lengths ({dimension: {lengths}}) and inputs' whole lengths."""
+    r = object.__new__(DiffusersContextParallel)
+    r.rank, r.axis, r.degree = 0, "sp", 2
+    r.lengths, r.whole_lengths = {d: set(v) for d, v in lengths.items()}, set(whole)
+    r.after_gather, r.whole_gradients, r.joint = False, set(), []
+    return r
+
+
+class Layouts(unittest.TestCase):
+    def test_a_tokens_first_table_is_split_on_its_tokens(self):
+        r = reader({1: {20, 6}})  # 40 image and 12 text ids over 2 ranks
+        self.assertEqual(r.attrs("pos_embed/0", {}, (20, 16))["spec"], "sp,-")
+        self.assertEqual(r.attrs("pos_embed@1/1", {}, (6, 16))["spec"], "sp,-")
+        self.assertEqual(r.attrs("blocks.0.attn", {}, (1, 20, 64))["spec"], "-,sp,-")  # as before
+
+    def test_what_is_not_such_a_table_stays_whole(self):
+        r = reader({1: {20}}, whole=(20,))  # an input the plan leaves whole has that length too: not told
+        self.assertNotIn("spec", r.attrs("pos_embed/0", {}, (20, 16)))
+        r = reader({1: {20}})
+        self.assertNotIn("spec", r.attrs("time_embed", {}, (2, 16)))  # [batch, features]
+        self.assertEqual(r.attrs("param_grad/x.weight", {}, (20, 16)), {})  # parameters keep their own
+
+
+if __name__ == "__main__":
+    unittest.main()
