@@ -276,6 +276,21 @@ class PipelineExample(E2ETest):
             with self.subTest(bug=bug):
                 self.expect_fault(2, bug, first, stage, microbatch)
 
+    def test_sketch_mode_each_microbatch_sketched_as_made(self):
+        """--sketch: the microbatches' pieces sketched when made (pipeline_sketch.py), not laid together: the
+        same verdict and first divergence as whole capture."""
+        p = self.expect_clean_sketched()
+        self.assertIn("(sketch)", p.stdout)
+        p, _ = self.run_example(2, "--sketch", "--bug", "grad_dropped")
+        self.assertEqual(p.returncode, 1, p.stdout[-3000:] + p.stderr[-3000:])
+        self.assertIn("First divergence: tap 'step0/grad/layers.3'", p.stdout)
+
+    def expect_clean_sketched(self):
+        p, _ = self.run_example(2, "--sketch")
+        self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
+        self.assertIn("PASS: all 352 taps pass", p.stdout)
+        return p
+
     @unittest.skipUnless(FULL, "nightly: every schedule, bfloat16, 4 ranks and pp x dp")
     def test_every_schedule(self):
         for schedule in ("gpipe", "1f1b", "interleaved", "zbv"):

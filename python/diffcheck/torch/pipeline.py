@@ -33,6 +33,7 @@ import torch
 from diffcheck.dump.layouts import is_dtensor
 from diffcheck.torch.data_axes import first_batch, with_data_axes
 from diffcheck.torch.dtensor_plan import mesh_of_model
+from diffcheck.torch import pipeline_sketch
 from diffcheck.torch.hand_pipeline import lay_together
 
 _FORWARD, _BACKWARD, _OTHER = 0, 1, 2
@@ -115,7 +116,9 @@ class PipelineTaps:
         coordinate = (c.rank // after) % c.axis_sizes[axis]
         self.stage_attr = f"{axis}={coordinate}"
         self._chunk = None  # (phase, stage index, microbatch) while a chunk runs
-        self._held = {}  # tap name -> [attrs, order, {microbatch: its rows}, the step's tap laid together or None]
+        # tap name -> [attrs, order, {microbatch: its rows}, the step's tap laid together or None,
+        #              its microbatches' sketches (sketch mode, pipeline_sketch.py) or None]
+        self._held = {}
         self._complex = {}  # tap name -> a complex output's real view (capture_hooks.complex_view)
         self._next = {}  # (phase, stage key) -> next local position
         self._saved = []
@@ -194,17 +197,26 @@ class PipelineTaps:
             return False
         phase, stage_index, mb = self._chunk
         entry = self._held.get(name)
-        if entry is None:
-            # the schedule's stage index beside the rank's `stage`: one rank may hold several (interleaved, zbv)
-            entry = self._held[name] = [dict(attrs, pipeline_stage=stage_index), self._position(phase, stage_index),
-                                        {}, None]
-        pieces = entry[2]
-        if mb in pieces:  # a zero-bubble schedule's weight pass hands the same gradient again
-            return True
         value = tensor.detach()
         if getattr(tensor, "_diffcheck_complex", False):
             self._complex[name] = True
         batched = value.dim() and (self.rows is None or value.shape[0] == self.rows)
+        if entry is None:
+            # the schedule's stage index beside the rank's `stage`: one rank may hold several (interleaved, zbv)
+            attrs = dict(attrs, pipeline_stage=stage_index)
+            sketched = None
+            if self.capture.sketches is not None and batched and not self._complex.get(name):
+                sketched = pipeline_sketch.start(self.capture.sketches, self.capture, attrs, value,
+                                                 self.microbatches, self.stage_attr)
+            entry = self._held[name] = [attrs, self._position(phase, stage_index), {}, None, sketched]
+        pieces = entry[2]
+        if mb in pieces:  # a zero-bubble schedule's weight pass hands the same gradient again
+            return True
+        scale = self.grad_scale if phase == _BACKWARD else 1
+        if entry[4] is not None:  # sketch mode: this microbatch's piece sketched now, not copied (pipeline_sketch.py)
+            entry[4].add(mb, value, scale)
+            pieces[mb] = True
+            return True
         if batched and entry[3] is None and not pieces:
             entry[3] = value.new_empty((value.shape[0] * self.microbatches, *value.shape[1:]))
         whole = entry[3]
@@ -216,8 +228,8 @@ class PipelineTaps:
         else:  # a microbatch of another shape: kept apart, laid together at the step's end
             entry[3] = None
             place = value.clone()
-        if phase == _BACKWARD and self.grad_scale != 1:
-            place.div_(self.grad_scale)
+        if scale != 1:
+            place.div_(scale)
         pieces[mb] = place
         return True
 
@@ -236,13 +248,18 @@ class PipelineTaps:
         held, self._held = self._held, {}
         complex_views, self._complex = self._complex, {}
         c = self.capture
-        for name, (attrs, order, pieces, laid) in sorted(held.items(), key=lambda kv: kv[1][1]):
+        for name, (attrs, order, pieces, laid, sketched) in sorted(held.items(), key=lambda kv: kv[1][1]):
             missing = [m for m in range(self.microbatches) if m not in pieces]
             if missing or len(pieces) != self.microbatches:
                 raise RuntimeError(
                     f"rank {c.rank}: tap '{name}' of stage {self.stage_attr}: the step ran microbatches "
                     f"{sorted(pieces)} of it, not all {self.microbatches} (missing {missing}); a module that "
                     "runs on some microbatches only cannot be laid together: exclude= it")
+            if sketched is not None:  # its microbatches' sketches put together
+                summary, tokens = sketched.summary(name, c.rank)
+                more = {"microbatches": self.microbatches, "order": order, "stage": self.stage_attr}
+                c.sketches.add(name, summary, {**sketched.attrs, **more}, sketched.logical, tokens, sketched.shared)
+                continue
             if laid is not None:
                 whole, more = laid, {"microbatches": self.microbatches}
                 if c.data_axes:  # each data-parallel replica its own samples: the step's rows split over them

@@ -52,10 +52,14 @@ class SketchTaps:
         # A hash only where a replica will compare it (every rank of the tap agrees on that).
         hashed = not (c.reference_mode or c.one_device) and bool(replicas)
         summary = self.sketcher.summarize(tensor, first, share, hashed)
-        self.pending.add(name, summary, (attrs, logical, tensor.shape[-2], shared))
+        self.add(name, summary, attrs, logical, tensor.shape[-2], shared)
+        return True
+
+    def add(self, name, summary, attrs, logical, tokens, shared):
+        """A summary to write (a pipeline's microbatches put together: pipeline_sketch.py)."""
+        self.pending.add(name, summary, (attrs, logical, tokens, shared))
         if self.pending.cpu_bytes > CPU_HELD_BYTES:
             self.pending.flush(self._emit)
-        return True
 
     def flush(self, inline=False):
         """Every pending summary home and onto the writer thread (inline:
