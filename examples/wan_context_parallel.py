@@ -34,12 +34,13 @@ from _diffusers_parallel import DTYPES, arguments, parallelize, step  # noqa: E4
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
 FRAMES, SIDE, TXT = 2, 8, 12  # 2 x 4 x 4 = 32 video tokens after the 1x2x2 patches: divisible by the ranks
+MODEL = "WanTransformer3DModel"  # chronoedit_context_parallel.py: its Wan-based model, built alike
 
 
 def build(dtype):
-    from diffusers import WanTransformer3DModel
+    import diffusers
     torch.manual_seed(0)
-    model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16,
+    model = getattr(diffusers, MODEL)(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16,
                                   in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=128,
                                   num_layers=2, rope_max_seq_len=64)
     g = torch.Generator().manual_seed(1)

@@ -28,13 +28,14 @@ import unittest
 from e2e import E2ETest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODELS = ("flux", "wan", "qwenimage", "ltx", "flux2")
+MODELS = ("flux", "wan", "qwenimage", "ltx", "flux2", "chronoedit")
 EXAMPLES = {model: os.path.join(HERE, "..", "examples", f"{model}_context_parallel.py") for model in MODELS}
 TENSOR_PARALLEL = os.path.join(HERE, "..", "examples", "flux_tensor_parallel.py")
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
 FIRST = {"flux": "transformer_blocks.0.attn.to_out.0", "wan": "blocks.0.attn1.to_out.0",
          "qwenimage": "transformer_blocks.0.attn.to_out.0", "ltx": "transformer_blocks.0.attn1.to_out.0",
-         "flux2": "transformer_blocks.0.attn.to_add_out"}  # FLUX.2's text projection runs first
+         "flux2": "transformer_blocks.0.attn.to_add_out",  # FLUX.2's text projection runs first
+         "chronoedit": "blocks.0.attn1.to_out.0"}
 
 
 def faults(n, ring):
