@@ -18,7 +18,7 @@ import wan_context_parallel as wan  # noqa: E402
 from _launch import launch  # noqa: E402
 from _diffusers_parallel import arguments  # noqa: E402
 
-wan.MODEL = "ChronoEditTransformer3DModel"  # at import: every launched rank builds it too
+wan.MODEL = ("ChronoEditTransformer3DModel", {"num_layers": 2, "rope_max_seq_len": 64})  # at import: every rank
 
 if __name__ == "__main__":
     a = arguments(__doc__, "dumps/chronoedit_context_parallel")

@@ -34,15 +34,17 @@ from _diffusers_parallel import DTYPES, arguments, parallelize, step  # noqa: E4
 import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
 FRAMES, SIDE, TXT = 2, 8, 12  # 2 x 4 x 4 = 32 video tokens after the 1x2x2 patches: divisible by the ranks
-MODEL = "WanTransformer3DModel"  # chronoedit_context_parallel.py: its Wan-based model, built alike
+# The model class and what its config adds: chronoedit_context_parallel.py and helios_context_parallel.py
+# build their Wan-based models alike.
+MODEL = ("WanTransformer3DModel", {"num_layers": 2, "rope_max_seq_len": 64})
 
 
 def build(dtype):
     import diffusers
     torch.manual_seed(0)
-    model = getattr(diffusers, MODEL)(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16,
-                                  in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=128,
-                                  num_layers=2, rope_max_seq_len=64)
+    name, extra = MODEL
+    model = getattr(diffusers, name)(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16,
+                                     in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=128, **extra)
     g = torch.Generator().manual_seed(1)
     inputs = {"hidden_states": torch.randn(1, 4, FRAMES, SIDE, SIDE, generator=g),
               "encoder_hidden_states": torch.randn(1, TXT, 32, generator=g),

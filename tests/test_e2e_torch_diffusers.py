@@ -28,14 +28,14 @@ import unittest
 from e2e import E2ETest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODELS = ("flux", "wan", "qwenimage", "ltx", "flux2", "chronoedit")
+MODELS = ("flux", "wan", "qwenimage", "ltx", "flux2", "chronoedit", "helios")
 EXAMPLES = {model: os.path.join(HERE, "..", "examples", f"{model}_context_parallel.py") for model in MODELS}
 TENSOR_PARALLEL = os.path.join(HERE, "..", "examples", "flux_tensor_parallel.py")
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
 FIRST = {"flux": "transformer_blocks.0.attn.to_out.0", "wan": "blocks.0.attn1.to_out.0",
          "qwenimage": "transformer_blocks.0.attn.to_out.0", "ltx": "transformer_blocks.0.attn1.to_out.0",
          "flux2": "transformer_blocks.0.attn.to_add_out",  # FLUX.2's text projection runs first
-         "chronoedit": "blocks.0.attn1.to_out.0"}
+         "chronoedit": "blocks.0.attn1.to_out.0", "helios": "blocks.0.attn1.to_out.0"}
 
 
 def faults(n, ring):
@@ -60,6 +60,8 @@ class DiffusersContextParallelE2E(E2ETest):
                 for n, ring in ((2, 1), (2, 2), (4, 1), (4, 2), (4, 4))
                 for d in ("float32", "bfloat16") for train in ((), ("--train",))
                 if not (model == "ltx" and train and ring < n)  # diffusers' Ulysses backward stops on LTX
+                # Helios's plan has no training step whose gradients one reduction makes right (its example)
+                and not (model == "helios" and train)
                 # An open false FAIL (docs/torch.md, FLUX.2): the bfloat16 step's parameter gradients, summed over
                 # the ranks by hand in bfloat16, exceed the column-mean check at 1.2-1.4x on Ulysses.
                 and not (model == "flux2" and train and d == "bfloat16" and ring == 1)]
