@@ -28,7 +28,7 @@ import unittest
 from e2e import E2ETest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODELS = ("flux", "wan", "qwenimage", "ltx", "flux2", "chronoedit", "helios", "minimax_h3")
+MODELS = ("flux", "wan", "qwenimage", "ltx", "flux2", "chronoedit", "helios", "minimax_h3", "ltx2")
 EXAMPLES = {model: os.path.join(HERE, "..", "examples", f"{model}_context_parallel.py") for model in MODELS}
 TENSOR_PARALLEL = os.path.join(HERE, "..", "examples", "flux_tensor_parallel.py")
 FULL = os.environ.get("DIFFCHECK_E2E_FULL") == "1"
@@ -36,7 +36,7 @@ FIRST = {"flux": "transformer_blocks.0.attn.to_out.0", "wan": "blocks.0.attn1.to
          "qwenimage": "transformer_blocks.0.attn.to_out.0", "ltx": "transformer_blocks.0.attn1.to_out.0",
          "flux2": "transformer_blocks.0.attn.to_add_out",  # FLUX.2's text projection runs first
          "chronoedit": "blocks.0.attn1.to_out.0", "helios": "blocks.0.attn1.to_out.0",
-         "minimax_h3": "transformer_blocks.0.attn.to_out.0"}
+         "minimax_h3": "transformer_blocks.0.attn.to_out.0", "ltx2": "transformer_blocks.0.attn1.to_out.0"}
 # MiniMax-H3's text refiner runs diffusers' Ulysses attention too, on the whole text (every key twice: the
 # same softmax average, so it passes clean): the skipped keys' all-to-all shows there first.
 FIRST_OF_BUG = {("minimax_h3", "key_all_to_all_skipped"): "token_refiner.refiner_blocks.0.attn.to_out.0"}
@@ -66,6 +66,9 @@ class DiffusersContextParallelE2E(E2ETest):
                 if not (model == "ltx" and train and ring < n)  # diffusers' Ulysses backward stops on LTX
                 # Helios's plan has no training step whose gradients one reduction makes right (its example)
                 and not (model == "helios" and train)
+                # LTX-2 (its example): a ring leaves its replicated audio stream unequal by rounding, rightly a
+                # replica FAIL; a training step stops in diffusers' Ulysses backward
+                and not (model == "ltx2" and (train or ring > 1))
                 # An open false FAIL (docs/torch.md, FLUX.2): the bfloat16 step's parameter gradients, summed over
                 # the ranks by hand in bfloat16, exceed the column-mean check at 1.2-1.4x on Ulysses.
                 and not (model == "flux2" and train and d == "bfloat16" and ring == 1)]
