@@ -136,7 +136,7 @@ def main():
         if ARGS.bug:
             inject(model, ARGS.bug)
         step = train_step(cfg) if ARGS.train else forward
-        return dcj.verdict(model, batch(), out=os.path.join(ARGS.out, "maxtext"), mesh=mesh, build=build, step=step)  # noqa: E501  # diffcheck
+        return dcj.verdict(model, batch(), out=os.path.join(ARGS.out, "maxtext"), mesh=mesh, build=build, step=step, backward=ARGS.train)  # noqa: E501  # diffcheck
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ errors a capture must give rather than a wrong file."""
 import os
 import tempfile
 import unittest
+import warnings
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -144,15 +145,16 @@ class Capture(unittest.TestCase):
 
     def test_taps_inside_jax_checkpoint_bodies(self):
         """MaxText's layers, flax's nn.remat: each layer's taps leave its checkpoint as extra outputs, the
-        same values as without the checkpoint, under jax.grad too; with backward=True their gradients are
-        named as not taken (the forward values still are)."""
+        same values as without the checkpoint, under jax.grad too; with backward=True their gradients too
+        (remat_gradients.py: the checkpoint's backward spelt out, each tap's gradient the cotangent of a zero
+        added to it), as d/d(tap) of the loss says they are. Before, they were named as not taken."""
         def layer(h, w, scale):
             return dcj.tap("out", jnp.tanh(dcj.tap("pre", h @ w) * scale))
 
         def forward(remat):
             def f(x, w):
                 wrapped = jax.checkpoint(layer, static_argnums=(2,)) if remat else layer
-                return jnp.sum(wrapped(x, w, 0.5))
+                return jnp.sum(wrapped(x, w, 0.5) ** 2)
             return f
         taps = {}
         for remat in (False, True):
@@ -169,13 +171,49 @@ class Capture(unittest.TestCase):
         with dcj.capture(jax.jit(trained), self.out("grad"), self.mesh) as run:
             run(self.x, self.w)
         self.assertEqual(list(_read(self.out("grad") + ".rank0.h5")), ["pre", "out"])
-        with self.assertWarnsRegex(UserWarning, r"gradients of 2 tap\(s\) inside jax.checkpoint bodies are not "
-                                                r"tapped.*grad/pre, grad/out"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "not tapped" warning now
             with dcj.capture(jax.jit(trained), self.out("backward"), self.mesh, backward=True) as run:
                 run(self.x, self.w)
-        self.assertEqual(list(_read(self.out("backward") + ".rank0.h5")), ["pre", "out"])
-        with h5py.File(self.out("backward") + ".rank0.h5") as f:  # and the report says so (root `left_out`)
-            self.assertRegex(f.attrs["left_out"], r"gradients of 2 tap\(s\) inside jax.checkpoint bodies")
+            with dcj.capture(jax.jit(trained), self.out("whole"), self.mesh, reference=True, backward=True) as run:
+                run(self.x, self.w)
+        self.assertEqual(sorted(_read(self.out("backward") + ".rank0.h5")), ["grad/out", "grad/pre", "out", "pre"])
+        with h5py.File(self.out("backward") + ".rank0.h5") as f:
+            self.assertNotIn("left_out", f.attrs)
+        whole = _read(self.out("whole") + ".h5")  # the reference: whole values, float64
+        out = whole["out"]
+        np.testing.assert_allclose(whole["grad/out"], 2 * out, rtol=1e-12)  # d/d(out) sum(out^2)
+        np.testing.assert_allclose(whole["grad/pre"], 2 * out * (1 - out ** 2) * 0.5, rtol=1e-10)
+
+    def test_gradients_through_flax_linen_remat_layers(self):
+        """Two nn.remat layers (MaxText's way), backward=True: every layer's output and its gradient."""
+        import flax.linen as nn
+
+        class Layer(nn.Module):
+            @nn.compact
+            def __call__(self, h, deterministic):
+                h = nn.Dense(16, use_bias=False)(h)
+                return dcj.tap(f"{self.name}/out", jnp.tanh(h) if deterministic else h)
+
+        class Net(nn.Module):
+            @nn.compact
+            def __call__(self, h):
+                for i in range(2):
+                    h = nn.remat(Layer, static_argnums=(2,))(name=f"layer{i}")(h, True)
+                return h
+        net = Net()
+        params = net.init(jax.random.key(1), jnp.ones((8, 16)))
+
+        def step(params, x):
+            return jax.grad(lambda p: jnp.sum(net.apply(p, x) ** 2))(params)
+        with dcj.capture(jax.jit(step), self.out("linen_grad"), self.mesh, reference=True, backward=True) as run:
+            run(params, self.x)
+        whole = _read(self.out("linen_grad") + ".h5")
+        self.assertEqual(sorted(whole), ["grad/layer0/out", "grad/layer1/out", "layer0/out", "layer1/out"])
+        np.testing.assert_allclose(whole["grad/layer1/out"], 2 * whole["layer1/out"], rtol=1e-12)
+        w1 = np.asarray(params["params"]["layer1"]["Dense_0"]["kernel"], np.float64)
+        back = (whole["grad/layer1/out"] * (1 - whole["layer1/out"] ** 2)) @ w1.T  # through layer 1's tanh and Dense
+        np.testing.assert_allclose(whole["grad/layer0/out"], back, rtol=1e-9, atol=1e-12)
 
     def test_taps_inside_flax_linen_remat(self):
         import flax.linen as nn

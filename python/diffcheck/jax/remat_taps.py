@@ -16,16 +16,25 @@ What is covered: a checkpoint made while the capture traces (jax.checkpoint
 called in the function, flax linen's nn.remat, which calls jax.remat when
 the module is applied). A function made with jax.checkpoint before the
 capture began (nnx.remat at a module's definition) keeps the original: its
-taps are refused by name, as before. A gradient tap (`grad/<name>`) inside
-a body would be made where the backward's transpose traces the body again,
-not in the captured function's trace: with backward=True such taps keep
-their forward values, and a warning names the gradients not taken."""
+taps are refused by name, as before.
+
+Gradients (backward=True): a checkpoint's backward traces its body again in
+a trace of its own, where a tap's cotangent cannot leave. So with
+backward=True the checkpoint is made a custom_vjp with the same
+rematerialisation, spelt out: its forward runs the body (keeping only its
+inputs), its backward runs the body again under jax.vjp, with a zero added
+to each tapped value as an extra input; that input's cotangent is the tap's
+gradient, made in the backward's own transpose, in the captured function's
+trace, where it leaves as `grad/<name>` (remat_gradients.py). The values
+computed are the same; the checkpoint's policy (what it saves) becomes
+"save nothing but the inputs"."""
 import contextlib
 import functools
 
 import jax
 
 from diffcheck.jax import host_taps as jax_host_taps
+from diffcheck.jax import remat_gradients
 from diffcheck.jax import taps as jax_taps
 
 _NAMES = ("checkpoint", "remat")
@@ -47,8 +56,12 @@ def _checkpoint_with_taps(original):
         @functools.wraps(fun)
         def run(*args, **kwargs):
             outer = jax_taps.current()
-            if outer is None or jax_host_taps.manual_axes():  # inside a shard_map body each device hands its taps over
+            if outer is None or jax_host_taps.manual_axes() or getattr(outer, "perturbing", False):
+                # (inside a shard_map body each device hands its taps over; a body run again for its taps'
+                # gradients perturbs a nested checkpoint's taps as they are)
                 return remat_plain(*args, **kwargs)
+            if outer.backward:  # the taps' gradients too: the rematerialisation spelt out (remat_gradients.py)
+                return remat_gradients.call(fun, static, outer, args, kwargs)
             inner = outer.inner()
             out, values = remat_with_taps(inner, *args, **kwargs)
             outer.adopt(inner, values)

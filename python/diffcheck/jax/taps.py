@@ -63,6 +63,7 @@ class Collector:
         self.trace = None
         self.root = self  # the captured function's collector (an inner one's: remat_taps.py)
         self.remat_gradients = []  # taps inside jax.checkpoint bodies whose gradients are not taken
+        self.gradients_by_recompute = False  # a checkpoint body's, whose gradients remat_gradients.py takes
 
     def wanted(self, name):
         base = re.sub(r"@\d+", "", name)
@@ -75,12 +76,9 @@ class Collector:
         when a jax.grad inside the function computes them).
         numbered: a module's output, `name@k` when the name is taken (its k-th call).
         spec: the layout of a value inside a shard_map body (host_taps.py)."""
-        again = self.unroll and any(n == name or n.startswith(name + "/") for n in self.names)
-        if numbered or again:
-            self.calls[name] = k = self.calls.get(name, 0 if again else -1) + 1
-            name = f"{name}@{k}" if k else name
+        name = numbered_name(self, name, numbered)
         self._record(name, x, spec)
-        if not self.backward or name.startswith("grad/"):
+        if not self.backward or name.startswith("grad/") or self.gradients_by_recompute:
             return x
         if self.root is not self:  # inside a jax.checkpoint body: its gradient is made where no tap leaves
             self.root.remat_gradients += [n for n, _ in leaves_with_names(name, x) if self.wanted(n)]
@@ -171,6 +169,37 @@ class Collector:
         return (f"the gradients of {len(names)} tap(s) inside jax.checkpoint bodies are not tapped (the backward "
                 f"recomputes a body in a trace of its own): {', '.join('grad/' + n for n in names[:5])}"
                 f"{', ...' if len(names) > 5 else ''}; their forward values are")
+
+
+def numbered_name(collector, name, numbered):
+    """A module's output (numbered) is `name@k` at its k-th call; with unroll, so is a name made again."""
+    again = collector.unroll and any(n == name or n.startswith(name + "/") for n in collector.names)
+    if numbered or again:
+        collector.calls[name] = k = collector.calls.get(name, 0 if again else -1) + 1
+        name = f"{name}@{k}" if k else name
+    return name
+
+
+class Perturbing:
+    """The collector of a checkpoint body run again for its taps' gradients
+    (remat_gradients.py): it records nothing, and returns each tapped leaf
+    plus its zero `eps[leaf name]` (the extra input whose cotangent is the
+    tap's gradient). Names are numbered as the forward's were."""
+
+    backward = False
+    perturbing = True
+
+    def __init__(self, like, calls, eps):
+        self.include, self.exclude, self.unroll = like.include, like.exclude, like.unroll
+        self.calls, self.names, self.eps = dict(calls), set(), eps
+
+    def add(self, name, x, numbered=False, spec=None):
+        name = numbered_name(self, name, numbered)
+        named = leaves_with_names(name, x)
+        self.names.update(n for n, _ in named)
+        leaves, tree = jax.tree_util.tree_flatten(x)
+        return jax.tree_util.tree_unflatten(tree, [leaf + self.eps[n] if n in self.eps else leaf
+                                                   for (n, _), leaf in zip(named, leaves)])
 
 
 def _gradient_tap(collector, name, x):
