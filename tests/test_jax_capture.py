@@ -185,6 +185,27 @@ class Capture(unittest.TestCase):
         np.testing.assert_allclose(whole["grad/out"], 2 * out, rtol=1e-12)  # d/d(out) sum(out^2)
         np.testing.assert_allclose(whole["grad/pre"], 2 * out * (1 - out ** 2) * 0.5, rtol=1e-10)
 
+    def test_gradients_through_nested_checkpoints(self):
+        """A checkpoint inside a checkpoint's body, backward=True: every tap's gradient, as d/d(tap) of the
+        loss says; captured twice in one process (a checkpoint's cached trace held the first backward's
+        perturbations once, and the second capture leaked them: UnexpectedTracerError)."""
+        def inner(h):
+            return dcj.tap("inner", jnp.sin(h))
+
+        def outer(h, w):
+            return dcj.tap("b", jax.checkpoint(inner)(dcj.tap("a", h @ w)) * 2)
+
+        def step(x, w):
+            return jax.grad(lambda w: jnp.sum(jax.checkpoint(outer)(x, w) ** 2))(w)
+        for name, kind in (("nested_run", {}), ("nested_again", {}), ("nested_ref", {"reference": True})):
+            with dcj.capture(jax.jit(step), self.out(name), self.mesh, backward=True, **kind) as run:
+                run(self.x, self.w)
+        whole = _read(self.out("nested_ref") + ".h5")
+        self.assertEqual(sorted(whole), ["a", "b", "grad/a", "grad/b", "grad/inner", "inner"])
+        np.testing.assert_allclose(whole["grad/b"], 2 * whole["b"], rtol=1e-12)
+        np.testing.assert_allclose(whole["grad/inner"], 4 * whole["b"], rtol=1e-12)
+        np.testing.assert_allclose(whole["grad/a"], 4 * whole["b"] * np.cos(whole["a"]), rtol=1e-10)
+
     def test_gradients_through_flax_linen_remat_layers(self):
         """Two nn.remat layers (MaxText's way), backward=True: every layer's output and its gradient."""
         import flax.linen as nn

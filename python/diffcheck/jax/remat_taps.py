@@ -56,9 +56,12 @@ def _checkpoint_with_taps(original):
         @functools.wraps(fun)
         def run(*args, **kwargs):
             outer = jax_taps.current()
-            if outer is None or jax_host_taps.manual_axes() or getattr(outer, "perturbing", False):
-                # (inside a shard_map body each device hands its taps over; a body run again for its taps'
-                # gradients perturbs a nested checkpoint's taps as they are)
+            if getattr(outer, "perturbing", False):
+                # a checkpoint nested in a body run again for its taps' gradients (remat_gradients.py): run
+                # inline, its taps perturbed in the rerun's trace (a jax.checkpoint here would cache its body's
+                # trace, keyed by the function, with this rerun's perturbations in it)
+                return fun(*args, **kwargs)
+            if outer is None or jax_host_taps.manual_axes():  # inside a shard_map body each device hands its taps over
                 return remat_plain(*args, **kwargs)
             if outer.backward:  # the taps' gradients too: the rematerialisation spelt out (remat_gradients.py)
                 return remat_gradients.call(fun, static, outer, args, kwargs)
