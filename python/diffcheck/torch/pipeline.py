@@ -66,6 +66,17 @@ def mesh_of_schedule(schedule, model, world, axis):
     return f"{axis}={pp}" if pp == world and not has_dtensor else None
 
 
+def read_mesh(model, schedule, world, rank, axis):
+    """A capture's mesh when none is given: one rank's ("dp=1"), or the one the
+    model's DTensors (a schedule's stages and group) say; else refused by name."""
+    mesh = (mesh_of_schedule(schedule, model, world, axis) if schedule is not None
+            else mesh_of_model(model, world)) or ("dp=1" if world == 1 else None)
+    if mesh is None:
+        raise ValueError(f"rank {rank}: capture(mesh=...) is needed with {world} ranks, "
+                         "e.g. mesh='tp=4' (the axes your layouts name)")
+    return mesh
+
+
 class StageModules(torch.nn.Module):
     """The modules of this rank's stages as one model: their module paths and
     parameter names as in the whole model (each stage's module is the whole

@@ -20,11 +20,11 @@ from diffcheck.torch.staging import HostStaging
 from diffcheck.sketch import DEFAULT_ROWS
 from diffcheck.torch.sketch_capture import SketchTaps
 from diffcheck.torch.drill_down import drill_down_taps
-from diffcheck.torch.dtensor_plan import PlanLayouts, check_mesh_axes, mesh_of_model
+from diffcheck.torch.dtensor_plan import PlanLayouts, check_mesh_axes
 from diffcheck.torch.library_plans import LibraryLayouts
 from diffcheck.torch import compiled
 from diffcheck.torch.compiled_counts import CompiledCounts
-from diffcheck.torch.pipeline import PipelineTaps, StageModules, is_schedule, mesh_of_schedule, schedule_stages
+from diffcheck.torch.pipeline import PipelineTaps, StageModules, is_schedule, read_mesh, schedule_stages
 from diffcheck.torch.hand_pipeline import HandPipeline
 from diffcheck.torch.launch import compiled_original, rank_and_world
 
@@ -79,12 +79,7 @@ class Capture(ModuleHooks, TapWriting):
         if not 0 <= self.rank < self.world:
             raise ValueError(f"capture(): rank {self.rank} is not one of the {self.world} ranks (0 to {self.world - 1})")
         if not reference:
-            if mesh is None:  # one rank, or the DeviceMesh of the model's DTensors where it spans the world
-                mesh = (mesh_of_schedule(schedule, self.model, self.world, pipeline_axis) if schedule
-                        else mesh_of_model(self.model, self.world)) or ("dp=1" if self.world == 1 else None)
-                if mesh is None:
-                    raise ValueError(f"rank {self.rank}: capture(mesh=...) is needed with {self.world} ranks, "
-                                     "e.g. mesh='tp=4' (the axes your layouts name)")
+            mesh = mesh if mesh is not None else read_mesh(self.model, schedule, self.world, self.rank, pipeline_axis)
             if mesh_size(mesh) != self.world:
                 raise ValueError(f"rank {self.rank}: mesh '{mesh}' has {mesh_size(mesh)} ranks but this run has "
                                  f"{self.world} (from torch.distributed or the launcher; pass rank= and world_size=)")
