@@ -36,6 +36,17 @@ def summed_by_hand(x, drop=False):
     return dcj.tap("y", y)
 
 
+def _matmul(given, drop=False):
+    """x @ w with its contraction split over tp and summed: a shard_map made once, before any capture."""
+    def body(a, b):
+        return a @ b if drop else jax.lax.psum(a @ b, "tp")
+    return jax.shard_map(body, in_specs=(P("dp", "tp"), P("tp", None)), out_specs=P("dp", None), check_vma=False,
+                         **({"mesh": EXPLICIT} if given else {}))
+
+
+MADE_BEFORE = {(given, drop): _matmul(given, drop) for given in (False, True) for drop in (False, True)}
+
+
 def _reference(path, name):
     with h5py.File(path) as f:
         return f["reference"][name][()]
@@ -83,6 +94,28 @@ class ClosedOver(unittest.TestCase):
             self.assertIs(MESH, mesh)
             self.assertEqual(W_GLOBAL["w"].sharding, NamedSharding(mesh, P("tp", None)))
         MESH = EXPLICIT
+
+
+    def test_a_shard_map_made_before_the_capture(self):
+        """jax.shard_map made once at import: with mesh= (the sharded mesh in its closure), and without
+        (JAX keeps the first context mesh it is called under in its closure, so the references ran on the
+        sharded one: "The context mesh ... should match the mesh passed to shard_map"). Each checked twice
+        (the cell is put back after the references); the sum left out is found."""
+        x = jax.device_put(jax.random.normal(jax.random.key(4), (8, 16)), NamedSharding(EXPLICIT, P("dp", "tp")))
+        w = jax.device_put(jax.random.normal(jax.random.key(5), (16, 8)), NamedSharding(EXPLICIT, P("tp", None)))
+        for given in (False, True):
+            def f(x, w, given=given):
+                return dcj.tap("y", MADE_BEFORE[(given, False)](x, w) * 2)
+
+            def bad(x, w, given=given):
+                return dcj.tap("y", MADE_BEFORE[(given, True)](x, w) * 2)
+            with self.subTest(mesh_given=given), tempfile.TemporaryDirectory() as d:
+                for name in ("a", "b"):
+                    report = dcj.check(jax.jit(f), x, w, out=os.path.join(d, name), mesh=EXPLICIT)
+                    self.assertTrue(report["pass"], report)
+                with self.assertRaises(dcj.Divergence) as caught:
+                    dcj.check(jax.jit(bad), x, w, out=os.path.join(d, "bad"), mesh=EXPLICIT)
+                self.assertEqual(caught.exception.report["first_divergence"]["tap"], "y")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,11 @@ for the same spec on it, an array for its whole value on the one device
 tuple holding them for a copy holding the twins. Everything is put back
 after, whatever happens. What is reached: closure cells and the globals a
 function's code names (its nested functions' too), functions found there,
-a bound method's object's attributes. Not reached: values held inside other
-objects (a shard_map or partial built before the capture with mesh=): JAX's
-refusal then names them (one_device.name_an_owned_mesh)."""
+a bound method's object's attributes; and the mesh a jax.shard_map made
+before the capture keeps (mesh=, or the first context mesh it saw: JAX's
+wrapper keeps that in its closure). Not reached: values held inside other
+objects (a module built for the sharded mesh): JAX's refusal then names them
+(one_device.name_an_owned_mesh)."""
 import contextlib
 import types
 
@@ -101,12 +103,17 @@ class _Swap:
         if twin is not None:
             put(twin)
             return
+        if type(v) in (dict, list, tuple):  # functions held in a container (a table of shard_maps)
+            for item in (v.values() if isinstance(v, dict) else v):
+                self.walk(item, depth + 1)
+            return
         self.walk(v, depth + 1)
 
     def walk(self, v, depth=0):
         if depth > _MAX_DEPTH or id(v) in self.seen:
             return
         self.seen.add(id(v))
+        self._shard_map_mesh(v)
         owner = getattr(v, "__self__", None)
         if isinstance(v, types.MethodType) and hasattr(owner, "__dict__") and not _is_library(type(owner)):
             for name, attr in list(vars(owner).items()):
@@ -124,6 +131,32 @@ class _Swap:
         for name in _names(f.__code__):
             if name in globals_:
                 self.value(globals_[name], self._global_setter(globals_, name), depth)
+
+    def _shard_map_mesh(self, v, depth=0):
+        """A jax.shard_map made before the capture keeps its mesh in its
+        closure: the one given (mesh=), or the context's at its first call
+        (JAX's wrapper assigns it to a `nonlocal mesh`, so a shard_map made
+        once without mesh= runs on the first mesh it saw). For the references
+        that cell holds the one-device mesh (a given Mesh) or nothing (the
+        context's again); put back after."""
+        if not isinstance(v, types.FunctionType) or depth > 3:
+            return
+        names, cells = v.__code__.co_freevars, v.__closure__ or ()
+        if "mesh" in names and (v.__module__ or "").endswith("shard_map"):
+            cell = cells[names.index("mesh")]
+            mesh = self.twins.mesh
+            held = cell.cell_contents if cell.cell_contents is not None else None
+            if isinstance(held, Mesh) and held == mesh:
+                self._cell_setter(cell, held)(self.twins.mesh1)
+            elif held is not None and held == mesh.abstract_mesh:
+                self._cell_setter(cell, held)(None)
+            return
+        for cell in cells:
+            try:
+                inner = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            self._shard_map_mesh(inner, depth + 1)
 
     def _cell_setter(self, cell, old):
         def put(new):

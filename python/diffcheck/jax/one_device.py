@@ -110,9 +110,10 @@ def name_an_owned_mesh(error, path):
         return
     raise ValueError(f"{path}: the references run the program on a one-device mesh, but it holds the sharded mesh "
                      "inside an object diffcheck does not reach (it swaps the mesh, its NamedShardings and arrays "
-                     "that the function reads from closures, globals and its object's attributes: docs/jax.md, "
-                     "\"The references\"), such as a shard_map(mesh=...) or a model built for that mesh before "
-                     "the capture. Build it inside the function (shard_map without mesh= takes the context's), "
+                     "that the function reads from closures, globals and its object's attributes, and the mesh a "
+                     "shard_map made before keeps: docs/jax.md, \"The references\"), such as a model built for "
+                     "that mesh before the capture. Build it inside the function from the context's mesh "
+                     "(jax.sharding.get_abstract_mesh()), "
                      "or for an nnx.Module give dcj.check(..., build=lambda mesh, dtype: Model(..., mesh, dtype)): "
                      "the references' model is built on their mesh and takes the run's state. JAX said: "
                      f"{text.splitlines()[0][:300]}") from error
