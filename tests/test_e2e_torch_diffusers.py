@@ -68,10 +68,7 @@ class DiffusersContextParallelE2E(E2ETest):
                 and not (model == "helios" and train)
                 # LTX-2 (its example): a ring leaves its replicated audio stream unequal by rounding, rightly a
                 # replica FAIL; a training step stops in diffusers' Ulysses backward
-                and not (model == "ltx2" and (train or ring > 1))
-                # An open false FAIL (docs/torch.md, FLUX.2): the bfloat16 step's parameter gradients, summed over
-                # the ranks by hand in bfloat16, exceed the column-mean check at 1.2-1.4x on Ulysses.
-                and not (model == "flux2" and train and d == "bfloat16" and ring == 1)]
+                and not (model == "ltx2" and (train or ring > 1))]
 
     def test_clean_runs_pass_and_each_fault_is_found_at_the_first_attention(self):
         for model, n, ring, args in self.configurations():

@@ -222,6 +222,23 @@ TEST(MeasuredTolerance, SameInputsTightenTheNormLimitToTheUnperturbedError) {
   EXPECT_DOUBLE_EQ(partial.rtol, same.rtol * std::sqrt(8.0));
   in.partial_pieces = 1;  // partial over axes of size 1: one piece, as on one device
   EXPECT_DOUBLE_EQ(derive_tolerance(in).rtol, same.rtol);
+  // A value summed in its dtype before the capture (`reduced` over 2 ranks: a
+  // hand all-reduce of bfloat16 gradients): each piece rounded on its rank and
+  // the sum again, in every element, so its norm and column means too: all
+  // three limits grow by sqrt(2) (FLUX.2's bfloat16 parameter gradients failed
+  // the column-mean check alone at 1.22x and 1.36x before).
+  MeasuredTolerance with_columns = same;
+  with_columns.column_mean_limit = 0.003;
+  with_columns.column_mean_limit_own_inputs = 0.002;
+  in.measured = &with_columns;
+  in.reduced_pieces = 2;
+  const Tolerance summed = derive_tolerance(in);
+  EXPECT_DOUBLE_EQ(summed.rtol, same.rtol * std::sqrt(2.0));
+  EXPECT_DOUBLE_EQ(*summed.rel_l2_limit, *same.rel_l2_limit_own_inputs * std::sqrt(2.0));
+  EXPECT_DOUBLE_EQ(*summed.column_mean_limit, 0.002 * std::sqrt(2.0));
+  in.reduced_pieces = 1;
+  EXPECT_DOUBLE_EQ(*derive_tolerance(in).column_mean_limit, 0.002);
+  in.measured = &same;
   // Run 0's figure survives merging with perturbed runs and the trip between ranks.
   Floors runs = {{"t", {0.01, 0.002, "bfloat16", 0.002}}};
   merge_floors(runs, {{"t", {0.02, 0.005, "bfloat16", std::nullopt}}});

@@ -57,3 +57,16 @@ TEST(Flags, DefaultsAssignmentsAndErrors) {
   }
   EXPECT_EQ(dc::split_flag_list(" a=1,b=2  c "), (std::vector<std::string>{"a=1", "b=2", "c"}));
 }
+
+TEST(Tolerance, ASumBeforeTheCaptureCountsItsRoundings) {
+  // `reduced` over 4 ranks: 3 more roundings than the tap's own count.
+  dc::ToleranceInputs in{"bfloat16", 64, {}, {}, {}, {}, 1.0};
+  in.rounding_steps = 2;
+  const auto own = dc::derive_tolerance(in);
+  in.reduced_pieces = 4;
+  const auto summed = dc::derive_tolerance(in);
+  in.reduced_pieces = 1;
+  in.rounding_steps = 5;
+  EXPECT_DOUBLE_EQ(summed.rtol, dc::derive_tolerance(in).rtol);
+  EXPECT_GT(summed.rtol, own.rtol);
+}

@@ -28,7 +28,18 @@ class Layouts(unittest.TestCase):
         self.assertNotIn("spec", r.attrs("pos_embed/0", {}, (20, 16)))
         r = reader({1: {20}})
         self.assertNotIn("spec", r.attrs("time_embed", {}, (2, 16)))  # [batch, features]
-        self.assertEqual(r.attrs("param_grad/x.weight", {}, (20, 16)), {})  # parameters keep their own
+        self.assertEqual(r.attrs("param/x.weight", {}, (20, 16)), {})  # parameters keep their own
+
+    def test_a_replicated_parameters_gradient_is_said_summed_over_the_ranks(self):
+        """Each rank's gradient covers its own tokens; the step sums them over sp in their dtype before the
+        optimizer reads them: `reduced` (the comparator widens for those roundings; FLUX.2's bfloat16
+        parameter gradients failed the column-mean check at 1.22x and 1.36x without it)."""
+        import torch
+        r = reader({1: {20}})
+        p = torch.nn.Parameter(torch.zeros(20, 16))
+        self.assertEqual(r.parameter("param_grad/x.weight", p), {"reduced": "sp"})
+        self.assertEqual(r.parameter("step1/param_grad/x.weight", p), {"reduced": "sp"})
+        self.assertIsNone(r.parameter("param/x.weight", p))  # the values: the same on every rank, as they are
 
 
 if __name__ == "__main__":

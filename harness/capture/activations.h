@@ -72,6 +72,10 @@ struct TapData {
   std::optional<long> reduction_depth;
   std::optional<long> rounding_steps;      // the `rounding_steps` attribute (>= 1)
   std::optional<double> tolerance_factor;  // the `tolerance_factor` attribute (>= 1)
+  // The `reduced` attribute: mesh axes over whose ranks the tap's value was
+  // summed, in its own dtype, before it was captured (a hand all-reduce of
+  // gradients): each piece rounded on its rank, and the sum again.
+  std::vector<std::string> reduced;
   std::string image;                       // the `image` attribute ("nhwc", "nchw", "patches:H,W"), empty if none
   bool per_mesh = false;                   // the `per_mesh` attribute: the tap's values depend on the mesh
   bool complex_parts = false;

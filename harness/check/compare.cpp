@@ -77,6 +77,7 @@ ToleranceInputs tap_tolerance_inputs(const ActivationSet& set, const TapData& t,
     in.per_mesh = t.per_mesh;
     for (const auto& axis : t.layout.partial) in.partial_pieces *= set.mesh.axis_size(axis);
   }
+  for (const auto& axis : t.reduced) in.reduced_pieces *= set.mesh.axis_size(axis);
   return in;
 }
 

@@ -56,16 +56,21 @@ Tolerance derive_tolerance(const ToleranceInputs& in) {
     // like-sized values, whose worst element grows as sqrt(g). (Its norm and
     // column means are averages over many elements, which that moves far
     // less: they keep their limits, the same-input ones included.)
-    t.rtol = in.measured->rtol * std::sqrt(static_cast<double>(std::max(1, in.partial_pieces)));
+    // A sum made in the tap's dtype before the capture (`reduced`): every
+    // element, and so its norm and column means too, carries the pieces' own
+    // roundings and the sum's beside the one the one-device run made.
+    const double reduced = std::sqrt(static_cast<double>(std::max(1, in.reduced_pieces)));
+    t.rtol = in.measured->rtol * std::sqrt(static_cast<double>(std::max(1, in.partial_pieces))) * reduced;
     t.atol = t.rtol * in.reference_rms;
-    t.rel_l2_limit = in.measured->rel_l2_limit;
+    auto widened = [&](std::optional<double> v) { return v ? std::optional<double>(*v * reduced) : v; };
+    t.rel_l2_limit = widened(in.measured->rel_l2_limit);
     if (in.measured->rel_l2_limit_own_inputs && !in.per_mesh) {
-      t.rel_l2_limit = in.measured->rel_l2_limit_own_inputs;
+      t.rel_l2_limit = widened(in.measured->rel_l2_limit_own_inputs);
       t.own_inputs = true;
     }
-    t.column_mean_limit = in.measured->column_mean_limit;
+    t.column_mean_limit = widened(in.measured->column_mean_limit);
     if (in.measured->column_mean_limit_own_inputs && !in.per_mesh) {
-      t.column_mean_limit = in.measured->column_mean_limit_own_inputs;
+      t.column_mean_limit = widened(in.measured->column_mean_limit_own_inputs);
       t.column_own_inputs = true;
     }
     t.source = in.measured_source;
@@ -73,7 +78,8 @@ Tolerance derive_tolerance(const ToleranceInputs& in) {
     return t;
   }
   const double depth = std::max(1.0, static_cast<double>(in.reduction_depth.value_or(1)));
-  const double steps = std::max(1.0, static_cast<double>(in.rounding_steps.value_or(1)));
+  const double steps = std::max(1.0, static_cast<double>(in.rounding_steps.value_or(1))) +
+                       static_cast<double>(std::max(1, in.reduced_pieces) - 1);
   auto rule = [&](double u) {
     return in.factor * kToleranceScale * (u * std::sqrt(steps) + accumulator_roundoff(in.dtype) * std::sqrt(depth));
   };

@@ -117,6 +117,12 @@ struct ToleranceInputs {
   // above 1, each piece was rounded on its own rank, which the one-device
   // run does not do: a measured element-wise rtol grows by sqrt(pieces).
   int partial_pieces = 1;
+  // Pieces summed in the tap's own dtype before the capture (its `reduced`
+  // axes): each rounded on its rank, and their sum rounded again, where the
+  // one-device run rounded the whole once. A measured rtol, norm limit and
+  // column-mean limit grow by sqrt(pieces); the derived rule counts pieces - 1
+  // more roundings.
+  int reduced_pieces = 1;
   std::optional<long> rounding_steps;  // the tap's `rounding_steps` attribute
   double math_roundoff = 0;  // what the run's math adds (check/math_mode.h); 0: the dtype's own
   std::string math_label;    // "TF32 matmuls", ...: said in the yardstick

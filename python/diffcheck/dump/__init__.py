@@ -205,9 +205,11 @@ class RankDump(_AtomicH5):
         return self.f[f"taps/{name}"]
 
     def write_tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None, dtype=None,
-                  rounding_steps=None, order=None, more=None, stage=None, microbatches=None, pipeline_stage=None):
+                  rounding_steps=None, order=None, more=None, stage=None, microbatches=None, pipeline_stage=None,
+                  reduced=None):
         """tap() without opening the dataset again (a capture's way); `more`: further scalar attributes;
-        `pipeline_stage`: a schedule's stage index where one rank holds several (docs/FORMAT.md)."""
+        `pipeline_stage`: a schedule's stage index where one rank holds several; `reduced`: the axes the
+        value was summed over in its dtype before the capture (docs/FORMAT.md)."""
         a, logical = to_numpy(x)
         logical = dtype or logical
         attrs = {"spec": spec or None, "partial": partial or None,
@@ -216,7 +218,7 @@ class RankDump(_AtomicH5):
                  "rounding_steps": None if rounding_steps is None else int(rounding_steps),
                  "atol": None if atol is None else float(atol), "rtol": None if rtol is None else float(rtol),
                  "stage": stage or None, "microbatches": None if microbatches is None else int(microbatches),
-                 "pipeline_stage": None if pipeline_stage is None else int(pipeline_stage)}
+                 "pipeline_stage": None if pipeline_stage is None else int(pipeline_stage), "reduced": reduced or None}
         self._dataset(f"taps/{name}", a, attrs={**{k: v for k, v in attrs.items() if v is not None}, **(more or {})})
         self._order += 1
 

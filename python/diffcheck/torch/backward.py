@@ -135,7 +135,7 @@ class Gradients:
                 if why is not None:
                     continue
                 if said is not None:
-                    pattern, layout = "from Megatron's parameter attributes", {**layout, **said}
+                    pattern, layout = "from the library's plan (library_plans.py)", {**layout, **said}
             c._write_now(c._step + name, tensor, layout, pattern)
 
     def _grad_layout(self, name):

@@ -31,7 +31,7 @@ are the context-parallel mesh's.
 """
 import itertools
 
-from diffcheck.dump.layouts import rank_coords, spec_at
+from diffcheck.dump.layouts import is_dtensor, rank_coords, spec_at
 from diffcheck.torch.data_axes import is_parameter_tap
 
 
@@ -148,6 +148,15 @@ class DiffusersContextParallel:
             return None
         self.lengths.setdefault(dim % ndim, set()).add(int(tensor.shape[dim % ndim]))
         return {"spec": spec_at(self.axis, dim, ndim)}, "from diffusers' context-parallel plan (split_output)"
+
+    def parameter(self, name, p):
+        """What the plan says of parameter tap `name`: a replicated parameter's
+        gradient (`param_grad/`) covers each rank's own tokens, and the training
+        step sums it over the ranks (as DDP would) in its dtype before the
+        optimizer, where it is read: `reduced` (docs/FORMAT.md). None: nothing."""
+        if "/param_grad/" in "/" + name and not is_dtensor(p):
+            return {"reduced": self.axis}
+        return None
 
     def attrs(self, name, attrs, shape):
         """`attrs` of a tap no layout pattern set, as the plan implies; None: not tapped (a joint sequence)."""

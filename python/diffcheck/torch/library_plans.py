@@ -198,6 +198,8 @@ class LibraryLayouts:
         if packed is not None:  # a DTensor that says Shard(d), its pieces block by block
             self.left_out.append((name, packed))
             return None, packed
+        if self.cp.active:  # diffusers' context parallelism: a replicated parameter's gradient summed over it
+            return self.cp.parameter(name, p), None
         if not (self.megatron.active or self.transformers.active):
             return None, None
         attrs, why = (self.megatron if self.megatron.active else self.transformers).parameter(p)
