@@ -135,7 +135,8 @@ def sketch_array(x, mesh, k, seed):
     token_axes = jax_sketch.entry_axes((parts + [None] * x.ndim)[x.ndim - 2])
     jobs = []
     for shard in shards:
-        piece = np.asarray(shard.data)  # a CPU device's buffer, read in place
+        data = shard.data
+        piece = np.asarray(data)  # a CPU device's buffer, read in place
         if not piece.flags.c_contiguous:
             piece = np.ascontiguousarray(piece)
         # (shard.index is refused for an unreduced sharding: the blocks from the device's coordinates)
@@ -143,7 +144,8 @@ def sketch_array(x, mesh, k, seed):
         first = _block(token_axes, where, sizes) * local_tokens
         lo = _block(shared, where, sizes) * share  # the replica's share of the piece's tokens
 
-        def job(device=shard.device.id, piece=piece, first=first + lo, lo=lo):
+        def job(device=shard.device.id, piece=piece, first=first + lo, lo=lo, data=data):
+            # (data: the device's array held until its buffer is read)
             return (device, *sketch_piece(piece, first, lo, share, k, seed, hashed))
         jobs.append(_executor().submit(job))
     return jobs, "*".join(shared), hashed
