@@ -236,6 +236,10 @@ TEST(MeasuredTolerance, SameInputsTightenTheNormLimitToTheUnperturbedError) {
   EXPECT_DOUBLE_EQ(summed.rtol, same.rtol * std::sqrt(2.0));
   EXPECT_DOUBLE_EQ(*summed.rel_l2_limit, *same.rel_l2_limit_own_inputs * std::sqrt(2.0));
   EXPECT_DOUBLE_EQ(*summed.column_mean_limit, 0.002 * std::sqrt(2.0));
+  ReferenceCheck said;  // and the report says why the limits are wider
+  said.tol = summed;
+  EXPECT_NE(tolerance_line(said).find("summed over 2 ranks in its dtype before the capture (`reduced`): limits x1.41"),
+            std::string::npos) << tolerance_line(said);
   in.reduced_pieces = 1;
   EXPECT_DOUBLE_EQ(*derive_tolerance(in).column_mean_limit, 0.002);
   in.measured = &same;

@@ -75,6 +75,7 @@ Tolerance derive_tolerance(const ToleranceInputs& in) {
     }
     t.source = in.measured_source;
     t.measured = in.measured;
+    t.reduced_pieces = std::max(1, in.reduced_pieces);
     return t;
   }
   const double depth = std::max(1.0, static_cast<double>(in.reduction_depth.value_or(1)));
@@ -85,6 +86,7 @@ Tolerance derive_tolerance(const ToleranceInputs& in) {
   };
   const double u = std::max(unit_roundoff(in.dtype), in.math_roundoff);
   Tolerance t;
+  t.reduced_pieces = std::max(1, in.reduced_pieces);
   t.rtol = rule(u);
   if (in.cli_rtol) t.rtol = *in.cli_rtol;
   if (in.tap_rtol) t.rtol = *in.tap_rtol;

@@ -86,6 +86,7 @@ struct ToleranceTable {
 struct Tolerance {
   double atol = 0;
   double rtol = 0;
+  int reduced_pieces = 1;  // the `reduced` pieces it was widened for (said in the report)
   std::optional<double> rel_l2_limit;  // measured tolerances, and derived ones of taps with rounding counts
   ToleranceSource source = ToleranceSource::derived;
   const MeasuredTolerance* measured = nullptr;  // the floor behind a measured tolerance

@@ -195,6 +195,11 @@ std::string tolerance_line(const ReferenceCheck& ref) {
   std::string s = fmt::format("{}{}", source_name(tol.source), tol.yardstick.empty() ? "" : " (" + tol.yardstick + ")");
   if (!ref.narrow_reference.empty())
     s += fmt::format(" [the reference is {}, not float64: no more precise than the run]", ref.narrow_reference);
+  if (tol.reduced_pieces > 1 && (tol.measured || tol.source == ToleranceSource::derived))
+    s += tol.measured ? fmt::format(" [summed over {} ranks in its dtype before the capture (`reduced`): limits x{:.3g}]",
+                                    tol.reduced_pieces, std::sqrt(static_cast<double>(tol.reduced_pieces)))
+                      : fmt::format(" [summed over {} ranks in its dtype before the capture (`reduced`): {} more "
+                                    "roundings counted]", tol.reduced_pieces, tol.reduced_pieces - 1);
   if (!ref.estimated) s += fmt::format(": atol {} + rtol {}*|ref|", sci(tol.atol), sci(tol.rtol));
   if (ref.estimated && !tol.measured && tol.rel_l2_limit) s += fmt::format(": rel L2 <= {}", sci(*tol.rel_l2_limit));
   if (tol.measured) {
