@@ -11,7 +11,9 @@ tokens), built by MaxText on `get_mesh_from_config`'s mesh (fsdp x tensor
 CPU devices), each decoder layer under MaxText's jax.checkpoint: every
 layer's submodules are tapped. With --train the step is MaxText's loss
 (`trainers.pre_train.train.loss_fn`), its gradients (nnx.value_and_grad) and
-an SGD update; the parameters' gradients and values are tapped.
+an SGD update; the parameters' gradients and values are tapped, and
+(backward=True) every module output's gradient, those inside the
+checkpointed layers included.
 
 The references are MaxText's model again, built by `build(mesh, dtype)` on
 their one-device mesh and run on the run's weights. MaxText's config refuses
