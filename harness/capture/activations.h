@@ -98,6 +98,15 @@ struct TapData {
   // has no reference_shape and is not compared element by element.
   std::optional<Shape> mismatched_reference_shape;
   std::optional<SketchInfo> sketch;      // a sketch tap
+  // The `streams` attribute (docs/FORMAT.md): the dimension the spec splits
+  // holds several streams one after another (diffusers' [text, image] joint
+  // sequence), each split over the same ranks, so each rank holds its share
+  // of each. Read as one tap per stream, `name[stream]`; empty after that.
+  struct Stream {
+    std::string name;
+    std::size_t length = 0;  // global, along the split dimension
+  };
+  std::vector<Stream> streams;
   // Run against run (compare --against): the same tap of the run this one is
   // compared against. Its global values stand where a reference would, and
   // its tolerance adds to this tap's (check/against.h).

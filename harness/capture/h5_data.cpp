@@ -49,7 +49,24 @@ std::shared_ptr<H5Data> H5Data::rank_files(std::vector<std::string> files) {
 std::size_t H5Data::add_tap(const std::string& dataset) {
   taps_.push_back(dataset);
   references_.emplace_back();
+  streams_.emplace_back();
   return taps_.size() - 1;
+}
+
+std::size_t H5Data::add_stream(std::size_t base, std::size_t dim, std::size_t piece_offset,
+                               std::size_t reference_offset) {
+  taps_.push_back(taps_.at(base));
+  references_.push_back(references_.at(base));
+  streams_.push_back(Stream{dim, piece_offset, reference_offset});
+  return taps_.size() - 1;
+}
+
+Slab H5Data::placed(const TapData& t, const Slab& slab, bool reference) const {
+  const auto& s = streams_.at(t.data_id);
+  if (!s) return slab;
+  Slab moved = slab;
+  moved.start.at(s->dim) += reference ? s->reference_offset : s->piece_offset;
+  return moved;
 }
 
 void H5Data::set_reference(std::size_t data_id, const std::string& file,
@@ -153,19 +170,19 @@ H5Data::Location H5Data::reference_location(const TapData& t) const {
 }
 
 void H5Data::read_piece(const TapData& t, int rank, const Slab& slab, double* out) const {
-  read(piece_location(t, rank), slab, out);
+  read(piece_location(t, rank), placed(t, slab, false), out);
 }
 
 StoredSpan H5Data::read_piece_stored(const TapData& t, int rank, const Slab& slab, void* out) const {
-  return read_stored(piece_location(t, rank), slab, out);
+  return read_stored(piece_location(t, rank), placed(t, slab, false), out);
 }
 
 void H5Data::read_reference(const TapData& t, const Slab& slab, double* out) const {
-  read(reference_location(t), slab, out);
+  read(reference_location(t), placed(t, slab, true), out);
 }
 
 StoredSpan H5Data::read_reference_stored(const TapData& t, const Slab& slab, void* out) const {
-  return read_stored(reference_location(t), slab, out);
+  return read_stored(reference_location(t), placed(t, slab, true), out);
 }
 
 }  // namespace dc

@@ -47,6 +47,10 @@ class H5Data final : public ActivationData {
   // Registers a tap (its dataset path below the root); returns its data_id.
   std::size_t add_tap(const std::string& dataset);
   void set_reference(std::size_t data_id, const std::string& file, const std::string& dataset);
+  // A tap that is one stream of tap `base` (docs/FORMAT.md, `streams`): the
+  // same datasets, its pieces from `piece_offset` and its reference from
+  // `reference_offset` along dimension `dim`. Returns its data_id.
+  std::size_t add_stream(std::size_t base, std::size_t dim, std::size_t piece_offset, std::size_t reference_offset);
 
   void read_piece(const TapData& t, int rank, const Slab& slab, double* out) const override;
   void read_reference(const TapData& t, const Slab& slab, double* out) const override;
@@ -79,6 +83,12 @@ class H5Data final : public ActivationData {
   std::vector<std::string> rank_files_;
   std::vector<std::string> taps_;
   std::vector<std::optional<std::pair<std::string, std::string>>> references_;
+  struct Stream {
+    std::size_t dim = 0, piece_offset = 0, reference_offset = 0;
+  };
+  std::vector<std::optional<Stream>> streams_;  // per data_id: a stream of another tap's datasets
+  // `slab` of a stream moved to where the stream lies in its datasets (pieces or reference).
+  Slab placed(const TapData& t, const Slab& slab, bool reference) const;
 
   static constexpr std::size_t kOpenDatasets = 256;
   mutable std::mutex mu_;

@@ -323,6 +323,7 @@ ActivationSet read_activations(const std::string& source, const std::string& ref
     ref_files.insert(ref_files.begin(), reference_path);
   }
   attach_references(set, *data, ref_files, open);
+  expand_streams(set, *data);
   set.data = data;
   sort_taps(set.taps);
   return set;

@@ -218,6 +218,7 @@ void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapDat
     t.rounding_steps = *n;
   }
   read_sketch_attrs(ds, where, mesh, t);
+  read_streams_attr(ds, where, mesh, t);
   // After the sketch's attributes: a sketch tap's local shape is the sketched tensor's.
   if (auto m = h5::read_int_attr(ds, "microbatches", where)) {
     if (*m < 1 || t.local_shape.empty() || t.local_shape[0] % static_cast<std::size_t>(*m) != 0)

@@ -15,6 +15,10 @@
 #include "harness/capture/h5util.h"
 #include "harness/core/mesh.h"
 
+namespace dc {
+class H5Data;
+}
+
 namespace dc::read {
 
 h5::Handle open_file(const std::string& path);
@@ -65,5 +69,12 @@ class DeclaredBytes {
 StoredKind stored_kind(hid_t ds, const std::string& where);
 Shape dataset_shape(hid_t ds, const std::string& where, DeclaredBytes& declared);
 void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapData& t);
+
+// The `streams` attribute of a tap (store_streams.cpp): parsed and checked
+// against its layout and local shape.
+void read_streams_attr(hid_t ds, const std::string& where, const Mesh& mesh, TapData& t);
+// Each tap with streams replaced, in place, by one tap per stream, reading
+// the slices of its datasets (after the references are attached).
+void expand_streams(ActivationSet& set, H5Data& data);
 
 }  // namespace dc::read

@@ -191,7 +191,7 @@ class RankDump(_AtomicH5):
         self._order = 0
 
     def tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None, dtype=None,
-            rounding_steps=None, order=None, stage=None, microbatches=None):
+            rounding_steps=None, order=None, stage=None, microbatches=None, streams=None):
         """Writes this rank's piece `x` of tap `name` (returns its h5py Dataset).
         `dtype`: the logical dtype when `x` holds another one's values (a
         bfloat16 tensor already turned into float32); found by itself otherwise.
@@ -199,17 +199,21 @@ class RankDump(_AtomicH5):
         another order (default: the order of writing). `stage`: a pipeline
         stage's tap, "pp=1" (only that stage's ranks write it); `microbatches`:
         x's first dimension holds this many microbatches laid together in
-        order (docs/FORMAT.md, "Pipeline stages and microbatches")."""
+        order (docs/FORMAT.md, "Pipeline stages and microbatches"); `streams`:
+        "text:8,image:32", the split dimension holds these streams one after
+        another, each split over the spec's ranks (docs/FORMAT.md, "Streams")."""
         self.write_tap(name, x, spec=spec, partial=partial, reduction_depth=reduction_depth, atol=atol, rtol=rtol,
-                       dtype=dtype, rounding_steps=rounding_steps, order=order, stage=stage, microbatches=microbatches)
+                       dtype=dtype, rounding_steps=rounding_steps, order=order, stage=stage, microbatches=microbatches,
+                       streams=streams)
         return self.f[f"taps/{name}"]
 
     def write_tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None, dtype=None,
                   rounding_steps=None, order=None, more=None, stage=None, microbatches=None, pipeline_stage=None,
-                  reduced=None):
+                  reduced=None, streams=None):
         """tap() without opening the dataset again (a capture's way); `more`: further scalar attributes;
         `pipeline_stage`: a schedule's stage index where one rank holds several; `reduced`: the axes the
-        value was summed over in its dtype before the capture (docs/FORMAT.md)."""
+        value was summed over in its dtype before the capture; `streams`: the streams its split dimension holds
+        (docs/FORMAT.md)."""
         a, logical = to_numpy(x)
         logical = dtype or logical
         attrs = {"spec": spec or None, "partial": partial or None,
@@ -218,7 +222,8 @@ class RankDump(_AtomicH5):
                  "rounding_steps": None if rounding_steps is None else int(rounding_steps),
                  "atol": None if atol is None else float(atol), "rtol": None if rtol is None else float(rtol),
                  "stage": stage or None, "microbatches": None if microbatches is None else int(microbatches),
-                 "pipeline_stage": None if pipeline_stage is None else int(pipeline_stage), "reduced": reduced or None}
+                 "pipeline_stage": None if pipeline_stage is None else int(pipeline_stage), "reduced": reduced or None,
+                 "streams": streams or None}
         self._dataset(f"taps/{name}", a, attrs={**{k: v for k, v in attrs.items() if v is not None}, **(more or {})})
         self._order += 1
 

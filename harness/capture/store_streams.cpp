@@ -1,0 +1,116 @@
+// Taps that hold several streams along their split dimension (docs/FORMAT.md,
+// `streams`). diffusers' context parallelism splits the text and the image
+// tokens each over the ranks, then runs its single-stream blocks on each
+// rank's [its text, its image]: rank r's piece is not the r-th block of the
+// global [text, image] tensor, so no spec describes it. Each stream alone is
+// a plain split, so the tap is read as one tap per stream (`name[text]`,
+// `name[image]`), whose pieces and reference are slices of the same
+// datasets (H5Data::add_stream). Everything after the reader (checks,
+// tolerances, reports) sees ordinary taps.
+#include <fmt/format.h>
+
+#include <numeric>
+
+#include "harness/capture/h5_data.h"
+#include "harness/capture/h5util.h"
+#include "harness/capture/store_read_file.h"
+#include "harness/core/error.h"
+
+namespace dc::read {
+namespace {
+
+std::vector<std::string> split_on(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at <= s.size()) {
+    const std::size_t end = std::min(s.find(sep, at), s.size());
+    out.push_back(s.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
+// The dimension the spec splits (exactly one), and over how many blocks.
+std::pair<std::size_t, std::size_t> split_dimension(const TapData& t, const Mesh& mesh, const std::string& where) {
+  std::optional<std::size_t> dim;
+  std::size_t blocks = 1;
+  for (std::size_t d = 0; d < t.layout.spec.size(); ++d) {
+    if (t.layout.spec[d].empty()) continue;
+    if (dim)
+      input_error("{}: attribute 'streams' needs a spec that splits one dimension; '{}' splits {} and {}", where,
+                  t.layout.spec_str(), *dim, d);
+    dim = d;
+    for (const auto& axis : t.layout.spec[d]) blocks *= static_cast<std::size_t>(mesh.axis_size(axis));
+  }
+  if (!dim)
+    input_error("{}: attribute 'streams' needs a spec that splits the dimension the streams lie along; the "
+                "spec is '{}'", where, t.layout.spec_str());
+  return {*dim, blocks};
+}
+
+}  // namespace
+
+void read_streams_attr(hid_t ds, const std::string& where, const Mesh& mesh, TapData& t) {
+  const auto text = h5::read_string_attr(ds, "streams", where);
+  if (!text) return;
+  const std::string& s = *text;
+  const std::string form = "'name:length,name:length,...', the global lengths in the order the tensor holds them";
+  for (const auto& part : split_on(s, ',')) {
+    const auto colon = part.find(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == part.size())
+      input_error("{}: attribute 'streams' is '{}'; expected {}", where, s, form);
+    TapData::Stream st{part.substr(0, colon), 0};
+    const std::string digits = part.substr(colon + 1);
+    if (digits.size() > 15 || digits.find_first_not_of("0123456789") != std::string::npos)
+      input_error("{}: attribute 'streams' is '{}': '{}' is not a length; expected {}", where, s, digits, form);
+    st.length = std::stoull(digits);
+    for (const auto& other : t.streams)
+      if (other.name == st.name) input_error("{}: attribute 'streams' is '{}': stream '{}' twice", where, s, st.name);
+    if (st.name.find_first_of("[]/") != std::string::npos)
+      input_error("{}: attribute 'streams' is '{}': a stream's name has no '[', ']' or '/'", where, s);
+    t.streams.push_back(std::move(st));
+  }
+  if (t.streams.size() < 2) input_error("{}: attribute 'streams' is '{}': it names fewer than two streams", where, s);
+  const auto [dim, blocks] = split_dimension(t, mesh, where);
+  std::size_t local = 0;
+  for (const auto& st : t.streams) {
+    if (st.length == 0 || st.length % blocks != 0)
+      input_error("{}: attribute 'streams' is '{}': stream '{}' of {} does not split into {} equal shares (spec "
+                  "'{}')", where, s, st.name, st.length, blocks, t.layout.spec_str());
+    local += st.length / blocks;
+  }
+  if (dim >= t.local_shape.size() || t.local_shape[dim] != local)
+    input_error("{}: attribute 'streams' is '{}': a rank's shares add up to {} along dimension {}, but the piece "
+                "has shape {}", where, s, local, dim, shape_str(t.local_shape));
+}
+
+void expand_streams(ActivationSet& set, H5Data& data) {
+  std::vector<TapData> out;
+  out.reserve(set.taps.size());
+  for (auto& t : set.taps) {
+    if (t.streams.empty() || t.mismatched_reference_shape) {  // a shape finding is the tap's, whole
+      t.streams.clear();
+      out.push_back(std::move(t));
+      continue;
+    }
+    const std::string where = fmt::format("{}: tap '{}'", set.source, t.name);
+    if (t.sketch) input_error("{}: a sketch tap has no 'streams' (each stream is sketched as its own tap)", where);
+    if (t.microbatches) input_error("{}: a tap with 'microbatches' has no 'streams'", where);
+    const auto [dim, blocks] = split_dimension(t, set.mesh, where);
+    std::size_t piece_offset = 0, reference_offset = 0;
+    for (const auto& st : t.streams) {
+      TapData s = t;
+      s.streams.clear();
+      s.name = t.name + "[" + st.name + "]";
+      s.local_shape[dim] = st.length / blocks;
+      if (s.reference_shape) (*s.reference_shape)[dim] = st.length;
+      s.data_id = data.add_stream(t.data_id, dim, piece_offset, reference_offset);
+      piece_offset += st.length / blocks;
+      reference_offset += st.length;
+      out.push_back(std::move(s));
+    }
+  }
+  set.taps = std::move(out);
+}
+
+}  // namespace dc::read

@@ -1,0 +1,80 @@
+"""Taps whose split dimension holds several streams (docs/FORMAT.md,
+"Streams"): each rank holds [its share of the text, its share of the image],
+as diffusers' single-stream blocks do under context parallelism. Compared
+stream by stream against slices of the reference, with files written by
+h5py."""
+import sys
+
+import numpy as np
+
+from e2e import SCRIPTS, E2ETest
+
+sys.path.insert(0, SCRIPTS)
+from diffcheck_dump import RankDump  # noqa: E402
+
+TEXT, IMAGE, WIDTH, RANKS = 4, 8, 3, 2
+
+
+def joint():
+    """The global tensor [1, text + image, width]: the text's rows first."""
+    return (np.arange((TEXT + IMAGE) * WIDTH, dtype=np.float64).reshape(1, TEXT + IMAGE, WIDTH) + 1) / 7.0
+
+
+def write(prefix, streams="text:4,image:8", fault=None, reference=None, spec="-,sp,-"):
+    g = joint()
+    t, i = TEXT // RANKS, IMAGE // RANKS
+    for r in range(RANKS):
+        piece = np.concatenate([g[:, r * t:(r + 1) * t], g[:, TEXT + r * i:TEXT + (r + 1) * i]], axis=1)
+        piece = piece.astype(np.float32)
+        if fault == "image" and r == 1:
+            piece[0, t + 1, 0] += 0.5  # an image token of rank 1
+        with RankDump(prefix, f"sp={RANKS}", r, scenario="streams_test") as d:
+            d.tap("single.norm", piece, spec=spec, streams=streams)
+            d.tap("after", g[:, :1].astype(np.float32))  # a plain tap beside it
+            if r == 0:
+                d.reference("single.norm", g if reference is None else reference)
+                d.reference("after", g[:, :1])
+
+
+class Streams(E2ETest):
+    def compare(self, code, **kw):
+        prefix = self.path("dump")
+        write(prefix, **kw)
+        res = self.diffcheck("compare", prefix, json=True)
+        self.assertExit(res, code)
+        return res
+
+    def test_each_stream_is_compared_with_its_slice_of_the_reference(self):
+        res = self.compare(0)
+        self.assertEqual([t["name"] for t in res.report["taps"]],
+                         ["single.norm[text]", "single.norm[image]", "after"])
+        self.assertTrue(all(t["pass"] for t in res.report["taps"]), res.report)
+
+    def test_without_streams_the_same_pieces_do_not_match(self):
+        # what the attribute is for: read as a plain split, rank 0 holds [text 0-1, image 0-3]
+        # where the reference has rows 0-5, so the clean pieces are a finding
+        res = self.compare(1, streams=None)
+        self.assertFirstDivergence(res, "single.norm")
+
+    def test_a_fault_in_one_stream_is_named_there(self):
+        res = self.compare(1, fault="image")
+        fd = self.assertFirstDivergence(res, "single.norm[image]")
+        taps = {t["name"]: t for t in res.report["taps"]}
+        self.assertTrue(taps["single.norm[text]"]["pass"])
+        self.assertIn(1, fd.get("ranks", [1]))
+
+    def test_a_reference_of_another_shape_is_a_shape_finding_at_the_whole_tap(self):
+        res = self.compare(1, reference=joint()[:, :TEXT + IMAGE - 2])
+        self.assertFirstDivergence(res, "single.norm")
+
+    def test_streams_that_do_not_fit_the_piece_are_refused_by_name(self):
+        for streams, needle in [("text:4,image:6", "add up to 5"), ("text:3,image:9", "equal shares"),
+                                ("text:4", "fewer than two"), ("text=4,image=8", "expected 'name:length"),
+                                ("text:4,text:8", "twice"), ("text:-4,image:8", "not a length")]:
+            with self.subTest(streams=streams):
+                res = self.compare(2, streams=streams)
+                self.assertIn("'streams'", res.err)
+                self.assertIn(needle, res.err)
+                self.assertIn("single.norm", res.err)
+        res = self.compare(2, spec=None)
+        self.assertIn("needs a spec that splits", res.err)
