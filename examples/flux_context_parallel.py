@@ -42,7 +42,7 @@ import diffcheck.torch as dct  # noqa: E402  # diffcheck
 B, IMG, TXT = 1, 32, 8  # tokens: divisible by the ranks (diffusers splits both streams)
 # No layouts: diffcheck reads them from the hooks enable_parallelism installs (python/diffcheck/torch/
 # diffusers_plan.py). The tokens each rank holds as [its text, its image] (the rotary tables, inside a
-# single-stream block) have no layout and are not tapped; the capture says which.
+# single-stream block) are compared stream by stream: `name[text]`, `name[image]`.
 
 
 def build(dtype):

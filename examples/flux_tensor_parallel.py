@@ -15,9 +15,10 @@ projection (its input is [attention, MLP]) row-parallel block by block
 layouts come from the plan, and from it the modules that wrap a
 column-parallel layer (GELU(proj), a single block's attention, the q/k norms
 on its heads: python/diffcheck/torch/dtensor_plan.py); the fused projection's
-packed weight, split block by block, which its DTensor does not say, is left
-out and named (the report's "left out at capture"). The reference is the
-same model unsharded in float64.
+packed weight, split block by block, which its DTensor does not say, is
+compared block by block (`param/...proj_out.weight[0]`, `[1]`: the `streams`
+attribute, docs/FORMAT.md). The reference is the same model unsharded in
+float64.
 
 diffusers refuses tensor parallelism on a CPU device (its supported list is
 cuda, neuron, tpu, xpu); the example adds "cpu" to that list, and, as for

@@ -7,11 +7,13 @@ import unittest
 from diffcheck.torch.diffusers_plan import DiffusersContextParallel
 
 
-def reader(lengths, whole=()):
-    """A reader that learnt these splits' local lengths ({dimension: {lengths}}) and inputs' whole lengths."""
+def reader(lengths, whole=(), keyed=None):
+    """A reader that learnt these splits' local lengths ({dimension: {lengths}}), the split inputs' names
+    ({dimension: {name: local length}}) and inputs' whole lengths."""
     r = object.__new__(DiffusersContextParallel)
     r.rank, r.axis, r.degree = 0, "sp", 2
     r.lengths, r.whole_lengths = {d: set(v) for d, v in lengths.items()}, set(whole)
+    r.keyed = keyed or {d: {} for d in lengths}
     r.after_gather, r.whole_gradients, r.joint = False, set(), []
     return r
 
@@ -29,6 +31,25 @@ class Layouts(unittest.TestCase):
         r = reader({1: {20}})
         self.assertNotIn("spec", r.attrs("time_embed", {}, (2, 16)))  # [batch, features]
         self.assertEqual(r.attrs("param/x.weight", {}, (20, 16)), {})  # parameters keep their own
+
+    def test_a_ranks_text_beside_its_image_is_split_stream_by_stream(self):
+        """FLUX's single-stream blocks and rotary tables: each rank's [its text, its image]. Before, such
+        taps were left out (named in a warning); now each stream is compared (docs/FORMAT.md, `streams`)."""
+        flux = {1: {"encoder_hidden_states": 4, "hidden_states": 16}, 0: {"txt_ids": 4, "img_ids": 16}}
+        r = reader({1: {4, 16}, 0: {4, 16}}, keyed=flux)  # 8 text and 32 image tokens over 2 ranks
+        joint = {"spec": "-,sp,-", "streams": "text:8,image:32"}
+        self.assertEqual(r.attrs("single_transformer_blocks.0.attn", {}, (1, 20, 64)), joint)
+        self.assertEqual(r.attrs("step0/grad/single_transformer_blocks.0.attn", {}, (1, 20, 64)), joint)
+        self.assertEqual(r.attrs("pos_embed/0", {}, (20, 24)), {"spec": "sp,-", "streams": "text:8,image:32"})
+        self.assertEqual(r.attrs("transformer_blocks.0.attn/0", {}, (1, 16, 64))["spec"], "-,sp,-")  # one stream
+        self.assertEqual(r.attrs("x", {}, (1, 20, 64), ), joint)
+        flux2 = {1: {"encoder_hidden_states": 4, "hidden_states": 16, "txt_ids": 4, "img_ids": 16}}
+        self.assertEqual(reader({1: {4, 16}}, keyed=flux2).attrs("pos_embed/0", {}, (20, 24)),
+                         {"spec": "sp,-", "streams": "text:8,image:32"})  # a tokens-first table of both
+        same = reader({1: {8}}, keyed={1: {"encoder_hidden_states": 8, "hidden_states": 8}})
+        self.assertEqual(same.attrs("x", {}, (1, 16, 64)), {"spec": "-,sp,-", "streams": "text:16,image:16"})
+        self.assertEqual(r.attrs("x", {"spec": "-,-,-"}, (1, 20, 64), )["spec"], "-,sp,-")
+        self.assertNotIn("streams", r.attrs("x", {}, (1, 21, 64)))  # no sum of the two: replicated
 
     def test_a_replicated_parameters_gradient_is_said_summed_over_the_ranks(self):
         """Each rank's gradient covers its own tokens; the step sums them over sp in their dtype before the

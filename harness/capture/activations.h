@@ -169,8 +169,19 @@ class ActivationData {
   virtual int reference_holder(const TapData& t, const Slab& slab) const;
 };
 
+// How a tap with `streams` was read as one tap per stream: the dimension
+// they lie along and the streams, in order (the tap's name is the key).
+struct StreamSplit {
+  std::size_t dim = 0;
+  std::vector<TapData::Stream> streams;
+};
+
 struct ActivationSet {
   std::string source;  // the file (run file) or prefix (rank files) that was read
+  // The taps read as one tap per stream (store_streams.cpp), by name: another
+  // set of the same computation (the one-device run a noise floor is measured
+  // on) is split the same way.
+  std::map<std::string, StreamSplit> stream_splits;
   Mesh mesh;
   int world_size = 1;
   std::map<std::string, std::string> info;  // optional root attributes, as text

@@ -95,7 +95,10 @@ PendingRunFile start_run_file(const Comm& world, const std::string& path, const 
 // `source` is a run file, one rank file, or the prefix of rank files
 // (`<prefix>.rank<R>.h5`). `reference_path`, when not empty, is a separate file
 // holding /reference datasets. Throws InputError naming the file, tap and
-// attribute when the input does not follow the format.
-ActivationSet read_activations(const std::string& source, const std::string& reference_path = "");
+// attribute when the input does not follow the format. `split_like`: the
+// stream splits of another set of the same computation, applied to this one's
+// taps of those names that have no `streams` of their own (a one-device run).
+ActivationSet read_activations(const std::string& source, const std::string& reference_path = "",
+                               const std::map<std::string, StreamSplit>* split_like = nullptr);
 
 }  // namespace dc

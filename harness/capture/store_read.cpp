@@ -292,7 +292,8 @@ std::string narrow_reference(const TapData& t, const std::string& run_dtype) {
   return run_is_narrower ? std::string{} : stored_kind_name(*t.reference_stored);
 }
 
-ActivationSet read_activations(const std::string& source, const std::string& reference_path) {
+ActivationSet read_activations(const std::string& source, const std::string& reference_path,
+                               const std::map<std::string, StreamSplit>* split_like) {
   h5::silence_errors();
   ActivationSet set;
   std::shared_ptr<H5Data> data;
@@ -323,7 +324,7 @@ ActivationSet read_activations(const std::string& source, const std::string& ref
     ref_files.insert(ref_files.begin(), reference_path);
   }
   attach_references(set, *data, ref_files, open);
-  expand_streams(set, *data);
+  expand_streams(set, *data, split_like);
   set.data = data;
   sort_taps(set.taps);
   return set;

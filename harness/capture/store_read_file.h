@@ -75,6 +75,7 @@ void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapDat
 void read_streams_attr(hid_t ds, const std::string& where, const Mesh& mesh, TapData& t);
 // Each tap with streams replaced, in place, by one tap per stream, reading
 // the slices of its datasets (after the references are attached).
-void expand_streams(ActivationSet& set, H5Data& data);
+// `split_like`: splits to apply to taps without `streams` (read_activations).
+void expand_streams(ActivationSet& set, H5Data& data, const std::map<std::string, StreamSplit>* split_like);
 
 }  // namespace dc::read

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <numeric>
+#include <tuple>
 
 #include "harness/capture/h5_data.h"
 #include "harness/capture/h5util.h"
@@ -84,11 +85,14 @@ void read_streams_attr(hid_t ds, const std::string& where, const Mesh& mesh, Tap
                 "has shape {}", where, s, local, dim, shape_str(t.local_shape));
 }
 
-void expand_streams(ActivationSet& set, H5Data& data) {
+void expand_streams(ActivationSet& set, H5Data& data, const std::map<std::string, StreamSplit>* split_like) {
   std::vector<TapData> out;
   out.reserve(set.taps.size());
   for (auto& t : set.taps) {
-    if (t.streams.empty() || t.mismatched_reference_shape) {  // a shape finding is the tap's, whole
+    const StreamSplit* like = nullptr;
+    if (t.streams.empty() && split_like)
+      if (auto it = split_like->find(t.name); it != split_like->end()) like = &it->second;
+    if ((t.streams.empty() && !like) || t.mismatched_reference_shape) {  // a shape finding is the tap's, whole
       t.streams.clear();
       out.push_back(std::move(t));
       continue;
@@ -96,7 +100,20 @@ void expand_streams(ActivationSet& set, H5Data& data) {
     const std::string where = fmt::format("{}: tap '{}'", set.source, t.name);
     if (t.sketch) input_error("{}: a sketch tap has no 'streams' (each stream is sketched as its own tap)", where);
     if (t.microbatches) input_error("{}: a tap with 'microbatches' has no 'streams'", where);
-    const auto [dim, blocks] = split_dimension(t, set.mesh, where);
+    std::size_t dim = 0, blocks = 1;
+    if (like) {  // a whole tensor (a one-device run), split as the run under check was
+      t.streams = like->streams;
+      dim = like->dim;
+      std::size_t whole = 0;
+      for (const auto& st : t.streams) whole += st.length;
+      if (!t.layout.spec.empty() || dim >= t.local_shape.size() || t.local_shape[dim] != whole)
+        input_error("{}: the run under check holds it as streams of {} along dimension {}, which this file's "
+                    "shape {} (spec '{}') does not hold whole", where, whole, dim, shape_str(t.local_shape),
+                    t.layout.spec_str());
+    } else {
+      std::tie(dim, blocks) = split_dimension(t, set.mesh, where);
+    }
+    set.stream_splits[t.name] = StreamSplit{dim, t.streams};
     std::size_t piece_offset = 0, reference_offset = 0;
     for (const auto& st : t.streams) {
       TapData s = t;

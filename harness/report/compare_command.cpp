@@ -115,7 +115,7 @@ std::optional<ToleranceTable> measured_tolerances(const ActivationSet& set, cons
   }
   ActivationSet floor_set;
   try {
-    floor_set = read_everywhere(floor_source, reference, opts.compare.processes);
+    floor_set = read_everywhere(floor_source, reference, opts.compare.processes, &set.stream_splits);
   } catch (const InputError& e) {
     input_error("noise floor {}: {}", floor_source, e.what());
   }
@@ -147,12 +147,12 @@ std::optional<ToleranceTable> measured_tolerances(const ActivationSet& set, cons
 }  // namespace
 
 ActivationSet read_everywhere(const std::string& source, const std::string& reference,
-                              const Comm* processes) {
-  if (!processes || processes->size() == 1) return read_activations(source, reference);
+                              const Comm* processes, const std::map<std::string, StreamSplit>* split_like) {
+  if (!processes || processes->size() == 1) return read_activations(source, reference, split_like);
   ActivationSet set;
   agreed_on_all(*processes, [&] {
     try {
-      set = read_activations(source, reference);
+      set = read_activations(source, reference, split_like);
     } catch (const InputError& e) {
       throw InputError(fmt::format("rank {}: {}", processes->rank(), e.what()));
     } catch (const std::exception& e) {

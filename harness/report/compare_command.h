@@ -41,7 +41,8 @@ struct ReportOptions {
 // Reads `source` (and `reference`) on every process of `processes` (null:
 // this one); all agree on failure (the lowest rank's error is thrown
 // everywhere) before any of them starts comparing.
-ActivationSet read_everywhere(const std::string& source, const std::string& reference, const Comm* processes);
+ActivationSet read_everywhere(const std::string& source, const std::string& reference, const Comm* processes,
+                              const std::map<std::string, StreamSplit>* split_like = nullptr);
 
 // The prefix of the one-device dump that dct.capture(..., one_device=True)
 // writes beside a reference file: REF.h5 (or REF.rank0.h5) -> REF.one_device,

@@ -85,8 +85,8 @@ class TapWriting:
                 attrs = with_data_axes(attrs, tuple(tensor.shape), self.data_axes, self._local_batch)
             if self._library and not is_parameter_tap(name):  # what libraries imply (library_plans.py)
                 attrs = self._library.attrs(name, attrs, tuple(tensor.shape), pattern)
-                if attrs is None:  # a value no layout describes (named when the capture closes)
-                    return
+                if attrs is None or (self.sketches is not None and self._library.sketch_leaves_out(name, attrs)):
+                    return  # a value no layout describes, or a joint sequence in sketch mode (named at the close)
             self._check_layout(name, tensor, pattern, attrs)
             if self.derive_depths:
                 attrs = self._with_counts(name, tensor, attrs)

@@ -20,10 +20,15 @@ from those hooks (their plan entries and their flattened mesh):
   the plan leaves whole (Wan's text at 4 ranks: 8 of 32 video tokens, 8 text
   tokens) cannot tell a split tap from a whole one: a tap of that length is
   refused by name, to be given a layout;
-- a tap whose dimension d is the sum of two local lengths holds each rank's
-  text and image tokens side by side (a joint sequence: each rank's share
-  of each stream, concatenated), which no layout describes: it is not
-  tapped, and the capture names such taps in one warning at its end.
+- a tap whose dimension d is the local text length plus the local image
+  length holds each rank's text and image tokens side by side (a joint
+  sequence: each rank's share of each stream, concatenated; the single-stream
+  blocks, FLUX's rotary tables): it is split there with `streams`
+  "text:T,image:I" (docs/FORMAT.md), text first, as every diffusers model
+  with a `_cp_plan` concatenates them (`torch.cat([encoder_hidden_states,
+  hidden_states])`, `torch.cat((txt_ids, img_ids))`), and compared stream by
+  stream. In sketch mode such a tap is not tapped (its reference is one
+  sketch of the whole), and the capture names it in one warning at its end.
 
 A user's `layouts=` entry always wins (it is asked first). The axis is the
 capture's mesh axis (or axes, major to minor) whose ranks through this rank
@@ -33,6 +38,11 @@ import itertools
 
 from diffcheck.dump.layouts import is_dtensor, rank_coords, spec_at
 from diffcheck.torch.data_axes import is_parameter_tap
+
+
+def _is_text(key):
+    """Whether a split input of the plan is the text stream (`encoder_hidden_states`, `txt_ids`)."""
+    return "encoder" in key or "txt" in key or "text" in key
 
 
 def _hooks(module, kind):
@@ -86,9 +96,10 @@ class DiffusersContextParallel:
                              f"axis of the mesh {','.join(f'{a}={n}' for a, n in axis_sizes.items())} spans through "
                              f"rank {rank}: name the mesh's axes so that one (or a few together) is that group")
         self.lengths = {}  # dimension -> the local lengths of the splits along it
+        self.keyed = {}  # dimension -> {input name: its local length} (text and image streams told apart)
         self.after_gather = False  # set once a gathered output is made in this forward
         self.whole_gradients = set()  # taps made after a gather: their gradients are whole
-        self.joint = []  # taps not tapped (a joint sequence)
+        self.joint = []  # taps not tapped (a joint sequence in sketch mode)
         self.whole_lengths = set()  # dimension 1 of the model's inputs the plan does not split
 
     def hooks_on(self, model):
@@ -131,8 +142,10 @@ class DiffusersContextParallel:
                 for v in value if isinstance(value, (list, tuple)) else (value,):
                     if hasattr(v, "shape") and v.dim() > cpm.split_dim and \
                             (cpm.expected_dims is None or v.dim() == cpm.expected_dims):
-                        self.lengths.setdefault(int(cpm.split_dim), set()).add(int(v.shape[cpm.split_dim]) //
-                                                                             self.degree)
+                        local = int(v.shape[cpm.split_dim]) // self.degree
+                        self.lengths.setdefault(int(cpm.split_dim), set()).add(local)
+                        if isinstance(key, str):
+                            self.keyed.setdefault(int(cpm.split_dim), {})[key] = local
         return learn
 
     def output_layout(self, module, tensor, rest):
@@ -158,6 +171,18 @@ class DiffusersContextParallel:
             return {"reduced": self.axis}
         return None
 
+    def _streams(self, dim, length):
+        """`streams` ("text:T,image:I", global lengths) where `length` is a
+        rank's text share beside its image share of the inputs split along
+        dimension `dim`, else None."""
+        keyed = self.keyed.get(dim, {})
+        text = [k for k in keyed if _is_text(k)]
+        image = [k for k in keyed if not _is_text(k)]
+        for t, i in itertools.product(text, image):
+            if keyed[t] + keyed[i] == length:
+                return f"text:{keyed[t] * self.degree},image:{keyed[i] * self.degree}"
+        return None
+
     def attrs(self, name, attrs, shape):
         """`attrs` of a tap no layout pattern set, as the plan implies; None: not tapped (a joint sequence)."""
         if is_parameter_tap(name):
@@ -177,14 +202,19 @@ class DiffusersContextParallel:
                             "': '-," + self.axis + ",-'} if split, None if whole)")
                     entries[dim] = self.axis
                     break
-                if dim < len(shape) and any(a + b == shape[dim] for a in locals_ for b in locals_ if a != b):
-                    self.joint.append(name)
-                    return None
+                streams = self._streams(dim, shape[dim]) if dim < len(shape) and entries[dim] == "-" else None
+                if streams is not None:
+                    entries[dim] = self.axis
+                    attrs = {**attrs, "streams": streams}
+                    break
         if self.axis not in entries and len(shape) == 2 and entries[0] == "-" and \
                 shape[0] in self.lengths.get(1, ()) and shape[0] not in self.whole_lengths:
             # a tokens-first table ([tokens, features]: FLUX.2's rotary tables, from position ids
             # [batch, tokens, n] split on their tokens and indexed down to them): split as its tokens
             entries[0] = self.axis
+        elif self.axis not in entries and len(shape) == 2 and entries[0] == "-" and self._streams(1, shape[0]):
+            entries[0] = self.axis  # the same table of a joint sequence (FLUX.2's, text and image ids together)
+            attrs = {**attrs, "streams": self._streams(1, shape[0])}
         attrs = {**attrs, "spec": ",".join(entries)} if self.axis in entries else attrs
         if "/grad/" not in "/" + name:
             if self.after_gather:

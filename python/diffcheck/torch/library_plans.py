@@ -33,7 +33,7 @@ Megatron-core's tensor- and sequence-parallel layers and parameters:
 megatron_plan.py, asked from here; transformers' own tensor-parallel layers
 (5.x with plain tensors): transformers_plan.py, likewise.
 """
-from diffcheck.dump.layouts import rank_coords, spec_at
+from diffcheck.dump.layouts import is_dtensor, rank_coords, spec_at
 from diffcheck.torch.diffusers_plan import DiffusersContextParallel
 from diffcheck.torch.megatron_plan import MegatronLayouts
 from diffcheck.torch.transformers_plan import TransformersLayouts
@@ -96,18 +96,30 @@ _WHY = {"transposed": "Megatron's VocabParallelEmbedding under sequence parallel
 
 
 def _packed_blocks(module, p):
-    """Why parameter `p` of `module` is left out where diffusers packs it
+    """What diffusers' packing says of parameter `p` of `module`
     (`_tp_packed_row_blocks` / `_tp_packed_col_blocks`: a fused projection
-    whose blocks are split one by one, [its attention, its MLP] on each rank,
-    while its DTensor says one plain Shard; a row-packed layer's bias is
-    whole), else None."""
+    whose blocks are split one by one under tensor parallelism, [its share of
+    the attention's, its share of the MLP's] on each rank, while its DTensor
+    says one plain Shard): ({"streams": "0:64,1:256"}, None), each block a
+    stream (docs/FORMAT.md); (None, why) where the DTensor splits more than
+    that dimension; (None, None) where nothing is packed here (a plain
+    parameter under context parallelism is whole; a row-packed layer's bias
+    is replicated)."""
+    if not is_dtensor(p):
+        return None, None
     for attr in ("_tp_packed_row_blocks", "_tp_packed_col_blocks"):
         blocks = getattr(module, attr, None)
-        if blocks and len(blocks) > 1 and (p.dim() > 1 or attr == "_tp_packed_col_blocks"):
-            return f"diffusers' packed projection ({attr} {list(blocks)}): each block split on its own, which its " \
-                   "DTensor's one Shard does not say and no spec describes"
-    return None
-
+        if not blocks or len(blocks) < 2:
+            continue
+        shards = [pl.dim % p.dim() for pl in p.placements if pl.is_shard() or hasattr(pl, "split_factor")]
+        along = [d for d in set(shards) if p.shape[d] == sum(blocks)]
+        if not shards:
+            return None, None
+        if len(set(shards)) == 1 and along:
+            return {"streams": ",".join(f"{i}:{int(b)}" for i, b in enumerate(blocks))}, None
+        return None, f"diffusers' packed projection ({attr} {list(blocks)}): each block split on its own, " \
+                     "along a dimension its DTensor also splits otherwise, which no spec describes"
+    return None, None
 
 
 class LibraryLayouts:
@@ -182,22 +194,32 @@ class LibraryLayouts:
         joint = sorted(set(self.cp.joint)) if self.cp.active else []
         if joint:
             said.append(f"{len(joint)} tap(s) hold each rank's text and image tokens side by side (diffusers' joint "
-                        f"sequence), which no layout describes, and were not tapped: {', '.join(joint[:5])}"
-                        f"{', ...' if len(joint) > 5 else ''}")
+                        f"sequence), which a sketch cannot compare stream by stream, and were not tapped in sketch "
+                        f"mode: {', '.join(joint[:5])}{', ...' if len(joint) > 5 else ''}")
         for why in sorted({why for _, why in self.left_out}):
             names = sorted({name for name, w in self.left_out if w == why})
             said.append(f"{len(names)} tap(s) were not tapped: {_WHY.get(why, why)}: {', '.join(names[:5])}"
                         f"{', ...' if len(names) > 5 else ''}")
         return "; ".join(said) or None
 
+    def sketch_leaves_out(self, name, attrs):
+        """Whether a sketch capture leaves tap `name` out: a joint sequence
+        (`streams`), whose reference is sketched whole (named at the end)."""
+        if not attrs.get("streams"):
+            return False
+        self.cp.joint.append(name)
+        return True
+
     def parameter(self, name, p, module=None):
         """The layout a library says of parameter tap `name` (of parameter `p`,
         of `module`): (attrs, None), (None, None) where none says, (None, why)
         where it is left out (named when the capture closes)."""
-        packed = _packed_blocks(module, p)
-        if packed is not None:  # a DTensor that says Shard(d), its pieces block by block
-            self.left_out.append((name, packed))
-            return None, packed
+        packed, why = _packed_blocks(module, p)
+        if why is not None:
+            self.left_out.append((name, why))
+            return None, why
+        if packed is not None:  # a DTensor that says Shard(d), its pieces block by block: a stream each
+            return packed, None
         if self.cp.active:  # diffusers' context parallelism: a replicated parameter's gradient summed over it
             return self.cp.parameter(name, p), None
         if not (self.megatron.active or self.transformers.active):
