@@ -121,7 +121,9 @@ class FluxPipeline(E2ETest):
                 if "FAIL" in verdicts:
                     self.assertFirstDivergence(res, "step01/cache/rel_l1")
                 else:
-                    self.assertIn("HANG: no progress for 5 s", res.err)
+                    # timed from the last progress of any rank: the limit, and the watchdog's wake-up under load
+                    stalled = re.search(r"HANG: no progress for (\d+) s \(--timeout 5\)", res.err)
+                    self.assertTrue(stalled and 5 <= int(stalled.group(1)) <= 9, res.err[-2000:])
                     self.assertRegex(res.err, r"last tap 'step\d\d/")
         self.assertExit(self.run_tiny(4, "dp=2,cfg=2,ring=1,sp=1", "--flag", "cache_threshold=0.3",
                                       "--inject", "per_rank_cache_decision"), 0)

@@ -189,5 +189,40 @@ TEST(HangReport, AClaimThatCannotBeWrittenStillReports) {
   EXPECT_TRUE(claim_hang_report("/nonexistent/diffcheck/watch"));
 }
 
+// The hang's length is the time since the last progress of any rank. Rank 0
+// stops at once; rank 1 works on for 2.5 s, then stops too (a time limit of
+// 1 s). Rank 0, the lowest, reports once both are stuck: about 1 s after
+// rank 1's last progress, while its own stall is 3.5 s. It once printed its
+// own (e2e_flux_pipeline under load: "no progress for 30 s (--timeout 5)").
+TEST(HangReport, TheHangIsTimedFromTheLastProgressOfAnyRank) {
+  const Scratch at("since_any");
+  std::vector<pid_t> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(fork_rank(at.logs, r, [&] {
+      interrupt::remove_directory_when_stopped(at.dir);
+      progress::recorded_tap("start");
+      Watchdog watchdog(at.dir, r, 2, 1.0);
+      const auto t0 = std::chrono::steady_clock::now();
+      while (r == 1 && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2500)) {
+        progress::recorded_tap("busy");
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(8));  // the watchdog ends it
+    }));
+    ASSERT_GE(ranks.back(), 0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(5500));
+  for (pid_t pid : ranks) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  const std::string err = stderr_of(at.logs, 0) + stderr_of(at.logs, 1);
+  const auto at_report = err.find("HANG: no progress for ");
+  ASSERT_NE(at_report, std::string::npos) << err;
+  const int seconds = std::stoi(err.substr(at_report + 22));
+  EXPECT_GE(seconds, 1) << err;
+  EXPECT_LE(seconds, 2) << err;  // not rank 0's own 3-4 s
+}
+
 }  // namespace
 }  // namespace dc

@@ -181,7 +181,13 @@ void Watchdog::loop() {
       }
       continue;
     }
-    std::string msg = hang_report(all, silent, me, stalled);
+    // The hang began at the last progress of any rank, not of this one: a
+    // rank that stalled early (waiting in a collective while the others still
+    // computed) would otherwise report all of its own wait as the hang's.
+    // Every rank with a record is stuck here, so this is at least the limit.
+    double since = stalled;
+    for (const auto& [r, s] : all) since = std::min(since, now() - s.last_change);
+    std::string msg = hang_report(all, silent, me, since);
     msg += "HANG: the run is ended (exit 1)\n";
     ssize_t ignored = write(2, msg.data(), msg.size());
     (void)ignored;
