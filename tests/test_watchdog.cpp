@@ -60,6 +60,34 @@ struct Scratch {
   std::string dir, logs;
 };
 
+// Two "ranks", each with its watchdog (a time limit of 1 s): `busy` records
+// progress for `busy_ms`, the other none; both then wait for their watchdog
+// to end them. After `wait_ms` both are killed, as the launcher does once one
+// rank has reported. Each registers the watch directory for removal as a run
+// does.
+void stall_two_ranks(const Scratch& at, int busy, int busy_ms, int wait_ms) {
+  std::vector<pid_t> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(fork_rank(at.logs, r, [&] {
+      interrupt::remove_directory_when_stopped(at.dir);
+      progress::recorded_tap("start");
+      Watchdog watchdog(at.dir, r, 2, 1.0);
+      const auto t0 = std::chrono::steady_clock::now();
+      while (r == busy && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(busy_ms)) {
+        progress::recorded_tap("busy");
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms + 3000));  // the watchdog ends it
+    }));
+    ASSERT_GE(ranks.back(), 0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+  for (pid_t pid : ranks) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+}
+
 TEST(HangReport, OnlyOneOfManyRacingRanksClaimsIt) {
   const std::string dir = fresh_directory("race");
   prepare_watch_directory(dir);
@@ -96,26 +124,7 @@ TEST(HangReport, ANewRunClearsTheClaimAndRecordsOfAnEndedOne) {
 // the same hang: CI, 16 ranks).
 TEST(HangReport, RanksThatStallAtDifferentMomentsPrintOneReport) {
   const Scratch at("stagger");
-  std::vector<pid_t> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.push_back(fork_rank(at.logs, r, [&] {
-      interrupt::remove_directory_when_stopped(at.dir);
-      progress::recorded_tap("start");
-      Watchdog watchdog(at.dir, r, 2, 1.0);
-      const auto t0 = std::chrono::steady_clock::now();
-      while (r == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1200)) {
-        progress::recorded_tap("busy");
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      std::this_thread::sleep_for(std::chrono::seconds(6));  // the watchdog ends it
-    }));
-    ASSERT_GE(ranks.back(), 0);
-  }
-  std::this_thread::sleep_for(std::chrono::seconds(5));  // both time limits long past
-  for (pid_t pid : ranks) {
-    kill(pid, SIGKILL);  // what the launcher does once one rank has reported
-    waitpid(pid, nullptr, 0);
-  }
+  stall_two_ranks(at, 0, 1200, 5000);  // both time limits long past
   int reports = 0;
   for (int r = 0; r < 2; ++r) {
     const std::string err = stderr_of(at.logs, r);
@@ -196,26 +205,7 @@ TEST(HangReport, AClaimThatCannotBeWrittenStillReports) {
 // own (e2e_flux_pipeline under load: "no progress for 30 s (--timeout 5)").
 TEST(HangReport, TheHangIsTimedFromTheLastProgressOfAnyRank) {
   const Scratch at("since_any");
-  std::vector<pid_t> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.push_back(fork_rank(at.logs, r, [&] {
-      interrupt::remove_directory_when_stopped(at.dir);
-      progress::recorded_tap("start");
-      Watchdog watchdog(at.dir, r, 2, 1.0);
-      const auto t0 = std::chrono::steady_clock::now();
-      while (r == 1 && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2500)) {
-        progress::recorded_tap("busy");
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      std::this_thread::sleep_for(std::chrono::seconds(8));  // the watchdog ends it
-    }));
-    ASSERT_GE(ranks.back(), 0);
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(5500));
-  for (pid_t pid : ranks) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-  }
+  stall_two_ranks(at, 1, 2500, 5500);
   const std::string err = stderr_of(at.logs, 0) + stderr_of(at.logs, 1);
   const auto at_report = err.find("HANG: no progress for ");
   ASSERT_NE(at_report, std::string::npos) << err;
