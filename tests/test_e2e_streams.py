@@ -36,6 +36,18 @@ def write(prefix, streams="text:4,image:8", fault=None, reference=None, spec="-,
                 d.reference("after", g[:, :1])
 
 
+def write_head_tail(prefix, streams):
+    """torch's head-tail load balancing of a sequence of 16 over 2 ranks, in chunks of 4: rank 0 holds
+    tokens 0-3 and 12-15, rank 1 tokens 4-11."""
+    g = (np.arange(16 * WIDTH, dtype=np.float64).reshape(1, 16, WIDTH) + 1) / 7.0
+    for r in range(RANKS):
+        piece = np.concatenate([g[:, 4 * r:4 * r + 4], g[:, 12 - 4 * r:16 - 4 * r]], axis=1).astype(np.float32)
+        with RankDump(prefix, f"cp={RANKS}", r, scenario="streams_test") as d:
+            d.tap("h", piece, spec="-,cp,-", streams=streams)
+            if r == 0:
+                d.reference("h", g)
+
+
 class Streams(E2ETest):
     def compare(self, code, **kw):
         prefix = self.path("dump")
@@ -78,3 +90,16 @@ class Streams(E2ETest):
                 self.assertIn("single.norm", res.err)
         res = self.compare(2, spec=None)
         self.assertIn("needs a spec that splits", res.err)
+
+    def test_a_reversed_stream_places_rank_r_at_the_mirror_block(self):
+        prefix = self.path("ht")
+        write_head_tail(prefix, "head:8,tail:8:reversed")
+        res = self.diffcheck("compare", prefix, json=True)
+        self.assertExit(res, 0)
+        self.assertEqual([t["name"] for t in res.report["taps"]], ["h[head]", "h[tail]"])
+        write_head_tail(prefix, "head:8,tail:8")  # the tail read in rank order: its blocks swapped
+        res = self.diffcheck("compare", prefix, json=True)
+        self.assertExit(res, 1)
+        self.assertFirstDivergence(res, "h[tail]")
+        write_head_tail(prefix, "head:8,tail:8:backwards")
+        self.assertIn("expected 'name:length", self.diffcheck("compare", prefix).err)

@@ -105,6 +105,7 @@ struct TapData {
   struct Stream {
     std::string name;
     std::size_t length = 0;  // global, along the split dimension
+    bool reversed = false;   // `name:length:reversed`: its blocks go to the ranks in reverse order
   };
   std::vector<Stream> streams;
   // Run against run (compare --against): the same tap of the run this one is

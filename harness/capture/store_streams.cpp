@@ -6,7 +6,10 @@
 // a plain split, so the tap is read as one tap per stream (`name[text]`,
 // `name[image]`), whose pieces and reference are slices of the same
 // datasets (H5Data::add_stream). Everything after the reader (checks,
-// tolerances, reports) sees ordinary taps.
+// tolerances, reports) sees ordinary taps. A stream marked `reversed` has
+// its blocks in reverse rank order (Layout::reversed_dim): torch's head-tail
+// load balancing gives rank r of n the sequence's chunks r and 2n-1-r, the
+// head's r-th and the tail's (n-1-r)-th.
 #include <fmt/format.h>
 
 #include <numeric>
@@ -55,13 +58,15 @@ void read_streams_attr(hid_t ds, const std::string& where, const Mesh& mesh, Tap
   const auto text = h5::read_string_attr(ds, "streams", where);
   if (!text) return;
   const std::string& s = *text;
-  const std::string form = "'name:length,name:length,...', the global lengths in the order the tensor holds them";
+  const std::string form = "'name:length,name:length,...', the global lengths in the order the tensor holds them "
+                           "(a stream whose blocks go to the ranks in reverse order: 'name:length:reversed')";
   for (const auto& part : split_on(s, ',')) {
-    const auto colon = part.find(':');
-    if (colon == std::string::npos || colon == 0 || colon + 1 == part.size())
+    const auto fields = split_on(part, ':');
+    if (fields.size() < 2 || fields.size() > 3 || fields[0].empty() || fields[1].empty() ||
+        (fields.size() == 3 && fields[2] != "reversed"))
       input_error("{}: attribute 'streams' is '{}'; expected {}", where, s, form);
-    TapData::Stream st{part.substr(0, colon), 0};
-    const std::string digits = part.substr(colon + 1);
+    TapData::Stream st{fields[0], 0, fields.size() == 3};
+    const std::string& digits = fields[1];
     if (digits.size() > 15 || digits.find_first_not_of("0123456789") != std::string::npos)
       input_error("{}: attribute 'streams' is '{}': '{}' is not a length; expected {}", where, s, digits, form);
     st.length = std::stoull(digits);
@@ -122,6 +127,7 @@ void expand_streams(ActivationSet& set, H5Data& data, const std::map<std::string
       s.local_shape[dim] = st.length / blocks;
       if (s.reference_shape) (*s.reference_shape)[dim] = st.length;
       s.data_id = data.add_stream(t.data_id, dim, piece_offset, reference_offset);
+      if (st.reversed) s.layout.reversed_dim = static_cast<int>(dim);
       piece_offset += st.length / blocks;
       reference_offset += st.length;
       out.push_back(std::move(s));

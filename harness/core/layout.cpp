@@ -95,6 +95,7 @@ std::string Layout::str() const {
   std::string s = spec.empty() ? "replicated" : spec_str();
   if (!partial.empty()) s += " partial=" + partial_str();
   if (staged()) s += " stage " + stage_str();
+  if (reversed_dim >= 0) s += fmt::format(" (dim {} reversed)", reversed_dim);
   return s;
 }
 
@@ -146,8 +147,14 @@ Shape Layout::global_shape(const Mesh& mesh, const Shape& local) const {
 
 std::vector<std::size_t> Layout::block_of(const Mesh& mesh, int rank, std::size_t ndim) const {
   std::vector<std::size_t> b(ndim, 0);
-  for (std::size_t d = 0; d < spec.size() && d < ndim; ++d)
+  for (std::size_t d = 0; d < spec.size() && d < ndim; ++d) {
     b[d] = static_cast<std::size_t>(mesh.index_in(rank, spec[d]));
+    if (static_cast<int>(d) == reversed_dim) {
+      std::size_t blocks = 1;
+      for (const auto& a : spec[d]) blocks *= static_cast<std::size_t>(mesh.axis_size(a));
+      b[d] = blocks - 1 - b[d];
+    }
+  }
   return b;
 }
 

@@ -23,6 +23,11 @@ struct Layout {
   // tap: the other stages hold other tensors (or none) under their own names.
   std::string stage_axis;
   int stage_index = -1;
+  // The dimension whose blocks go to the ranks in reverse order (rank r of n
+  // holds block n-1-r), or -1: a stream read from a tap's `streams` with
+  // `:reversed` (torch's head-tail load balancing: each rank holds a chunk of
+  // the sequence's head and the mirror chunk of its tail).
+  int reversed_dim = -1;
 
   // Parses the two strings; syntax errors only (mesh checks are in validate()).
   static Layout parse(const std::string& spec, const std::string& partial);
@@ -37,7 +42,7 @@ struct Layout {
 
   std::string spec_str() const;
   std::string partial_str() const;
-  std::string str() const;  // "spec | partial" for reports
+  std::string str() const;  // "spec | partial" for reports (", blocks reversed" where they are)
 
   // Throws InputError (naming the problem) if an axis is unknown to the mesh,
   // used twice, or the spec has more entries than the tensor has dimensions.
