@@ -2,8 +2,9 @@
 """torchtitan's llama3 debug model (2 layers) parallelized by torchtitan's
 own `parallelize_llama`, checked by diffcheck with no layouts.
 
-    python3 examples/torchtitan_llama.py [-n 2] [--parallel tp|fsdp_tp|pp] [--train] [--dtype bfloat16]
-                                         [--bug wo_unreduced|rope_shift|wrong_samples]
+    python3 examples/torchtitan_llama.py [-n 2] [--parallel tp|fsdp_tp|pp|cp] [--train] [--dtype bfloat16]
+                                         [--balance headtail|none]
+                                         [--bug wo_unreduced|rope_shift|wrong_samples|keys_not_gathered]
 
 --parallel tp: tensor and sequence parallelism over tp = n (torchtitan's
 plan: column/row-parallel projections, SP norms, loss parallel), and FSDP2
@@ -15,6 +16,12 @@ rank its own samples (the global batch's share of its data index).
 1F1B schedule), the global batch in 4 microbatches of 1 sample; the capture
 is of the schedule, each rank its stage's taps, the microbatches laid
 together.
+--parallel cp: torchtitan's context parallelism over cp = n (its
+apply_cp_to_forward: each layer's FlexAttention gathers the keys and values
+over cp), the sequence of 128 x n tokens (FlexAttention's CP wants a
+multiple of n x its block of 128) sharded by torchtitan's prepare_context_parallel_input with its
+default head-tail load balancer (rank r holds chunks r and 2n-1-r of 2n;
+--balance none: contiguous shares).
 
 torchtitan's backend is `partial_dtensor` (DTensors over the model-parallel
 axes), its mixed precision policy is FSDP2's (parameters float32, compute in
@@ -37,6 +44,9 @@ rank's partial sum taken as its share): found at layers.0.attention.wo.
 layers.0.attention.rope (with pp, at the last rank's first layer).
 --bug wrong_samples (fsdp_tp): the last data index trains on the first's
 samples (a loader's sharding bug): found at the first tap, tok_embeddings.
+--bug keys_not_gathered (cp): layer 0's attention skips the keys' and
+values' all-gather (each rank attends to its own tokens only): found at
+layers.0.attention.inner_attention.
 
 The lines diffcheck adds end in `# diffcheck`; exit 1 when it finds a divergence.
 """
@@ -53,6 +63,7 @@ import diffcheck.torch as dct  # noqa: E402  # diffcheck
 
 LAYERS = 2
 SEQ = 32
+CP_BLOCK = 128  # FlexAttention under context parallelism: the queries' length a multiple of cp x its block
 B_GLOBAL = 4
 LR = 0.1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -68,22 +79,24 @@ def config():
     return cfg
 
 
-def global_batch():
+def global_batch(seq=SEQ):
     """(tokens, labels, positions) of the global batch, the same in every process."""
     g = torch.Generator().manual_seed(1)
-    stream = torch.randint(0, config().vocab_size, (B_GLOBAL, SEQ + 1), generator=g)
-    return stream[:, :-1], stream[:, 1:], torch.arange(SEQ).repeat(B_GLOBAL, 1)
+    stream = torch.randint(0, config().vocab_size, (B_GLOBAL, seq + 1), generator=g)
+    return stream[:, :-1], stream[:, 1:], torch.arange(seq).repeat(B_GLOBAL, 1)
 
 
-def forward(model, tokens, positions):
-    return model(tokens, positions, model.get_attention_masks(positions))
+def forward(model, tokens, positions, masks=None):
+    """The model on its tokens; `masks`: the attention masks context parallelism sharded (else made here)."""
+    return model(tokens, positions, model.get_attention_masks(positions) if masks is None else masks)
 
 
-def train_step(model, tokens, labels, positions, optimizer, global_tokens):
+def train_step(model, tokens, labels, positions, optimizer, global_tokens, masks=None):
     """torchtitan's step: the summed cross entropy over the global token count, then the update."""
     from torchtitan.components.loss import CrossEntropyLoss
     optimizer.zero_grad()
-    loss, _ = CrossEntropyLoss(CrossEntropyLoss.Config())(forward(model, tokens, positions), labels, global_tokens)
+    logits = forward(model, tokens, positions, masks)
+    loss, _ = CrossEntropyLoss(CrossEntropyLoss.Config())(logits, labels, global_tokens)
     loss.backward()
     optimizer.step()
 
@@ -169,10 +182,12 @@ def work(rank, world, args):
     weights = {k: v.clone() for k, v in model.state_dict().items()}  # the unparallelized model's
     if args.parallel == "pp":
         run_pipelined(model, world, args, cfg)
+    elif args.parallel == "cp":
+        run_context_parallel(model, world, args)
     else:
         run_parallelized(model, world, args)
 
-    tokens, labels, positions = global_batch()
+    tokens, labels, positions = global_batch(CP_BLOCK * world if args.parallel == "cp" else SEQ)
 
     def unparallelized(dt):
         reference = cfg.build()
@@ -215,19 +230,64 @@ def run_parallelized(model, world, args):
                 forward(model, local[0], local[2])
 
 
+def context_parallelize(model, world, args):
+    """torchtitan's own parallelize_llama with context parallelism over cp = world: the cp mesh."""
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.utils import set_spmd_backend
+    from torchtitan.models.llama3 import parallelize_llama
+    backend = "partial_dtensor"
+    set_spmd_backend(backend)
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=world, tp=1, pp=1, ep=1, world_size=world,
+                        spmd_backend=backend)
+    parallelism = ParallelismConfig(spmd_backend=backend, context_parallel_degree=world)
+    training = TrainingConfig(mixed_precision_param=args.dtype, mixed_precision_reduce="float32")
+    if args.bug == "keys_not_gathered":  # the bug: layer 0's attention is left out of torchtitan's wrapping
+        import torchtitan.models.llama3.parallelize as titan_parallelize
+        wrap = titan_parallelize.apply_cp_to_forward
+        titan_parallelize.apply_cp_to_forward = lambda modules, mesh: wrap(list(modules)[1:], mesh)
+    parallelize_llama(model, parallel_dims=dims, training=training, parallelism=parallelism,
+                      compile_config=CompileConfig(), ac_config=None, dump_folder=args.out)
+    if args.bug == "keys_not_gathered":
+        titan_parallelize.apply_cp_to_forward = wrap
+    return dims.get_mesh("cp")
+
+
+def run_context_parallel(model, world, args):
+    from torchtitan.distributed.context_parallel.api import prepare_context_parallel_input
+    mesh = context_parallelize(model, world, args)
+    tokens, labels, positions = global_batch(CP_BLOCK * world)
+    # torchtitan's trainer's sharding of the batch: tokens, labels, positions and the attention masks
+    local, local_labels, extra = prepare_context_parallel_input(
+        tokens, labels, {"positions": positions, "attention_masks": model.get_attention_masks(positions)}, mesh,
+        torch.device("cpu"), None if args.balance == "none" else args.balance)
+    opt = torch.optim.SGD(model.parameters(), lr=LR) if args.train else None
+    with dct.capture(model, f"{args.out}/titan", backward=args.train, optimizer=opt):  # diffcheck
+        if args.train:
+            train_step(model, local, local_labels, extra["positions"], opt, labels.numel(), extra["attention_masks"])
+        else:
+            with torch.no_grad():
+                forward(model, local, extra["positions"], extra["attention_masks"])
+
+
 def after(args):
     return dct.verdict(f"{args.out}/titan", reference=f"{args.out}/ref.h5")  # diffcheck
 
 
 if __name__ == "__main__":
     ap = parser(__doc__, "dumps/torchtitan_llama", n=2, dtypes=DTYPES, sketch=False, train=True)
-    ap.add_argument("--bug", choices=["wo_unreduced", "rope_shift", "wrong_samples"],
+    ap.add_argument("--bug", choices=["wo_unreduced", "rope_shift", "wrong_samples", "keys_not_gathered"],
                     help="wo_unreduced: layer 0's attention output unreduced; rope_shift: the last rank's "
-                         "positions one ahead; wrong_samples (fsdp_tp): the last data index reads the first's")
-    ap.add_argument("--parallel", choices=["tp", "fsdp_tp", "pp"], default="tp",
-                    help="TP+SP over tp = n (default), FSDP2 over fsdp = n/2 x TP+SP over tp = 2, or torchtitan's "
-                         "pipeline over pp = n (1F1B, with --train)")
+                         "positions one ahead; wrong_samples (fsdp_tp): the last data index reads the first's; "
+                         "keys_not_gathered (cp): layer 0's attention sees its own tokens' keys only")
+    ap.add_argument("--parallel", choices=["tp", "fsdp_tp", "pp", "cp"], default="tp",
+                    help="TP+SP over tp = n (default), FSDP2 over fsdp = n/2 x TP+SP over tp = 2, torchtitan's "
+                         "pipeline over pp = n (1F1B, with --train), or its context parallelism over cp = n")
+    ap.add_argument("--balance", choices=["headtail", "none"], default="headtail",
+                    help="--parallel cp: torchtitan's load balancer (default headtail, its default) or none")
     a = ap.parse_args()
+    if (a.bug == "keys_not_gathered") != (a.bug is not None and a.parallel == "cp") and a.bug is not None:
+        ap.error("--bug keys_not_gathered is a fault of --parallel cp, and --parallel cp has no other --bug")
     if a.parallel == "fsdp_tp" and (a.n % 2 or B_GLOBAL % (a.n // 2)):
         ap.error(f"--parallel fsdp_tp: -n must be even with n/2 dividing the global batch of {B_GLOBAL}")
     if a.parallel == "pp" and (not a.train or a.bug == "wo_unreduced"):

@@ -1,9 +1,11 @@
 """torchtitan as its users run it (examples/torchtitan_llama.py): its llama3
 debug model parallelized by its own parallelize_llama (partial_dtensor
 backend, FSDP2's mixed precision, its loss over the global token count), no
-layouts. By default a clean TP+SP training step and a reduction left out;
-FSDP2 x TP with each data rank its own samples, its pipeline (1F1B),
-bfloat16 and the other faults nightly."""
+layouts. By default a clean TP+SP training step and a reduction left out,
+and its context parallelism (head-tail balanced) clean and with the keys'
+gather left out; FSDP2 x TP with each data rank its own samples, its
+pipeline (1F1B), CP's training step, 4 ranks and contiguous shares, bfloat16
+and the other faults nightly."""
 import os
 import unittest
 
@@ -27,6 +29,23 @@ class Torchtitan(E2ETest):
 
     def test_a_reduction_left_out_is_found_at_its_tap(self):
         self.expect_found("layers.0.attention.wo", "--bug", "wo_unreduced")
+
+    def test_context_parallelism_head_tail_balanced_with_no_layouts(self):
+        """Each rank holds the sequence's chunks r and 2n-1-r: every activation is two streams, the head in
+        rank order and the tail reversed (docs/FORMAT.md, `streams`), read from torchtitan's wrappers and the
+        positions; the layer whose attention keeps its own keys is found there."""
+        p = self.expect_clean(72, "--parallel", "cp")
+        self.assertRegex(p.stdout, r"layers\.0\.attention\.inner_attention\[tail\]\s+-,fsdp,-,- \(dim 1 reversed\)")
+        self.expect_found("layers.0.attention.inner_attention[head]", "--parallel", "cp", "--bug", "keys_not_gathered")
+
+    @unittest.skipUnless(FULL, "nightly: context parallelism's training step, 4 ranks, contiguous shares")
+    def test_context_parallelism_everywhere(self):
+        self.expect_clean(178, "--parallel", "cp", "--train")
+        self.expect_clean(178, "--parallel", "cp", "--train", "--dtype", "bfloat16")
+        self.expect_clean(36, "--parallel", "cp", "--balance", "none")
+        self.expect_clean(72, "-n", "4", "--parallel", "cp")
+        self.expect_found("layers.0.attention.inner_attention[head]", "--parallel", "cp", "--train", "--bug",
+                          "keys_not_gathered")
 
     @unittest.skipUnless(FULL, "nightly: FSDP2 x TP at 4 ranks, bfloat16, the other faults")
     def test_every_mesh_dtype_and_fault(self):

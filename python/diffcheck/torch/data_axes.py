@@ -87,11 +87,16 @@ def ddp_axis(model, axis_sizes):
     return (matching[0],) if len(matching) == 1 else ()
 
 
-def resolve(given, model, axis_sizes, where):
+def resolve(given, model, axis_sizes, where, rank=0):
     """The capture's data axes: `given` (checked against the mesh), or read
     from the model. ValueError naming the axes the mesh lacks."""
     if given is None:
         axes = fsdp_mesh_axes(model) or ddp_axis(model, axis_sizes)
+        if axes:  # torchtitan folds context parallelism into FSDP2's mesh: its ranks hold the same samples
+            from diffcheck.torch.library_plans import group_axis
+            from diffcheck.torch.torchtitan_plan import context_axes
+            cp = context_axes(model, axis_sizes, rank, group_axis)
+            axes = tuple(a for a in axes if a not in cp)
         return tuple(a for a in axes if axis_sizes.get(a, 1) > 1)
     axes = (given,) if isinstance(given, str) else tuple(given)
     missing = [a for a in axes if a not in axis_sizes]
@@ -146,7 +151,7 @@ def settle_data_axes(given, loss_scale, whole, model, axis_sizes, rank, root_att
         raise ValueError(f"rank {rank}: capture(loss_scale={loss_scale!r}): one of {', '.join(LOSS_SCALES)}")
     if whole:
         return (), 1
-    axes = resolve(given, model, axis_sizes, f"rank {rank}: capture()")
+    axes = resolve(given, model, axis_sizes, f"rank {rank}: capture()", rank)
     if not axes:
         return (), 1
     source = "as given"

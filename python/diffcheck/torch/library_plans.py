@@ -36,6 +36,7 @@ megatron_plan.py, asked from here; transformers' own tensor-parallel layers
 from diffcheck.dump.layouts import is_dtensor, rank_coords, spec_at
 from diffcheck.torch.diffusers_plan import DiffusersContextParallel
 from diffcheck.torch.megatron_plan import MegatronLayouts
+from diffcheck.torch.torchtitan_plan import TitanContextParallel
 from diffcheck.torch.transformers_plan import TransformersLayouts
 
 
@@ -155,6 +156,9 @@ class LibraryLayouts:
         if self.megatron.active and self.megatron.sequence_parallel:  # [s, b, h], s split over tp
             self._sequence((self.megatron.axis, 0), f"rank {rank}: Megatron's sequence parallelism")
             self._length_of = self.megatron.local_length
+        self.titan = TitanContextParallel(model, axis_sizes, rank, group_axis)  # torchtitan_plan.py
+        if self.titan.active:  # [b, s, ...] split over cp (an inner attention's [b, heads, s, d]: layout())
+            self._sequence((self.titan.axis, 1), f"rank {rank}: torchtitan's context parallelism")
 
     def _sequence(self, sequence, where):
         if self.sequence not in (None, sequence):
@@ -164,7 +168,8 @@ class LibraryLayouts:
         self.sequence = sequence
 
     def __bool__(self):
-        return bool(self._of) or self.cp.active or self.megatron.active or self.transformers.active
+        return bool(self._of) or self.cp.active or self.megatron.active or self.transformers.active or \
+            self.titan.active
 
     def attach(self, model):
         """The hooks the capture keeps while it is open (their handles)."""
@@ -240,7 +245,9 @@ class LibraryLayouts:
                     continue
                 if hasattr(value, "shape") and hasattr(value, "dim") and value.dim() > self.sequence[1]:
                     self.local_length = int(value.shape[self.sequence[1]])
-                    return
+                    break
+        if self.titan.active and self.local_length is not None:  # which tokens: each call's positions
+            self.titan.learn(args, kwargs, self.local_length)
 
     def with_sequence(self, attrs, shape):
         """`attrs` with the sequence axis at the sequence dimension, where that
@@ -256,7 +263,11 @@ class LibraryLayouts:
         if len(entries) != len(shape) or any(a in named for a in axis.split("*")) or entries[dim] != "-":
             return attrs  # the layout check names a mismatch; a spec that says it stands
         entries[dim] = axis
-        return {**attrs, "spec": ",".join(entries)}
+        return {**attrs, "spec": ",".join(entries), **self._streams()}
+
+    def _streams(self):
+        """The sequence's streams (torchtitan's head-tail balancing), as attributes."""
+        return {"streams": self.titan.streams} if self.titan.active and self.titan.streams else {}
 
     def layout(self, module, tensor, rest):
         """(attrs, what says so) for the output `tensor` (at `rest` within the
@@ -269,6 +280,9 @@ class LibraryLayouts:
             said = reader.layout(module, tensor, rest) if reader.active else None
             if said is not None:
                 return said
+        if id(module) in self.titan.inner and rest in ("", "/0") and tensor.dim() > 2 and \
+                tensor.shape[1] != self.local_length and tensor.shape[2] == self.local_length:
+            return {"spec": spec_at(self.titan.axis, 2, tensor.dim()), **self._streams()}, self.titan.said
         entry = self._of.get(id(module))
         if entry is None:
             return None

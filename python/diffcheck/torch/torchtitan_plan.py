@@ -1,0 +1,123 @@
+"""torchtitan's context parallelism read as layouts, with no `layouts=`.
+
+torchtitan (0.3.0, `partial_dtensor` backend) applies context parallelism
+by wrapping each layer's inner attention (`apply_cp_to_forward`): with
+FlexAttention the wrapper all-gathers the keys and values over the cp group
+(`flex_cp_allgather(k, v, 1, pg_name)`); with SDPA it hands q, k and v to
+torch's context-parallel dispatcher as DTensors on the cp mesh. Everything
+else runs on this rank's tokens as plain tensors: the trainer shards the
+tokens, labels and positions before the model sees them
+(`prepare_context_parallel_input`), by default with torch's head-tail load
+balancer (rank r of n holds the sequence's chunks r and 2n-1-r of 2n).
+
+So, read from the wrappers' closures (their group) and the model's
+`positions` argument (which tokens this rank holds):
+- every activation whose dimension 1 is the local sequence length is split
+  there over the cp axis (library_plans.py's sequence rule), and the inner
+  attention's output ([batch, heads, tokens, head_dim]) at dimension 2;
+- with head-tail balancing, such a tap holds two streams, the head in rank
+  order and the tail in reverse (`streams "head:S/2,tail:S/2:reversed"`,
+  docs/FORMAT.md);
+- positions that are neither this rank's contiguous share nor its head-tail
+  share (the `ptrr` balancer, per-document positions) are refused by name,
+  to be given layouts;
+- the cp axis is no data axis: its ranks hold the same samples (torchtitan's
+  mesh folds cp into FSDP2's `dp_shard_cp`, which data_axes.py would
+  otherwise read as one).
+Recognised by the wrapper's name and closure (nothing of torchtitan is
+imported).
+"""
+from diffcheck.dump.layouts import rank_coords
+from diffcheck.torch.hook_closures import closure_values
+
+
+def _cp_group(module):
+    """The process group of torchtitan's context-parallel wrapper on `module`'s forward, or None."""
+    forward = module.__dict__.get("forward")
+    if getattr(forward, "__name__", None) != "cp_forward" or getattr(forward, "__closure__", None) is None:
+        return None
+    cells = {}
+    for name, cell in zip(forward.__code__.co_freevars, forward.__closure__):
+        try:
+            cells[name] = cell.cell_contents
+        except ValueError:  # an empty cell
+            pass
+    if isinstance(cells.get("pg_name"), str):  # FlexAttention: flex_cp_allgather over the named group
+        import torch.distributed as dist
+        return dist.distributed_c10d._resolve_process_group(cells["pg_name"])
+    mesh = cells.get("mesh")  # SDPA: torch's dispatcher on this mesh
+    if mesh is not None and hasattr(mesh, "get_group"):
+        return mesh.get_group()
+    for value in closure_values(forward):
+        if hasattr(value, "get_group") and hasattr(value, "mesh"):
+            return value.get_group()
+    return None
+
+
+def context_parallel_modules(model):
+    """[(path, inner attention module, its cp group)] of torchtitan's wrappers in `model`."""
+    found = []
+    for path, m in model.named_modules() if hasattr(model, "named_modules") else ():
+        group = _cp_group(m)
+        if group is not None:
+            found.append((path, m, group))
+    return found
+
+
+class TitanContextParallel:
+    """Built by LibraryLayouts; `active` where the model carries torchtitan's wrappers."""
+
+    def __init__(self, model, axis_sizes, rank, group_axis):
+        self.rank, self.axis, self.inner, self.streams = rank, None, set(), None
+        found = context_parallel_modules(model)
+        self.active = bool(found)
+        if not found:
+            return
+        axes = {group_axis(group, axis_sizes, rank, f"rank {rank}: torchtitan's context parallelism on "
+                                                     f"'{path or 'model'}'") for path, _, group in found}
+        if len(axes) != 1 or None in axes:
+            raise ValueError(f"rank {rank}: torchtitan's context parallelism runs over {sorted(map(str, axes))}: "
+                             "one mesh axis (not the whole world of a larger mesh) must be its group")
+        self.axis = axes.pop()
+        self.degree = axis_sizes[self.axis]
+        self.index = rank_coords(rank, axis_sizes)[self.axis]
+        self.inner = {id(m) for _, m, _ in found}
+        self.said = f"from torchtitan's context parallelism (its group: axis '{self.axis}')"
+
+    def learn(self, args, kwargs, local_length):
+        """From the model's call: which of the sequence's tokens this rank holds (`positions`)."""
+        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+        where = f"rank {self.rank}: torchtitan's context parallelism over '{self.axis}'"
+        if positions is None or not hasattr(positions, "shape") or positions.shape[-1] != local_length:
+            raise ValueError(f"{where}: the model was called without positions of its {local_length} tokens, so "
+                             "which tokens this rank holds cannot be told: pass positions (as torchtitan's trainer "
+                             "does) or give the taps layouts")
+        row = [int(p) for p in positions.reshape(-1, local_length)[0].tolist()]
+        n, r, length = self.degree, self.index, local_length
+        if row == list(range(r * length, (r + 1) * length)):
+            self.streams = None
+            return
+        half = length // 2
+        head = list(range(r * half, (r + 1) * half))
+        tail = list(range((2 * n - 1 - r) * half, (2 * n - r) * half))
+        if length % 2 == 0 and row == head + tail:
+            self.streams = f"head:{half * n},tail:{half * n}:reversed"
+            return
+        raise ValueError(f"{where}: this rank's positions ({row[:4]} ... {row[-2:]}) are neither its contiguous "
+                         f"share of the sequence nor its head-tail share (torch's _HeadTailLoadBalancer), so no layout "
+                         "read from torchtitan describes its tokens (the 'ptrr' balancer, or positions that restart "
+                         "per document): give the taps layouts")
+
+
+def context_axes(model, axis_sizes, rank, group_axis):
+    """The mesh axes torchtitan's context parallelism runs over (not data axes), or ()."""
+    found = context_parallel_modules(model)
+    axes = []
+    for path, _, group in found:
+        try:
+            axis = group_axis(group, axis_sizes, rank, path)
+        except ValueError:
+            continue  # named when the capture opens (TitanContextParallel)
+        if axis is not None and axis not in axes:
+            axes.append(axis)
+    return tuple(axes)

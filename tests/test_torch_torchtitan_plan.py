@@ -1,0 +1,46 @@
+"""Which tokens a rank holds under torchtitan's context parallelism, read
+from the positions its model is called with (python/diffcheck/torch/
+torchtitan_plan.py): contiguous shares, torch's head-tail balancing, and
+anything else refused by name. No model, no ranks."""
+import unittest
+
+import torch
+
+from diffcheck.torch.torchtitan_plan import TitanContextParallel
+
+
+def reader(index, degree=2):
+    r = object.__new__(TitanContextParallel)
+    r.rank, r.axis, r.degree, r.index, r.streams = index, "cp", degree, index, "stale"
+    return r
+
+
+class Positions(unittest.TestCase):
+    def test_contiguous_shares_are_a_plain_split(self):
+        for index in range(2):
+            r = reader(index)
+            r.learn((None, torch.arange(4 * index, 4 * index + 4).repeat(3, 1)), {}, 4)
+            self.assertIsNone(r.streams)
+
+    def test_head_tail_shares_are_two_streams_the_tail_reversed(self):
+        # 16 tokens over 2 ranks in chunks of 4: rank 0 holds 0-3 and 12-15, rank 1 4-11
+        for index, held in ((0, [0, 1, 2, 3, 12, 13, 14, 15]), (1, [4, 5, 6, 7, 8, 9, 10, 11])):
+            r = reader(index)
+            r.learn((), {"positions": torch.tensor([held, held])}, 8)
+            self.assertEqual(r.streams, "head:8,tail:8:reversed")
+        r = reader(2, degree=4)  # 32 tokens over 4 ranks in chunks of 4: chunks 2 and 5
+        r.learn((), {"positions": torch.tensor([[8, 9, 10, 11, 20, 21, 22, 23]])}, 8)
+        self.assertEqual(r.streams, "head:16,tail:16:reversed")
+
+    def test_other_positions_are_refused_by_name(self):
+        for held in ([0, 2, 4, 6, 8, 10, 12, 14], [0, 1, 2, 3, 0, 1, 2, 3], [4, 5, 6, 7, 0, 1, 2, 3]):
+            with self.subTest(held=held):
+                with self.assertRaisesRegex(ValueError, "rank 0: torchtitan's context parallelism over 'cp'.*"
+                                                        "neither its contiguous share.*give the taps layouts"):
+                    reader(0).learn((), {"positions": torch.tensor([held])}, 8)
+        with self.assertRaisesRegex(ValueError, "called without positions"):
+            reader(0).learn((torch.zeros(1, 8),), {}, 8)
+
+
+if __name__ == "__main__":
+    unittest.main()
