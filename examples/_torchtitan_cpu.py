@@ -1,4 +1,4 @@
-"""torchtitan 0.3.0 on a CPU with gloo: four patches, each torchtitan's
+"""torchtitan 0.3.0 on a CPU with gloo: five patches, each torchtitan's
 business and not diffcheck's (diffcheck runs its model as it is).
 
 1. `torchtitan.models.common` imports its expert-parallel triton kernels at
@@ -17,6 +17,11 @@ business and not diffcheck's (diffcheck runs its model as it is).
    reduce with PREMUL_SUM, an op gloo does not have. FSDP2's own
    `set_force_sum_reduction_for_comms(True)` reduces with SUM and scales by
    the same factor (1) after: the same gradients.
+5. It makes its BlockMasks with `torch.compile(create_block_mask)`. On the
+   CPU, Inductor's code for it fails to compile (`operands to '?:' have
+   different types`) once a second batch size makes the shapes dynamic (a
+   data rank's share, then the reference's whole batch); torch's own
+   create_block_mask, uncompiled, makes the same masks.
 """
 import importlib.util
 import sys
@@ -54,7 +59,7 @@ def eager_flex_attention(q, k, v, *, score_mod=None, block_mask=None, scale=None
 
 
 def import_torchtitan():
-    """Imports torchtitan's llama3 with the three patches in place."""
+    """Imports torchtitan's llama3 with the patches in place."""
     if importlib.util.find_spec("triton") is None and _KERNELS not in sys.modules:
         stand_in = types.ModuleType(_KERNELS)
         for name in _KERNEL_NAMES:
@@ -67,6 +72,9 @@ def import_torchtitan():
     if not torch.cuda.is_available():
         parallel_dims.device_type = "cpu"
         FlexAttention._compiled_flex_attn = staticmethod(eager_flex_attention)
+        import torchtitan.models.common.attention as titan_attention
+        from torch.nn.attention.flex_attention import create_block_mask
+        titan_attention._compiled_create_block_mask = create_block_mask
         titan_fsdp.disable_fsdp_gradient_division = _divide_by_one_with_sums(titan_fsdp.disable_fsdp_gradient_division)
 
 

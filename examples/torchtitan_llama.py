@@ -2,7 +2,7 @@
 """torchtitan's llama3 debug model (2 layers) parallelized by torchtitan's
 own `parallelize_llama`, checked by diffcheck with no layouts.
 
-    python3 examples/torchtitan_llama.py [-n 2] [--parallel tp|fsdp_tp|pp|cp] [--train] [--dtype bfloat16]
+    python3 examples/torchtitan_llama.py [-n 2] [--parallel tp|fsdp_tp|pp|cp|fsdp_cp] [--train] [--dtype bfloat16]
                                          [--balance headtail|none]
                                          [--bug wo_unreduced|rope_shift|wrong_samples|keys_not_gathered]
 
@@ -22,6 +22,10 @@ over cp), the sequence of 128 x n tokens (FlexAttention's CP wants a
 multiple of n x its block of 128) sharded by torchtitan's prepare_context_parallel_input with its
 default head-tail load balancer (rank r holds chunks r and 2n-1-r of 2n;
 --balance none: contiguous shares).
+--parallel fsdp_cp: FSDP2 over dp_shard = n/2 x the same over cp = 2, each
+data index its own samples. torchtitan gives FSDP2 one flattened mesh of
+both (`fsdp`); the capture's mesh, read, is dp = n/2 x cp = 2, and a
+DTensor on `fsdp` is laid out over dp*cp.
 
 torchtitan's backend is `partial_dtensor` (DTensors over the model-parallel
 axes), its mixed precision policy is FSDP2's (parameters float32, compute in
@@ -182,12 +186,12 @@ def work(rank, world, args):
     weights = {k: v.clone() for k, v in model.state_dict().items()}  # the unparallelized model's
     if args.parallel == "pp":
         run_pipelined(model, world, args, cfg)
-    elif args.parallel == "cp":
+    elif args.parallel in ("cp", "fsdp_cp"):
         run_context_parallel(model, world, args)
     else:
         run_parallelized(model, world, args)
 
-    tokens, labels, positions = global_batch(CP_BLOCK * world if args.parallel == "cp" else SEQ)
+    tokens, labels, positions = global_batch(CP_BLOCK * cp_degree(world, args) if "cp" in args.parallel else SEQ)
 
     def unparallelized(dt):
         reference = cfg.build()
@@ -230,17 +234,24 @@ def run_parallelized(model, world, args):
                 forward(model, local[0], local[2])
 
 
+def cp_degree(world, args):
+    return 2 if args.parallel == "fsdp_cp" else world
+
+
 def context_parallelize(model, world, args):
-    """torchtitan's own parallelize_llama with context parallelism over cp = world: the cp mesh."""
+    """torchtitan's own parallelize_llama with context parallelism over cp (and FSDP2 over the rest): the cp
+    mesh."""
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed.utils import set_spmd_backend
     from torchtitan.models.llama3 import parallelize_llama
     backend = "partial_dtensor"
     set_spmd_backend(backend)
-    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=world, tp=1, pp=1, ep=1, world_size=world,
+    cp = cp_degree(world, args)
+    dims = ParallelDims(dp_replicate=1, dp_shard=world // cp, cp=cp, tp=1, pp=1, ep=1, world_size=world,
                         spmd_backend=backend)
-    parallelism = ParallelismConfig(spmd_backend=backend, context_parallel_degree=world)
+    parallelism = ParallelismConfig(spmd_backend=backend, context_parallel_degree=cp,
+                                    data_parallel_shard_degree=world // cp)
     training = TrainingConfig(mixed_precision_param=args.dtype, mixed_precision_reduce="float32")
     if args.bug == "keys_not_gathered":  # the bug: layer 0's attention is left out of torchtitan's wrapping
         import torchtitan.models.llama3.parallelize as titan_parallelize
@@ -256,7 +267,11 @@ def context_parallelize(model, world, args):
 def run_context_parallel(model, world, args):
     from torchtitan.distributed.context_parallel.api import prepare_context_parallel_input
     mesh = context_parallelize(model, world, args)
-    tokens, labels, positions = global_batch(CP_BLOCK * world)
+    cp = cp_degree(world, args)
+    tokens, labels, positions = global_batch(CP_BLOCK * cp)
+    dp, data_index = world // cp, torch.distributed.get_rank() // cp  # torchtitan's batch mesh: cp the minor axis
+    share = slice(data_index * (B_GLOBAL // dp), (data_index + 1) * (B_GLOBAL // dp))
+    tokens, labels, positions = tokens[share], labels[share], positions[share]
     # torchtitan's trainer's sharding of the batch: tokens, labels, positions and the attention masks
     local, local_labels, extra = prepare_context_parallel_input(
         tokens, labels, {"positions": positions, "attention_masks": model.get_attention_masks(positions)}, mesh,
@@ -264,7 +279,8 @@ def run_context_parallel(model, world, args):
     opt = torch.optim.SGD(model.parameters(), lr=LR) if args.train else None
     with dct.capture(model, f"{args.out}/titan", backward=args.train, optimizer=opt):  # diffcheck
         if args.train:
-            train_step(model, local, local_labels, extra["positions"], opt, labels.numel(), extra["attention_masks"])
+            train_step(model, local, local_labels, extra["positions"], opt, labels.numel() * dp,
+                       extra["attention_masks"])
         else:
             with torch.no_grad():
                 forward(model, local, extra["positions"], extra["attention_masks"])
@@ -280,16 +296,17 @@ if __name__ == "__main__":
                     help="wo_unreduced: layer 0's attention output unreduced; rope_shift: the last rank's "
                          "positions one ahead; wrong_samples (fsdp_tp): the last data index reads the first's; "
                          "keys_not_gathered (cp): layer 0's attention sees its own tokens' keys only")
-    ap.add_argument("--parallel", choices=["tp", "fsdp_tp", "pp", "cp"], default="tp",
+    ap.add_argument("--parallel", choices=["tp", "fsdp_tp", "pp", "cp", "fsdp_cp"], default="tp",
                     help="TP+SP over tp = n (default), FSDP2 over fsdp = n/2 x TP+SP over tp = 2, torchtitan's "
-                         "pipeline over pp = n (1F1B, with --train), or its context parallelism over cp = n")
+                         "pipeline over pp = n (1F1B, with --train), its context parallelism over cp = n, or FSDP2 "
+                         "over n/2 x CP over 2")
     ap.add_argument("--balance", choices=["headtail", "none"], default="headtail",
                     help="--parallel cp: torchtitan's load balancer (default headtail, its default) or none")
     a = ap.parse_args()
-    if (a.bug == "keys_not_gathered") != (a.bug is not None and a.parallel == "cp") and a.bug is not None:
+    if (a.bug == "keys_not_gathered") != (a.bug is not None and "cp" in a.parallel) and a.bug is not None:
         ap.error("--bug keys_not_gathered is a fault of --parallel cp, and --parallel cp has no other --bug")
-    if a.parallel == "fsdp_tp" and (a.n % 2 or B_GLOBAL % (a.n // 2)):
-        ap.error(f"--parallel fsdp_tp: -n must be even with n/2 dividing the global batch of {B_GLOBAL}")
+    if a.parallel in ("fsdp_tp", "fsdp_cp") and (a.n % 2 or B_GLOBAL % (a.n // 2)):
+        ap.error(f"--parallel {a.parallel}: -n must be even with n/2 dividing the global batch of {B_GLOBAL}")
     if a.parallel == "pp" and (not a.train or a.bug == "wo_unreduced"):
         ap.error("--parallel pp runs torchtitan's pipelined training step: give --train (and no --bug wo_unreduced)")
     if a.bug == "wrong_samples" and a.parallel != "fsdp_tp":

@@ -37,13 +37,14 @@ def write(prefix, streams="text:4,image:8", fault=None, reference=None, spec="-,
 
 
 def write_head_tail(prefix, streams):
-    """torch's head-tail load balancing of a sequence of 16 over 2 ranks, in chunks of 4: rank 0 holds
-    tokens 0-3 and 12-15, rank 1 tokens 4-11."""
-    g = (np.arange(16 * WIDTH, dtype=np.float64).reshape(1, 16, WIDTH) + 1) / 7.0
-    for r in range(RANKS):
-        piece = np.concatenate([g[:, 4 * r:4 * r + 4], g[:, 12 - 4 * r:16 - 4 * r]], axis=1).astype(np.float32)
-        with RankDump(prefix, f"cp={RANKS}", r, scenario="streams_test") as d:
-            d.tap("h", piece, spec="-,cp,-", streams=streams)
+    """torch's head-tail load balancing of a sequence of 16 over cp = 2, in chunks of 4: rank 0 holds
+    tokens 0-3 and 12-15, rank 1 tokens 4-11; and the batch of 2 split over dp = 2 beside it."""
+    g = (np.arange(2 * 16 * WIDTH, dtype=np.float64).reshape(2, 16, WIDTH) + 1) / 7.0
+    for r in range(2 * RANKS):
+        dp, cp = divmod(r, RANKS)
+        piece = np.concatenate([g[dp:dp + 1, 4 * cp:4 * cp + 4], g[dp:dp + 1, 12 - 4 * cp:16 - 4 * cp]], axis=1)
+        with RankDump(prefix, f"dp=2,cp={RANKS}", r, scenario="streams_test") as d:
+            d.tap("h", piece.astype(np.float32), spec="dp,cp,-", streams=streams)
             if r == 0:
                 d.reference("h", g)
 
@@ -80,7 +81,8 @@ class Streams(E2ETest):
         self.assertFirstDivergence(res, "single.norm")
 
     def test_streams_that_do_not_fit_the_piece_are_refused_by_name(self):
-        for streams, needle in [("text:4,image:6", "add up to 5"), ("text:3,image:9", "equal shares"),
+        for streams, needle in [("text:4,image:6", "no dimension the spec '-,sp,-' splits holds the streams"),
+                                ("text:3,image:9", "in equal shares per block"),
                                 ("text:4", "fewer than two"), ("text=4,image=8", "expected 'name:length"),
                                 ("text:4,text:8", "twice"), ("text:-4,image:8", "not a length")]:
             with self.subTest(streams=streams):

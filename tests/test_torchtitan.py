@@ -46,6 +46,12 @@ class Torchtitan(E2ETest):
         self.expect_clean(72, "-n", "4", "--parallel", "cp")
         self.expect_found("layers.0.attention.inner_attention[head]", "--parallel", "cp", "--train", "--bug",
                           "keys_not_gathered")
+        # FSDP2 over dp_shard x cp: its flattened mesh read as dp*cp (mesh_aliases.py), each data index its samples
+        p = self.expect_clean(178, "-n", "4", "--parallel", "fsdp_cp", "--train")
+        self.assertRegex(p.stdout, r"mesh dp=2,cp=2")
+        self.assertRegex(p.stdout, r"layers\.0\.attention\.wo\[tail\]\s+dp,cp,- \(dim 1 reversed\)")
+        self.expect_found("layers.0.attention.inner_attention[head]", "-n", "4", "--parallel", "fsdp_cp", "--bug",
+                          "keys_not_gathered")
 
     @unittest.skipUnless(FULL, "nightly: FSDP2 x TP at 4 ranks, bfloat16, the other faults")
     def test_every_mesh_dtype_and_fault(self):

@@ -34,22 +34,36 @@ std::vector<std::string> split_on(const std::string& s, char sep) {
   return out;
 }
 
-// The dimension the spec splits (exactly one), and over how many blocks.
+// The dimension the streams lie along, and over how many blocks: the one
+// split dimension whose piece length is the sum of the streams' shares.
 std::pair<std::size_t, std::size_t> split_dimension(const TapData& t, const Mesh& mesh, const std::string& where) {
-  std::optional<std::size_t> dim;
-  std::size_t blocks = 1;
-  for (std::size_t d = 0; d < t.layout.spec.size(); ++d) {
+  std::vector<std::pair<std::size_t, std::size_t>> fits;
+  bool split = false;
+  for (std::size_t d = 0; d < t.layout.spec.size() && d < t.local_shape.size(); ++d) {
     if (t.layout.spec[d].empty()) continue;
-    if (dim)
-      input_error("{}: attribute 'streams' needs a spec that splits one dimension; '{}' splits {} and {}", where,
-                  t.layout.spec_str(), *dim, d);
-    dim = d;
+    split = true;
+    std::size_t blocks = 1, shares = 0;
     for (const auto& axis : t.layout.spec[d]) blocks *= static_cast<std::size_t>(mesh.axis_size(axis));
+    bool even = true;
+    for (const auto& st : t.streams) {
+      even = even && st.length > 0 && st.length % blocks == 0;
+      shares += st.length / blocks;
+    }
+    if (even && shares == t.local_shape[d]) fits.emplace_back(d, blocks);
   }
-  if (!dim)
+  std::string lengths;
+  for (const auto& st : t.streams) lengths += (lengths.empty() ? "" : ", ") + std::to_string(st.length);
+  if (!split)
     input_error("{}: attribute 'streams' needs a spec that splits the dimension the streams lie along; the "
                 "spec is '{}'", where, t.layout.spec_str());
-  return {*dim, blocks};
+  if (fits.empty())
+    input_error("{}: attribute 'streams': no dimension the spec '{}' splits holds the streams (of {}) in equal "
+                "shares per block adding up to the piece's length (shape {})", where, t.layout.spec_str(), lengths,
+                shape_str(t.local_shape));
+  if (fits.size() > 1)
+    input_error("{}: attribute 'streams': dimensions {} and {} of the spec '{}' both hold the streams (of {}): "
+                "which one cannot be told", where, fits[0].first, fits[1].first, t.layout.spec_str(), lengths);
+  return fits.front();
 }
 
 }  // namespace
@@ -77,17 +91,7 @@ void read_streams_attr(hid_t ds, const std::string& where, const Mesh& mesh, Tap
     t.streams.push_back(std::move(st));
   }
   if (t.streams.size() < 2) input_error("{}: attribute 'streams' is '{}': it names fewer than two streams", where, s);
-  const auto [dim, blocks] = split_dimension(t, mesh, where);
-  std::size_t local = 0;
-  for (const auto& st : t.streams) {
-    if (st.length == 0 || st.length % blocks != 0)
-      input_error("{}: attribute 'streams' is '{}': stream '{}' of {} does not split into {} equal shares (spec "
-                  "'{}')", where, s, st.name, st.length, blocks, t.layout.spec_str());
-    local += st.length / blocks;
-  }
-  if (dim >= t.local_shape.size() || t.local_shape[dim] != local)
-    input_error("{}: attribute 'streams' is '{}': a rank's shares add up to {} along dimension {}, but the piece "
-                "has shape {}", where, s, local, dim, shape_str(t.local_shape));
+  split_dimension(t, mesh, where);  // refuses streams no split dimension holds
 }
 
 void expand_streams(ActivationSet& set, H5Data& data, const std::map<std::string, StreamSplit>* split_like) {

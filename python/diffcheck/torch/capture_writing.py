@@ -7,6 +7,7 @@ import math
 import numpy as np
 import torch
 
+from diffcheck.torch.mesh_aliases import with_aliases
 from diffcheck.dump import to_numpy
 from diffcheck.dump.layouts import check_layout, dtensor_layout, is_dtensor
 from diffcheck.torch.data_axes import is_parameter_tap, with_data_axes
@@ -77,7 +78,7 @@ class TapWriting:
         if local is not None:  # a DTensor: its shard, laid out as its placements say (unless a layout does)
             tensor, placed = local
             if "spec" not in attrs and "partial" not in attrs:  # counts alone (a gradient's) keep the placements
-                attrs = {**attrs, **placed}
+                attrs = {**attrs, **with_aliases(placed, getattr(self, "aliases", None))}
         if self.reference_mode or self.one_device:  # global tensors: no layout to say
             attrs = {}
         else:

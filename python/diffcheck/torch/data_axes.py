@@ -87,13 +87,14 @@ def ddp_axis(model, axis_sizes):
     return (matching[0],) if len(matching) == 1 else ()
 
 
-def resolve(given, model, axis_sizes, where, rank=0):
+def resolve(given, model, axis_sizes, where, rank=0, aliases=None):
     """The capture's data axes: `given` (checked against the mesh), or read
     from the model. ValueError naming the axes the mesh lacks."""
     if given is None:
         axes = fsdp_mesh_axes(model) or ddp_axis(model, axis_sizes)
+        axes = tuple(a for name in axes for a in (aliases or {}).get(name, name).split("*"))  # flattened
         if axes:  # torchtitan folds context parallelism into FSDP2's mesh: its ranks hold the same samples
-            from diffcheck.torch.library_plans import group_axis
+            from diffcheck.torch.mesh_aliases import group_axis
             from diffcheck.torch.torchtitan_plan import context_axes
             cp = context_axes(model, axis_sizes, rank, group_axis)
             axes = tuple(a for a in axes if a not in cp)
@@ -143,7 +144,7 @@ def first_batch(args, kwargs):
     return None
 
 
-def settle_data_axes(given, loss_scale, whole, model, axis_sizes, rank, root_attrs):
+def settle_data_axes(given, loss_scale, whole, model, axis_sizes, rank, root_attrs, aliases=None):
     """(data axes, the divisor of the output gradients) of a capture; the
     convention recorded in `root_attrs["loss_scale"]`. A reference, one-device
     or pipeline capture (whole, or microbatched by its schedule) has none."""
@@ -151,7 +152,7 @@ def settle_data_axes(given, loss_scale, whole, model, axis_sizes, rank, root_att
         raise ValueError(f"rank {rank}: capture(loss_scale={loss_scale!r}): one of {', '.join(LOSS_SCALES)}")
     if whole:
         return (), 1
-    axes = resolve(given, model, axis_sizes, f"rank {rank}: capture()", rank)
+    axes = resolve(given, model, axis_sizes, f"rank {rank}: capture()", rank, aliases)
     if not axes:
         return (), 1
     source = "as given"

@@ -42,6 +42,7 @@ import sys
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from diffcheck.torch.mesh_aliases import flattened_aliases
 from diffcheck.dump.layouts import is_dtensor, placement_attrs
 from diffcheck.torch.hook_closures import closure_values
 from diffcheck.torch.transformers_plan import has_tensor_parallel_layers
@@ -283,21 +284,25 @@ def _placements(value, Placement):
 
 
 def check_mesh_axes(model, axes, mesh, rank):
-    """The DTensor parameters' mesh axes must be the capture's: checked when
-    the capture starts, not at the first tap that names an axis (after a whole
-    forward and backward were captured)."""
+    """The DTensor parameters' mesh axes must be the capture's, or several of
+    them flattened (mesh_aliases.py): checked when the capture starts, not at
+    the first tap that names an axis (after a whole forward and backward were
+    captured). Returns the flattened ones' {name: the capture's axes}."""
+    from diffcheck.dump import mesh_sizes
+    aliases = flattened_aliases(model, mesh_sizes(mesh), rank)
     parameters = getattr(model, "named_parameters", None)
     for name, p in (parameters() if parameters else ()):
         if not is_dtensor(p):
             continue
         names = tuple(getattr(p.device_mesh, "mesh_dim_names", None) or ())
-        missing = [n for n in names if n not in axes]
+        missing = [n for n in names if n not in axes and n not in aliases]
         if missing:
             sizes = ",".join(f"{n}={k}" for n, k in zip(names, p.device_mesh.shape))
             raise ValueError(f"rank {rank}: parameter '{name}' is a DTensor on the mesh ({sizes}) but the "
                              f"capture's mesh '{mesh}' has no axis {', '.join(repr(m) for m in missing)}: "
                              f"name the capture's axes as the DeviceMesh does (mesh=\"{sizes}\", with any "
                              "other axes of the job)")
+    return aliases
 
 
 def mesh_of_model(model, world):

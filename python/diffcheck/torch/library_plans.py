@@ -33,34 +33,12 @@ Megatron-core's tensor- and sequence-parallel layers and parameters:
 megatron_plan.py, asked from here; transformers' own tensor-parallel layers
 (5.x with plain tensors): transformers_plan.py, likewise.
 """
-from diffcheck.dump.layouts import is_dtensor, rank_coords, spec_at
+from diffcheck.dump.layouts import is_dtensor, spec_at
 from diffcheck.torch.diffusers_plan import DiffusersContextParallel
 from diffcheck.torch.megatron_plan import MegatronLayouts
+from diffcheck.torch.mesh_aliases import group_axis
 from diffcheck.torch.torchtitan_plan import TitanContextParallel
 from diffcheck.torch.transformers_plan import TransformersLayouts
-
-
-def group_axis(group, axis_sizes, rank, where):
-    """The mesh axis whose ranks through `rank` are `group`'s (None: the
-    whole world); ValueError naming the group's ranks when no axis is."""
-    import torch.distributed as dist
-    world = 1
-    for n in axis_sizes.values():
-        world *= n
-    ranks = sorted(dist.get_process_group_ranks(group)) if group is not None else list(range(world))
-    coords = rank_coords(rank, axis_sizes)
-    for axis, size in axis_sizes.items():
-        line = []
-        for v in range(size):
-            r = 0
-            for a, n in axis_sizes.items():
-                r = r * n + (v if a == axis else coords[a])
-            line.append(r)
-        if line == ranks:
-            return axis
-    raise ValueError(f"{where}: its process group holds ranks {ranks}, which no axis of the mesh "
-                     f"{','.join(f'{a}={n}' for a, n in axis_sizes.items())} spans through rank {rank}: "
-                     "name the axes so that one of them is that group")
 
 
 def _is_ulysses(module):

@@ -35,6 +35,7 @@ from diffcheck.torch.data_axes import first_batch, with_data_axes
 from diffcheck.torch.dtensor_plan import mesh_of_model
 from diffcheck.torch import pipeline_sketch
 from diffcheck.torch.hand_pipeline import lay_together
+from diffcheck.torch.mesh_aliases import split_for_context_parallel
 
 _FORWARD, _BACKWARD, _OTHER = 0, 1, 2
 _PHASE_SPAN, _STAGE_SPAN = 1_000_000, 10_000
@@ -70,7 +71,8 @@ def read_mesh(model, schedule, world, rank, axis):
     """A capture's mesh when none is given: one rank's ("dp=1"), or the one the
     model's DTensors (a schedule's stages and group) say; else refused by name."""
     mesh = (mesh_of_schedule(schedule, model, world, axis) if schedule is not None
-            else mesh_of_model(model, world)) or ("dp=1" if world == 1 else None)
+            else split_for_context_parallel(mesh_of_model(model, world), model, rank)) or \
+        ("dp=1" if world == 1 else None)
     if mesh is None:
         raise ValueError(f"rank {rank}: capture(mesh=...) is needed with {world} ranks, "
                          "e.g. mesh='tp=4' (the axes your layouts name)")

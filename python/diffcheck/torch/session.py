@@ -86,12 +86,13 @@ class Capture(ModuleHooks, TapWriting):
         self.mesh = mesh
         self.axis_sizes = mesh_sizes(mesh) if mesh else {}
         self.axes = set(self.axis_sizes)
-        if not reference and not one_device:
-            check_mesh_axes(self.model, self.axes, self.mesh, self.rank)
+        # {DeviceMesh dimension: the mesh's axes it flattens} (mesh_aliases.py)
+        self.aliases = {} if reference or one_device else check_mesh_axes(self.model, self.axes, self.mesh, self.rank)
         # (a pipeline schedule's microbatches have their own layout: pipeline.py)
         # (a schedule's taps get theirs when its microbatches are laid together: pipeline.py)
         self.data_axes, self._grad_divisor = settle_data_axes(
-            data_axes, loss_scale, reference or one_device, ddp or self.model, self.axis_sizes, self.rank, root_attrs)
+            data_axes, loss_scale, reference or one_device, ddp or self.model, self.axis_sizes, self.rank, root_attrs,
+            self.aliases)
         self._local_batch = None  # learnt from the model's first input (data_axes.first_batch)
         # The sharded run's taps get the counts of rounding.py (the reference
         # and the one-device run are not held to a derived tolerance).
