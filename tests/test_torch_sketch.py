@@ -372,6 +372,9 @@ class SketchTest(unittest.TestCase):
                   "first_divergence": {"tap": "c", "order": 2}}
         self.assertEqual(drill_down_taps(report), {"b", "c"})
         self.assertEqual(drill_down_taps("x"), {"x"})
+        streams = {"taps": [{"name": "a[text]"}, {"name": "a[image]"}], "first_divergence": {"tap": "a[image]",
+                                                                                             "order": 1}}
+        self.assertEqual(drill_down_taps(streams), {"a"})  # each stream of tap a is written as a
         with self.assertRaises(ValueError):
             drill_down_taps({"taps": [], "first_divergence": None})
         torch.manual_seed(0)

@@ -9,7 +9,11 @@ prefix). From a report: the first divergent tap and the tap just before it in
 order (often the input it went wrong on: both, whole, show where it began).
 """
 
+import re
+
 BEFORE = 1  # taps before the first divergence that a report's drill-down also takes
+# A report's name of one stream of a tap (docs/FORMAT.md, `streams`): "x[text]" is written as "x".
+_STREAM = re.compile(r"\[[^\[\]/]+\]$")
 
 
 def drill_down_taps(only):
@@ -23,7 +27,7 @@ def drill_down_taps(only):
         names = [t["name"] for t in report.get("taps", [])]
         at = first.get("order", names.index(first["tap"]) if first["tap"] in names else 0)
         around = names[max(0, at - BEFORE):at + 1] if names else []
-        return set(around) | {first["tap"]}
+        return {_STREAM.sub("", name) for name in set(around) | {first["tap"]}}
     if isinstance(only, str):
         return {only}
     names = set(only)
