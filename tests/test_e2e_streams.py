@@ -105,3 +105,18 @@ class Streams(E2ETest):
         self.assertFirstDivergence(res, "h[tail]")
         write_head_tail(prefix, "head:8,tail:8:backwards")
         self.assertIn("expected 'name:length", self.diffcheck("compare", prefix).err)
+
+    def test_a_one_rank_run_is_split_alike_when_compared_against(self):
+        """compare --against a one-rank run of the same model: its whole tap is read stream by stream too."""
+        prefix, single = self.path("dump"), self.path("single")
+        write(prefix, fault="image")
+        with RankDump(single, "sp=1", 0, scenario="streams_test") as d:
+            d.tap("single.norm", joint().astype(np.float32))
+            d.tap("after", joint()[:, :1].astype(np.float32))
+        for a, b in ((prefix, single), (single, prefix)):
+            with self.subTest(run=a):
+                res = self.diffcheck("compare", a, "--against", b, json=True)
+                self.assertExit(res, 1)
+                self.assertEqual(sorted(t["name"] for t in res.report["taps"]),
+                                 ["after", "single.norm[image]", "single.norm[text]"])
+                self.assertFirstDivergence(res, "single.norm[image]")

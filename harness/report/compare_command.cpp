@@ -187,7 +187,10 @@ int compare_against_and_report(const std::string& source, const std::string& aga
                                const ReportOptions& opts) {
   const auto started = std::chrono::steady_clock::now();
   ActivationSet a = read_everywhere(source, "", opts.compare.processes);
-  ActivationSet b = read_everywhere(against, "", opts.compare.processes);
+  // A tap one run holds as streams (a joint sequence split over its ranks) is split alike in the other.
+  ActivationSet b = read_everywhere(against, "", opts.compare.processes, &a.stream_splits);
+  if (!b.stream_splits.empty() && a.stream_splits.size() < b.stream_splits.size())
+    a = read_everywhere(source, "", opts.compare.processes, &b.stream_splits);
   // The run with the smaller batch is the one checked, on its samples.
   const bool swapped = batch_larger(a, b);
   if (swapped) std::swap(a, b);
