@@ -2,7 +2,8 @@
 """torchtitan's llama3 debug model (2 layers) parallelized by torchtitan's
 own `parallelize_llama`, checked by diffcheck with no layouts.
 
-    python3 examples/torchtitan_llama.py [-n 2] [--parallel tp|fsdp_tp|pp|cp|fsdp_cp] [--train] [--dtype bfloat16]
+    python3 examples/torchtitan_llama.py [-n 2] [--parallel tp|fsdp_tp|pp|cp|fsdp_cp|cp_tp] [--train]
+                                         [--dtype bfloat16]
                                          [--balance headtail|none]
                                          [--bug wo_unreduced|rope_shift|wrong_samples|keys_not_gathered]
 
@@ -22,6 +23,11 @@ over cp), the sequence of 128 x n tokens (FlexAttention's CP wants a
 multiple of n x its block of 128) sharded by torchtitan's prepare_context_parallel_input with its
 default head-tail load balancer (rank r holds chunks r and 2n-1-r of 2n;
 --balance none: contiguous shares).
+--parallel cp_tp: CP over cp = 2 x TP+SP over tp = n/2. The sequence-parallel
+regions hold each rank's tp share of its cp share (the head-tail chunks
+split again), which no layout describes: those taps are left out and named;
+the others (the attention and the MLP inside, split on heads and width) are
+checked.
 --parallel fsdp_cp: FSDP2 over dp_shard = n/2 x the same over cp = 2, each
 data index its own samples. torchtitan gives FSDP2 one flattened mesh of
 both (`fsdp`); the capture's mesh, read, is dp = n/2 x cp = 2, and a
@@ -186,7 +192,7 @@ def work(rank, world, args):
     weights = {k: v.clone() for k, v in model.state_dict().items()}  # the unparallelized model's
     if args.parallel == "pp":
         run_pipelined(model, world, args, cfg)
-    elif args.parallel in ("cp", "fsdp_cp"):
+    elif "cp" in args.parallel:
         run_context_parallel(model, world, args)
     else:
         run_parallelized(model, world, args)
@@ -235,7 +241,12 @@ def run_parallelized(model, world, args):
 
 
 def cp_degree(world, args):
-    return 2 if args.parallel == "fsdp_cp" else world
+    return 2 if args.parallel in ("fsdp_cp", "cp_tp") else world
+
+
+def cp_tp_degree(world, args):
+    """cp x tp: the ranks that hold the same samples (torchtitan's batch mesh: dp major, then cp, then tp)."""
+    return cp_degree(world, args) * (2 if args.parallel == "cp_tp" else 1)
 
 
 def context_parallelize(model, world, args):
@@ -247,11 +258,12 @@ def context_parallelize(model, world, args):
     from torchtitan.models.llama3 import parallelize_llama
     backend = "partial_dtensor"
     set_spmd_backend(backend)
-    cp = cp_degree(world, args)
-    dims = ParallelDims(dp_replicate=1, dp_shard=world // cp, cp=cp, tp=1, pp=1, ep=1, world_size=world,
+    cp, tp = cp_degree(world, args), cp_tp_degree(world, args) // cp_degree(world, args)
+    dp = world // (cp * tp)
+    dims = ParallelDims(dp_replicate=1, dp_shard=dp, cp=cp, tp=tp, pp=1, ep=1, world_size=world,
                         spmd_backend=backend)
-    parallelism = ParallelismConfig(spmd_backend=backend, context_parallel_degree=cp,
-                                    data_parallel_shard_degree=world // cp)
+    parallelism = ParallelismConfig(spmd_backend=backend, context_parallel_degree=cp, tensor_parallel_degree=tp,
+                                    data_parallel_shard_degree=dp, enable_sequence_parallel=True)
     training = TrainingConfig(mixed_precision_param=args.dtype, mixed_precision_reduce="float32")
     if args.bug == "keys_not_gathered":  # the bug: layer 0's attention is left out of torchtitan's wrapping
         import torchtitan.models.llama3.parallelize as titan_parallelize
@@ -269,7 +281,8 @@ def run_context_parallel(model, world, args):
     mesh = context_parallelize(model, world, args)
     cp = cp_degree(world, args)
     tokens, labels, positions = global_batch(CP_BLOCK * cp)
-    dp, data_index = world // cp, torch.distributed.get_rank() // cp  # torchtitan's batch mesh: cp the minor axis
+    same = cp_tp_degree(world, args)  # the ranks of one data index (torchtitan's batch mesh: cp, tp the minor axes)
+    dp, data_index = world // same, torch.distributed.get_rank() // same
     share = slice(data_index * (B_GLOBAL // dp), (data_index + 1) * (B_GLOBAL // dp))
     tokens, labels, positions = tokens[share], labels[share], positions[share]
     # torchtitan's trainer's sharding of the batch: tokens, labels, positions and the attention masks
@@ -296,16 +309,16 @@ if __name__ == "__main__":
                     help="wo_unreduced: layer 0's attention output unreduced; rope_shift: the last rank's "
                          "positions one ahead; wrong_samples (fsdp_tp): the last data index reads the first's; "
                          "keys_not_gathered (cp): layer 0's attention sees its own tokens' keys only")
-    ap.add_argument("--parallel", choices=["tp", "fsdp_tp", "pp", "cp", "fsdp_cp"], default="tp",
+    ap.add_argument("--parallel", choices=["tp", "fsdp_tp", "pp", "cp", "fsdp_cp", "cp_tp"], default="tp",
                     help="TP+SP over tp = n (default), FSDP2 over fsdp = n/2 x TP+SP over tp = 2, torchtitan's "
                          "pipeline over pp = n (1F1B, with --train), its context parallelism over cp = n, or FSDP2 "
-                         "over n/2 x CP over 2")
+                         "over n/2 x CP over 2, or CP over 2 x TP+SP over n/2")
     ap.add_argument("--balance", choices=["headtail", "none"], default="headtail",
                     help="--parallel cp: torchtitan's load balancer (default headtail, its default) or none")
     a = ap.parse_args()
     if (a.bug == "keys_not_gathered") != (a.bug is not None and "cp" in a.parallel) and a.bug is not None:
         ap.error("--bug keys_not_gathered is a fault of --parallel cp, and --parallel cp has no other --bug")
-    if a.parallel in ("fsdp_tp", "fsdp_cp") and (a.n % 2 or B_GLOBAL % (a.n // 2)):
+    if a.parallel in ("fsdp_tp", "fsdp_cp", "cp_tp") and (a.n % 2 or B_GLOBAL % (a.n // 2)):
         ap.error(f"--parallel {a.parallel}: -n must be even with n/2 dividing the global batch of {B_GLOBAL}")
     if a.parallel == "pp" and (not a.train or a.bug == "wo_unreduced"):
         ap.error("--parallel pp runs torchtitan's pipelined training step: give --train (and no --bug wo_unreduced)")

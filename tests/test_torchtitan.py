@@ -52,6 +52,11 @@ class Torchtitan(E2ETest):
         self.assertRegex(p.stdout, r"layers\.0\.attention\.wo\[tail\]\s+dp,cp,- \(dim 1 reversed\)")
         self.expect_found("layers.0.attention.inner_attention[head]", "-n", "4", "--parallel", "fsdp_cp", "--bug",
                           "keys_not_gathered")
+        # CP x TP+SP: the sequence-parallel regions (a tp share of a cp share) left out and named, the rest checked
+        p = self.expect_clean(118, "-n", "4", "--parallel", "cp_tp", "--train")
+        self.assertIn("30 tap(s) were not tapped: torchtitan's context parallelism with sequence parallelism", p.stdout)
+        self.expect_found("layers.0.attention.inner_attention[head]", "-n", "4", "--parallel", "cp_tp", "--bug",
+                          "keys_not_gathered")
 
     @unittest.skipUnless(FULL, "nightly: FSDP2 x TP at 4 ranks, bfloat16, the other faults")
     def test_every_mesh_dtype_and_fault(self):

@@ -69,7 +69,9 @@ def _usp_axes(module, axis_sizes, rank, where):
     return "*".join(a for a in axis_sizes if a in axes)
 
 
-_WHY = {"transposed": "Megatron's VocabParallelEmbedding under sequence parallelism returns [s, b, h], the "
+_WHY = {"titan_sp": "torchtitan's context parallelism with sequence parallelism: each rank holds its tp share of "
+                    "its cp share of the tokens (the head-tail chunks split again), which no layout describes",
+        "transposed": "Megatron's VocabParallelEmbedding under sequence parallelism returns [s, b, h], the "
                       "reference's (tp=1) [b, s, h]: a transposed pair no layout describes (the embedding's "
                       "output holds the same values in the order of both)"}
 
@@ -166,6 +168,9 @@ class LibraryLayouts:
             self.left_out.append((name, attrs["_untapped"]))
             return None
         attrs = {k: v for k, v in attrs.items() if k != "_grad_partial"}  # its gradient's (backward.py)
+        if self.titan.active and self.titan.within_sequence_parallel(attrs, shape, self.local_length):
+            self.left_out.append((name, "titan_sp"))
+            return None
         attrs = self.with_sequence(attrs, shape)
         if self.cp.active and pattern is None:
             attrs = self.cp.attrs(name, attrs, shape)

@@ -31,10 +31,26 @@ from diffcheck.dump.layouts import rank_coords
 from diffcheck.torch.hook_closures import closure_values
 
 
+def _cp_forward(fn, depth=0):
+    """torchtitan's `cp_forward` in `fn` or the functions it wraps (with tensor parallelism, Module.parallelize
+    wraps it again: `forward_with_redistribution` around a partial of local_map's wrapper of it), or None."""
+    if fn is None or depth > 4:
+        return None
+    if getattr(fn, "__name__", None) == "cp_forward" and getattr(fn, "__closure__", None) is not None:
+        return fn
+    inner = [getattr(fn, "func", None), *getattr(fn, "args", ()), *closure_values(fn)]  # a partial's too
+    for value in inner:
+        if callable(value) and not isinstance(value, type):
+            found = _cp_forward(value, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
 def _cp_group(module):
     """The process group of torchtitan's context-parallel wrapper on `module`'s forward, or None."""
-    forward = module.__dict__.get("forward")
-    if getattr(forward, "__name__", None) != "cp_forward" or getattr(forward, "__closure__", None) is None:
+    forward = _cp_forward(module.__dict__.get("forward"))
+    if forward is None:
         return None
     cells = {}
     for name, cell in zip(forward.__code__.co_freevars, forward.__closure__):
@@ -83,6 +99,17 @@ class TitanContextParallel:
         self.index = rank_coords(rank, axis_sizes)[self.axis]
         self.inner = {id(m) for _, m, _ in found}
         self.said = f"from torchtitan's context parallelism (its group: axis '{self.axis}')"
+
+    def within_sequence_parallel(self, attrs, shape, local_length):
+        """Whether a tap's sequence dimension (1) is split again over another
+        axis (tensor parallelism's sequence-parallel regions: a DTensor's
+        Shard(1) on tp) inside this rank's cp share: no layout describes
+        that, so such a tap is left out and named."""
+        spec = (attrs.get("spec") or "").split(",")
+        if local_length is None or len(shape) < 2 or len(spec) != len(shape) or spec[1] in ("", "-"):
+            return False
+        axes = [a for a in spec[1].split("*") if a != self.axis]
+        return bool(axes) and self.axis not in spec[1].split("*")
 
     def learn(self, args, kwargs, local_length):
         """From the model's call: which of the sequence's tokens this rank holds (`positions`)."""
