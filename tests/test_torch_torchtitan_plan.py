@@ -15,6 +15,16 @@ def reader(index, degree=2):
     return r
 
 
+class SequenceParallelRegions(unittest.TestCase):
+    def test_a_tp_share_of_the_cp_share_is_told_from_another_split(self):
+        r = reader(0)
+        r.axis_sizes = {"cp": 2, "tp": 2}
+        self.assertTrue(r.within_sequence_parallel({"spec": "-,tp,-"}, (4, 64, 256), 128))  # SP: 64 of 128 tokens
+        self.assertFalse(r.within_sequence_parallel({"spec": "-,tp,-,-"}, (4, 8, 128, 16), 128))  # heads on tp
+        self.assertFalse(r.within_sequence_parallel({"spec": "-,cp,-"}, (4, 128, 256), 128))
+        self.assertFalse(r.within_sequence_parallel({}, (4, 128, 256), 128))
+
+
 class Positions(unittest.TestCase):
     def test_contiguous_shares_are_a_plain_split(self):
         for index in range(2):

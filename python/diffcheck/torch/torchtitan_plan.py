@@ -84,7 +84,7 @@ class TitanContextParallel:
     """Built by LibraryLayouts; `active` where the model carries torchtitan's wrappers."""
 
     def __init__(self, model, axis_sizes, rank, group_axis):
-        self.rank, self.axis, self.inner, self.streams = rank, None, set(), None
+        self.rank, self.axis, self.inner, self.streams, self.axis_sizes = rank, None, set(), None, axis_sizes
         found = context_parallel_modules(model)
         self.active = bool(found)
         if not found:
@@ -108,8 +108,13 @@ class TitanContextParallel:
         spec = (attrs.get("spec") or "").split(",")
         if local_length is None or len(shape) < 2 or len(spec) != len(shape) or spec[1] in ("", "-"):
             return False
-        axes = [a for a in spec[1].split("*") if a != self.axis]
-        return bool(axes) and self.axis not in spec[1].split("*")
+        axes = spec[1].split("*")
+        if self.axis in axes:
+            return False
+        blocks = 1
+        for a in axes:
+            blocks *= self.axis_sizes.get(a, 1)
+        return shape[1] * blocks == local_length  # a share of this rank's tokens, not another dimension split
 
     def learn(self, args, kwargs, local_length):
         """From the model's call: which of the sequence's tokens this rank holds (`positions`)."""
