@@ -14,7 +14,7 @@ def reader(lengths, whole=(), keyed=None):
     r.rank, r.axis, r.degree = 0, "sp", 2
     r.lengths, r.whole_lengths = {d: set(v) for d, v in lengths.items()}, set(whole)
     r.keyed = keyed or {d: {} for d in lengths}
-    r.after_gather, r.whole_gradients, r.joint = False, set(), []
+    r.after_gather, r.whole_gradients = False, set()
     return r
 
 
@@ -50,6 +50,15 @@ class Layouts(unittest.TestCase):
         self.assertEqual(same.attrs("x", {}, (1, 16, 64)), {"spec": "-,sp,-", "streams": "text:16,image:16"})
         self.assertEqual(r.attrs("x", {"spec": "-,-,-"}, (1, 20, 64), )["spec"], "-,sp,-")
         self.assertNotIn("streams", r.attrs("x", {}, (1, 21, 64)))  # no sum of the two: replicated
+
+    def test_in_sketch_mode_a_tap_of_streams_is_left_out_and_named(self):
+        """Its reference is one sketch of the whole tensor, which no stream's slice of it can be told from."""
+        import torch
+        from diffcheck.torch.library_plans import LibraryLayouts
+        plans = LibraryLayouts(torch.nn.Linear(2, 2), {"sp": 2}, 0)
+        self.assertFalse(plans.sketch_leaves_out("x", {"spec": "-,sp,-"}))
+        self.assertTrue(plans.sketch_leaves_out("pos_embed/0", {"spec": "sp,-", "streams": "text:8,image:32"}))
+        self.assertRegex(plans.untapped(), r"1 tap\(s\) were not tapped: in sketch mode: .*several streams.*: pos_embed/0")
 
     def test_a_replicated_parameters_gradient_is_said_summed_over_the_ranks(self):
         """Each rank's gradient covers its own tokens; the step sums them over sp in their dtype before the

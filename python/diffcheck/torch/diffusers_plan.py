@@ -99,7 +99,6 @@ class DiffusersContextParallel:
         self.keyed = {}  # dimension -> {input name: its local length} (text and image streams told apart)
         self.after_gather = False  # set once a gathered output is made in this forward
         self.whole_gradients = set()  # taps made after a gather: their gradients are whole
-        self.joint = []  # taps not tapped (a joint sequence in sketch mode)
         self.whole_lengths = set()  # dimension 1 of the model's inputs the plan does not split
 
     def hooks_on(self, model):

@@ -69,7 +69,10 @@ def _usp_axes(module, axis_sizes, rank, where):
     return "*".join(a for a in axis_sizes if a in axes)
 
 
-_WHY = {"titan_sp": "torchtitan's context parallelism with sequence parallelism: each rank holds its tp share of "
+_WHY = {"streams_sketch": "in sketch mode: each rank holds its share of several streams (diffusers' [text, image], "
+                          "torch's head-tail balancing), which a sketch of the whole reference cannot compare "
+                          "stream by stream",
+        "titan_sp": "torchtitan's context parallelism with sequence parallelism: each rank holds its tp share of "
                     "its cp share of the tokens (the head-tail chunks split again), which no layout describes",
         "transposed": "Megatron's VocabParallelEmbedding under sequence parallelism returns [s, b, h], the "
                       "reference's (tp=1) [b, s, h]: a transposed pair no layout describes (the embedding's "
@@ -177,13 +180,8 @@ class LibraryLayouts:
         return attrs
 
     def untapped(self):
-        """The warning for taps not tapped (diffusers' joint sequences), or None."""
+        """The warning for taps not tapped (no layout describes them), or None."""
         said = []
-        joint = sorted(set(self.cp.joint)) if self.cp.active else []
-        if joint:
-            said.append(f"{len(joint)} tap(s) hold each rank's text and image tokens side by side (diffusers' joint "
-                        f"sequence), which a sketch cannot compare stream by stream, and were not tapped in sketch "
-                        f"mode: {', '.join(joint[:5])}{', ...' if len(joint) > 5 else ''}")
         for why in sorted({why for _, why in self.left_out}):
             names = sorted({name for name, w in self.left_out if w == why})
             said.append(f"{len(names)} tap(s) were not tapped: {_WHY.get(why, why)}: {', '.join(names[:5])}"
@@ -191,11 +189,12 @@ class LibraryLayouts:
         return "; ".join(said) or None
 
     def sketch_leaves_out(self, name, attrs):
-        """Whether a sketch capture leaves tap `name` out: a joint sequence
-        (`streams`), whose reference is sketched whole (named at the end)."""
+        """Whether a sketch capture leaves tap `name` out: one whose pieces
+        hold shares of several streams (`streams`), while its reference is
+        sketched whole (named when the capture closes)."""
         if not attrs.get("streams"):
             return False
-        self.cp.joint.append(name)
+        self.left_out.append((name, "streams_sketch"))
         return True
 
     def parameter(self, name, p, module=None):
