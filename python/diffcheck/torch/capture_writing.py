@@ -7,10 +7,10 @@ import math
 import numpy as np
 import torch
 
-from diffcheck.torch.mesh_aliases import with_aliases
 from diffcheck.dump import to_numpy
 from diffcheck.dump.layouts import check_layout, dtensor_layout, is_dtensor
 from diffcheck.torch.data_axes import is_parameter_tap, with_data_axes
+from diffcheck.torch.mesh_aliases import with_aliases
 
 TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                 torch.float16: "float16"}
@@ -87,7 +87,7 @@ class TapWriting:
             if self._library and not is_parameter_tap(name):  # what libraries imply (library_plans.py)
                 attrs = self._library.attrs(name, attrs, tuple(tensor.shape), pattern)
                 if attrs is None or (self.sketches is not None and self._library.sketch_leaves_out(name, attrs)):
-                    return  # a value no layout describes, or a joint sequence in sketch mode (named at the close)
+                    return  # a value no layout describes, or a tap of streams in sketch mode (named at the close)
             self._check_layout(name, tensor, pattern, attrs)
             if self.derive_depths:
                 attrs = self._with_counts(name, tensor, attrs)

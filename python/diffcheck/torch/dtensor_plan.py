@@ -42,9 +42,9 @@ import sys
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from diffcheck.torch.mesh_aliases import flattened_aliases
 from diffcheck.dump.layouts import is_dtensor, placement_attrs
 from diffcheck.torch.hook_closures import closure_values
+from diffcheck.torch.mesh_aliases import flattened_aliases
 from diffcheck.torch.transformers_plan import has_tensor_parallel_layers
 
 
