@@ -44,7 +44,11 @@ def string_plans():
         from transformers.integrations import tensor_parallel
     except ImportError:
         return None
-    return DistributedConfig if hasattr(tensor_parallel, "TensorParallelLayer") else None
+    import transformers
+    major_minor = tuple(int(x) for x in transformers.__version__.split(".")[:2] if x.isdigit())
+    # 5.16 on keep the weights as DTensors (llama_tp.py): its plan is no longer these strings' layers, and
+    # --bug's patch of RowwiseParallel would break nothing there
+    return DistributedConfig if hasattr(tensor_parallel, "TensorParallelLayer") and major_minor <= (5, 15) else None
 
 
 def break_rowwise():
