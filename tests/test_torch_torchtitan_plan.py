@@ -48,6 +48,8 @@ class Positions(unittest.TestCase):
                 with self.assertRaisesRegex(ValueError, "rank 0: torchtitan's context parallelism over 'cp'.*"
                                                         "neither its contiguous share.*give the taps layouts"):
                     reader(0).learn((), {"positions": torch.tensor([held])}, 8)
+        with self.assertRaisesRegex(ValueError, "samples hold different positions"):
+            reader(0).learn((), {"positions": torch.tensor([[0, 1, 2, 3], [0, 1, 0, 1]])}, 4)
         with self.assertRaisesRegex(ValueError, "called without positions"):
             reader(0).learn((torch.zeros(1, 8),), {}, 8)
 

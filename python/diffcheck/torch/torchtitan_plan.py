@@ -124,7 +124,12 @@ class TitanContextParallel:
             raise ValueError(f"{where}: the model was called without positions of its {local_length} tokens, so "
                              "which tokens this rank holds cannot be told: pass positions (as torchtitan's trainer "
                              "does) or give the taps layouts")
-        row = [int(p) for p in positions.reshape(-1, local_length)[0].tolist()]
+        rows = positions.reshape(-1, local_length)
+        if not bool((rows == rows[:1]).all()):  # positions that restart per document differ from sample to sample
+            raise ValueError(f"{where}: this rank's samples hold different positions (positions that restart per "
+                             "document?), so which of the sequence's tokens it holds cannot be told from them: give "
+                             "the taps layouts")
+        row = [int(p) for p in rows[0].tolist()]
         n, r, length = self.degree, self.index, local_length
         if row == list(range(r * length, (r + 1) * length)):
             self.streams = None
