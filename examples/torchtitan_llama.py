@@ -25,9 +25,7 @@ default head-tail load balancer (rank r holds chunks r and 2n-1-r of 2n;
 --balance none: contiguous shares).
 --parallel cp_tp: CP over cp = 2 x TP+SP over tp = n/2. The sequence-parallel
 regions hold each rank's tp share of its cp share (the head-tail chunks
-split again), which no layout describes: those taps are left out and named;
-the others (the attention and the MLP inside, split on heads and width) are
-checked.
+split again): laid out over cp*tp in the chunks' order (`block_order`).
 --parallel fsdp_cp: FSDP2 over dp_shard = n/2 x the same over cp = 2, each
 data index its own samples. torchtitan gives FSDP2 one flattened mesh of
 both (`fsdp`); the capture's mesh, read, is dp = n/2 x cp = 2, and a

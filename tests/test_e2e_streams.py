@@ -49,6 +49,21 @@ def write_head_tail(prefix, streams):
                 d.reference("h", g)
 
 
+def write_block_order(prefix, order):
+    """Head-tail over cp = 2, each rank's two chunks split again over tp = 2 (sequence parallelism): 16
+    tokens in 4 chunks of 4; rank (c, t) holds chunk c where t = 0, chunk 3 - c where t = 1."""
+    g = (np.arange(16 * WIDTH, dtype=np.float64).reshape(1, 16, WIDTH) + 1) / 7.0
+    for r in range(4):
+        c, t = divmod(r, 2)
+        chunk = c if t == 0 else 3 - c
+        with RankDump(prefix, "cp=2,tp=2", r, scenario="streams_test") as d:
+            tap = d.tap("sp", g[:, 4 * chunk:4 * chunk + 4].astype(np.float32), spec="-,cp*tp,-")
+            if order is not None:
+                tap.attrs["block_order"] = order
+            if r == 0:
+                d.reference("sp", g)
+
+
 class Streams(E2ETest):
     def compare(self, code, **kw):
         prefix = self.path("dump")
@@ -120,3 +135,20 @@ class Streams(E2ETest):
                 self.assertEqual(sorted(t["name"] for t in res.report["taps"]),
                                  ["after", "single.norm[image]", "single.norm[text]"])
                 self.assertFirstDivergence(res, "single.norm[image]")
+
+    def test_a_block_order_places_each_ranks_block(self):
+        prefix = self.path("bo")
+        write_block_order(prefix, "1:0,3,1,2")
+        res = self.diffcheck("compare", prefix, json=True)
+        self.assertExit(res, 0)
+        write_block_order(prefix, None)  # in rank order: ranks 1 and 3 hold each other's blocks
+        res = self.diffcheck("compare", prefix, json=True)
+        self.assertExit(res, 1)
+        for order, needle in (("1:0,3,1", "not a permutation"), ("1:0,3,1,1", "not a permutation"),
+                              ("0:0,1,2,3", "a dimension the spec '-,cp*tp,-' splits"), ("1:0,x,1,2", "not a block")):
+            with self.subTest(order=order):
+                write_block_order(prefix, order)
+                res = self.diffcheck("compare", prefix)
+                self.assertExit(res, 2)
+                self.assertIn("attribute 'block_order'", res.err)
+                self.assertIn(needle, res.err)

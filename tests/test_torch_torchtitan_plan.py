@@ -24,6 +24,19 @@ class SequenceParallelRegions(unittest.TestCase):
         self.assertFalse(r.within_sequence_parallel({"spec": "-,cp,-"}, (4, 128, 256), 128))
         self.assertFalse(r.within_sequence_parallel({}, (4, 128, 256), 128))
 
+    def test_the_shares_are_laid_out_over_cp_then_tp_in_the_order_of_their_chunks(self):
+        r = reader(0)
+        r.axis_sizes, r.streams = {"cp": 2, "tp": 2}, "head:128,tail:128:reversed"
+        # rank (c, t) holds the t-th half of [chunk c, chunk 3 - c] of 4: chunks 0, 3, 1, 2
+        self.assertEqual(r.sequence_parallel_attrs({"spec": "-,tp,-"}), {"spec": "-,cp*tp,-",
+                                                                           "block_order": "1:0,3,1,2"})
+        r.axis_sizes = {"cp": 2, "tp": 4}  # quarters: [chunk c's halves, chunk 3 - c's halves] of 8 blocks
+        self.assertEqual(r.sequence_parallel_attrs({"spec": "-,tp,-"})["block_order"], "1:0,1,6,7,2,3,4,5")
+        r.axis_sizes = {"cp": 2, "tp": 3}
+        self.assertIsNone(r.sequence_parallel_attrs({"spec": "-,tp,-"}))  # a third straddles head and tail
+        r.streams = None  # contiguous shares: in rank order
+        self.assertEqual(r.sequence_parallel_attrs({"spec": "-,tp,-"}), {"spec": "-,cp*tp,-"})
+
 
 class Positions(unittest.TestCase):
     def test_contiguous_shares_are_a_plain_split(self):

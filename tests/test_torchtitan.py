@@ -52,9 +52,10 @@ class Torchtitan(E2ETest):
         self.assertRegex(p.stdout, r"layers\.0\.attention\.wo\[tail\]\s+dp,cp,- \(dim 1 reversed\)")
         self.expect_found("layers.0.attention.inner_attention[head]", "-n", "4", "--parallel", "fsdp_cp", "--bug",
                           "keys_not_gathered")
-        # CP x TP+SP: the sequence-parallel regions (a tp share of a cp share) left out and named, the rest checked
-        p = self.expect_clean(118, "-n", "4", "--parallel", "cp_tp", "--train")
-        self.assertIn("30 tap(s) were not tapped: torchtitan's context parallelism with sequence parallelism", p.stdout)
+        # CP x TP+SP: the sequence-parallel regions hold a tp share of a cp share, in a block order
+        p = self.expect_clean(148, "-n", "4", "--parallel", "cp_tp", "--train")
+        self.assertRegex(p.stdout, r"layers\.0\.attention_norm\s+-,fsdp\*tp,- \(blocks 0,3,1,2\)")
+        self.assertNotIn("not tapped", p.stdout)
         self.expect_found("layers.0.attention.inner_attention[head]", "-n", "4", "--parallel", "cp_tp", "--bug",
                           "keys_not_gathered")
 

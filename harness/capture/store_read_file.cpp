@@ -169,6 +169,13 @@ void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapDat
   } catch (const InputError& e) {
     input_error("{}: attributes 'spec'/'partial'{}: {}", where, stage ? "/'stage'" : "", e.what());
   }
+  if (auto order = h5::read_string_attr(ds, "block_order", where)) {
+    try {
+      t.layout.parse_block_order(*order, mesh, t.local_shape.size());
+    } catch (const InputError& e) {
+      input_error("{}: attribute 'block_order': {}", where, e.what());
+    }
+  }
   if (auto o = h5::read_int_attr(ds, "order", where)) t.order = *o;
   if (auto p = h5::read_int_attr(ds, "pipeline_stage", where)) {
     if (*p < 0 || !stage) input_error("{}: attribute 'pipeline_stage' is {}: a stage's tap (with 'stage') numbers its "

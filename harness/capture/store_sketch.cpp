@@ -34,6 +34,8 @@ void read_sketch_attrs(hid_t ds, const std::string& where, const Mesh& mesh, Tap
     input_error("{}: a sketch tap's shape is [lead..., k+1, width] with 1 <= k <= {}; found {}", where,
                 kMaxSketchRows, shape_str(t.local_shape));
   if (!t.image.empty()) input_error("{}: a sketch tap cannot be an image (attribute 'image')", where);
+  if (t.layout.ordered_dim >= 0)  // its signs follow each piece's first token, which a block order moves
+    input_error("{}: a sketch tap has no 'block_order'", where);
   SketchInfo info;
   info.seed = static_cast<std::uint32_t>(sketch_int(ds, "sketch_seed", where, 0, 0xFFFFFFFFLL));
   info.rows = t.local_shape[t.local_shape.size() - 2] - 1;

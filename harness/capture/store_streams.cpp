@@ -109,6 +109,7 @@ void expand_streams(ActivationSet& set, H5Data& data, const std::map<std::string
     const std::string where = fmt::format("{}: tap '{}'", set.source, t.name);
     if (t.sketch) input_error("{}: a sketch tap has no 'streams' (each stream is sketched as its own tap)", where);
     if (t.microbatches) input_error("{}: a tap with 'microbatches' has no 'streams'", where);
+    if (t.layout.ordered_dim >= 0) input_error("{}: a tap with 'block_order' has no 'streams'", where);
     std::size_t dim = 0, blocks = 1;
     if (like) {  // a whole tensor (a one-device run), split as the run under check was
       t.streams = like->streams;

@@ -96,6 +96,8 @@ std::string Layout::str() const {
   if (!partial.empty()) s += " partial=" + partial_str();
   if (staged()) s += " stage " + stage_str();
   if (reversed_dim >= 0) s += fmt::format(" (dim {} reversed)", reversed_dim);
+  // (the block order is of the one dimension it names: the spec says which it splits)
+  if (ordered_dim >= 0) s += fmt::format(" (blocks {})", fmt::join(block_order, ","));
   return s;
 }
 
@@ -154,8 +156,42 @@ std::vector<std::size_t> Layout::block_of(const Mesh& mesh, int rank, std::size_
       for (const auto& a : spec[d]) blocks *= static_cast<std::size_t>(mesh.axis_size(a));
       b[d] = blocks - 1 - b[d];
     }
+    if (static_cast<int>(d) == ordered_dim) b[d] = block_order.at(b[d]);
   }
   return b;
+}
+
+void Layout::parse_block_order(const std::string& text, const Mesh& mesh, std::size_t ndim) {
+  const auto colon = text.find(':');
+  const std::string form = "'<dimension>:<the global block of each spec block>' (e.g. '1:0,3,1,2')";
+  std::size_t used = 0;
+  long dim = -1;
+  try {
+    dim = std::stol(text.substr(0, colon), &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (colon == std::string::npos || used != colon || dim < 0 || static_cast<std::size_t>(dim) >= ndim ||
+      static_cast<std::size_t>(dim) >= spec.size() || spec[static_cast<std::size_t>(dim)].empty())
+    input_error("block_order '{}': expected {} naming a dimension the spec '{}' splits", text, form, spec_str());
+  std::size_t blocks = 1;
+  for (const auto& a : spec[static_cast<std::size_t>(dim)]) blocks *= static_cast<std::size_t>(mesh.axis_size(a));
+  std::vector<std::size_t> order;
+  for (const auto& entry : split(text.substr(colon + 1), ',')) {
+    const std::string e = trim(entry);
+    if (e.empty() || e.size() > 9 || e.find_first_not_of("0123456789") != std::string::npos)
+      input_error("block_order '{}': '{}' is not a block index; expected {}", text, e, form);
+    order.push_back(std::stoul(e));
+  }
+  std::vector<bool> seen(blocks, false);
+  for (std::size_t b : order) {
+    if (b >= blocks || seen[b] || order.size() != blocks)
+      input_error("block_order '{}': not a permutation of the {} blocks of dimension {} (spec '{}')", text, blocks,
+                  dim, spec_str());
+    seen[b] = true;
+  }
+  ordered_dim = static_cast<int>(dim);
+  block_order = std::move(order);
 }
 
 std::vector<int> Layout::replica_group(const Mesh& mesh, int rank) const {

@@ -28,6 +28,14 @@ struct Layout {
   // `:reversed` (torch's head-tail load balancing: each rank holds a chunk of
   // the sequence's head and the mirror chunk of its tail).
   int reversed_dim = -1;
+  // The `block_order` attribute ("1:0,3,1,2"): along dimension `ordered_dim`,
+  // the ranks of spec block i hold the global block block_order[i] (torch's
+  // head-tail chunks split again by sequence parallelism); -1: in order.
+  int ordered_dim = -1;
+  std::vector<std::size_t> block_order;
+  // Parses a `block_order` attribute and checks it against the mesh and the
+  // spec: a permutation of that dimension's blocks. Throws InputError.
+  void parse_block_order(const std::string& text, const Mesh& mesh, std::size_t ndim);
 
   // Parses the two strings; syntax errors only (mesh checks are in validate()).
   static Layout parse(const std::string& spec, const std::string& partial);

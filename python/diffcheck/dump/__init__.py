@@ -191,7 +191,7 @@ class RankDump(_AtomicH5):
         self._order = 0
 
     def tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None, dtype=None,
-            rounding_steps=None, order=None, stage=None, microbatches=None, streams=None):
+            rounding_steps=None, order=None, stage=None, microbatches=None, streams=None, block_order=None):
         """Writes this rank's piece `x` of tap `name` (returns its h5py Dataset).
         `dtype`: the logical dtype when `x` holds another one's values (a
         bfloat16 tensor already turned into float32); found by itself otherwise.
@@ -201,19 +201,20 @@ class RankDump(_AtomicH5):
         x's first dimension holds this many microbatches laid together in
         order (docs/FORMAT.md, "Pipeline stages and microbatches"); `streams`:
         "text:8,image:32", the split dimension holds these streams one after
-        another, each split over the spec's ranks (docs/FORMAT.md, "Streams")."""
+        another, each split over the spec's ranks (docs/FORMAT.md, "Streams"); `block_order`: "1:0,3,1,2",
+        along dimension 1 the ranks of spec block i hold global block i's entry (docs/FORMAT.md)."""
         self.write_tap(name, x, spec=spec, partial=partial, reduction_depth=reduction_depth, atol=atol, rtol=rtol,
                        dtype=dtype, rounding_steps=rounding_steps, order=order, stage=stage, microbatches=microbatches,
-                       streams=streams)
+                       streams=streams, block_order=block_order)
         return self.f[f"taps/{name}"]
 
     def write_tap(self, name, x, spec=None, partial=None, reduction_depth=None, atol=None, rtol=None, dtype=None,
                   rounding_steps=None, order=None, more=None, stage=None, microbatches=None, pipeline_stage=None,
-                  reduced=None, streams=None):
+                  reduced=None, streams=None, block_order=None):
         """tap() without opening the dataset again (a capture's way); `more`: further scalar attributes;
         `pipeline_stage`: a schedule's stage index where one rank holds several; `reduced`: the axes the
         value was summed over in its dtype before the capture; `streams`: the streams its split dimension holds
-        (docs/FORMAT.md)."""
+        (docs/FORMAT.md); `block_order`: the global block each spec block holds (docs/FORMAT.md)."""
         a, logical = to_numpy(x)
         logical = dtype or logical
         attrs = {"spec": spec or None, "partial": partial or None,
@@ -223,7 +224,7 @@ class RankDump(_AtomicH5):
                  "atol": None if atol is None else float(atol), "rtol": None if rtol is None else float(rtol),
                  "stage": stage or None, "microbatches": None if microbatches is None else int(microbatches),
                  "pipeline_stage": None if pipeline_stage is None else int(pipeline_stage), "reduced": reduced or None,
-                 "streams": streams or None}
+                 "streams": streams or None, "block_order": block_order or None}
         self._dataset(f"taps/{name}", a, attrs={**{k: v for k, v in attrs.items() if v is not None}, **(more or {})})
         self._order += 1
 

@@ -69,11 +69,12 @@ def _usp_axes(module, axis_sizes, rank, where):
     return "*".join(a for a in axis_sizes if a in axes)
 
 
-_WHY = {"streams_sketch": "in sketch mode: each rank holds its share of several streams (diffusers' [text, image], "
-                          "torch's head-tail balancing), which a sketch of the whole reference cannot compare "
-                          "stream by stream",
-        "titan_sp": "torchtitan's context parallelism with sequence parallelism: each rank holds its tp share of "
-                    "its cp share of the tokens (the head-tail chunks split again), which no layout describes",
+_WHY = {"streams_sketch": "in sketch mode: each rank holds its share of several streams or blocks out of rank "
+                          "order (diffusers' [text, image], torch's head-tail balancing), which a sketch of the "
+                          "whole reference cannot compare stream by stream",
+        "titan_sp": "torchtitan's context parallelism, head-tail balanced, with sequence parallelism over an odd "
+                    "tp degree: each rank's tp share of its cp share straddles a head and a tail chunk, which no "
+                    "block order describes",
         "transposed": "Megatron's VocabParallelEmbedding under sequence parallelism returns [s, b, h], the "
                       "reference's (tp=1) [b, s, h]: a transposed pair no layout describes (the embedding's "
                       "output holds the same values in the order of both)"}
@@ -172,8 +173,10 @@ class LibraryLayouts:
             return None
         attrs = {k: v for k, v in attrs.items() if k != "_grad_partial"}  # its gradient's (backward.py)
         if self.titan.active and self.titan.within_sequence_parallel(attrs, shape, self.local_length):
-            self.left_out.append((name, "titan_sp"))
-            return None
+            said = self.titan.sequence_parallel_attrs(attrs)  # a tp share of a cp share (torchtitan_plan.py)
+            if said is None:
+                self.left_out.append((name, "titan_sp"))
+            return said
         attrs = self.with_sequence(attrs, shape)
         if self.cp.active and pattern is None:
             attrs = self.cp.attrs(name, attrs, shape)
@@ -192,7 +195,7 @@ class LibraryLayouts:
         """Whether a sketch capture leaves tap `name` out: one whose pieces
         hold shares of several streams (`streams`), while its reference is
         sketched whole (named when the capture closes)."""
-        if not attrs.get("streams"):
+        if not attrs.get("streams") and not attrs.get("block_order"):
             return False
         self.left_out.append((name, "streams_sketch"))
         return True

@@ -36,7 +36,8 @@ _CAPTURE_PARAMETERS = ("out", "mesh", "layouts", "include", "exclude", "inputs",
 # What a one-device capture adds to `out`: diffcheck compare finds
 # <reference without .h5>.one_device.rank0.h5 beside the reference by itself.
 ONE_DEVICE_SUFFIX = ".one_device"
-_TAP_ATTRIBUTES = ("reduction_depth", "rounding_steps", "atol", "rtol", "stage", "microbatches", "streams")
+_TAP_ATTRIBUTES = ("reduction_depth", "rounding_steps", "atol", "rtol", "stage", "microbatches", "streams",
+                   "block_order")
 # The suite's CPU twin of a device model's whole-tap copies (staging.py):
 # True sends every tap through the host staging pool, unpinned.
 _CPU_TWIN_OF_DEVICE_COPIES = False

@@ -21,6 +21,10 @@ So, read from the wrappers' closures (their group) and the model's
 - positions that are neither this rank's contiguous share nor its head-tail
   share (the `ptrr` balancer, per-document positions) are refused by name,
   to be given layouts;
+- under tensor parallelism with sequence parallelism, the sequence-parallel
+  regions split each rank's cp share again over tp: split over "cp*tp",
+  with the head-tail chunks' order said in `block_order` (rank (c, t) of
+  n x T holds the t-th T-th of [chunk c, chunk 2n-1-c]);
 - the cp axis is no data axis: its ranks hold the same samples (torchtitan's
   mesh folds cp into FSDP2's `dp_shard_cp`, which data_axes.py would
   otherwise read as one).
@@ -103,8 +107,8 @@ class TitanContextParallel:
     def within_sequence_parallel(self, attrs, shape, local_length):
         """Whether a tap's sequence dimension (1) is split again over another
         axis (tensor parallelism's sequence-parallel regions: a DTensor's
-        Shard(1) on tp) inside this rank's cp share: no layout describes
-        that, so such a tap is left out and named."""
+        Shard(1) on tp) inside this rank's cp share: sequence_parallel_attrs
+        lays it out."""
         spec = (attrs.get("spec") or "").split(",")
         if local_length is None or len(shape) < 2 or len(spec) != len(shape) or spec[1] in ("", "-"):
             return False
@@ -115,6 +119,28 @@ class TitanContextParallel:
         for a in axes:
             blocks *= self.axis_sizes.get(a, 1)
         return shape[1] * blocks == local_length  # a share of this rank's tokens, not another dimension split
+
+    def sequence_parallel_attrs(self, attrs):
+        """`attrs` of a tap within_sequence_parallel: its sequence dimension
+        split over cp, then over the tensor-parallel axes, in the order the
+        tokens lie (`block_order`, docs/FORMAT.md, where head-tail balanced);
+        None where no such order exists (an odd tp degree splits a chunk pair
+        across its head and tail)."""
+        spec = attrs["spec"].split(",")
+        tp_axes = spec[1].split("*")
+        t_size = 1
+        for a in tp_axes:
+            t_size *= self.axis_sizes[a]
+        spec[1] = "*".join([self.axis] + tp_axes)
+        out = {**attrs, "spec": ",".join(spec)}
+        if self.streams is None:  # contiguous shares: rank (c, t) holds block c * T + t, in order
+            return out
+        if t_size % 2:
+            return None
+        half, n = t_size // 2, self.degree
+        order = [c * half + t if t < half else (2 * n - 1 - c) * half + t - half
+                 for c in range(n) for t in range(t_size)]
+        return {**out, "block_order": "1:" + ",".join(map(str, order))}
 
     def learn(self, args, kwargs, local_length):
         """From the model's call: which of the sequence's tokens this rank holds (`positions`)."""
