@@ -3,14 +3,15 @@
 mode within 1.15x of the step without it), on 2 gloo ranks (pp=2, 1F1B, 4
 microbatches), an 8-block MLP stack of width --width, --rows rows per step.
 
-Paired: each round times one step without a capture, one under
+Paired: each round times --steps steps without a capture, as many under
 dct.capture(schedule, sketch=True), one under a whole capture and one under a
 capture that taps nothing (its fixed cost: hooks, files, the schedule's
 wrappers) and one that sketches the forward's module outputs alone (no
 gradients, no parameters), in an order that rotates; the median of --rounds ratios per mode
-is printed (rank 0).
+is printed (rank 0). One step a round (the default) leaves each ratio to one
+~0.8 s step's noise (a capture of nothing has read 0.91x): --steps 3 averages it.
 
-    PYTHONPATH=python .venv/bin/python scripts/studies/pp_capture_cost.py [--rounds 7]
+    PYTHONPATH=python .venv/bin/python scripts/studies/pp_capture_cost.py [--rounds 7] [--steps 3]
 """
 import argparse
 import copy
@@ -63,12 +64,13 @@ def rank_main(rank, world, init, args, out):
     def timed(mode, i):
         dist.barrier()
         t0 = time.perf_counter()
-        if mode == "plain":
-            step()
-        else:
+        for s in range(args.steps):  # each step its own capture and files, as a job that captures every step
+            if mode == "plain":
+                step()
+                continue
             only = {"include": ["-"], "exclude": ["param*"]} if mode == "fixed" else {}  # open, close, no taps
             train = {} if mode == "forward" else {"backward": True, "optimizer": opt}  # forward: module outputs only
-            with dct.capture(schedule, os.path.join(out, f"{mode}{i}"), mesh=f"pp={world}", derive_depths=False,
+            with dct.capture(schedule, os.path.join(out, f"{mode}{i}_{s}"), mesh=f"pp={world}", derive_depths=False,
                              sketch=mode in ("sketch", "fixed", "forward"), **train, **only):
                 step()
         dist.barrier()
@@ -84,7 +86,7 @@ def rank_main(rank, world, init, args, out):
         for m in ratios:
             ratios[m].append(t[m] / t["plain"])
         if rank == 0:
-            print(f"round {i}: plain {t['plain'] * 1e3:.1f} ms, sketch {t['sketch'] / t['plain']:.3f}x, "
+            print(f"round {i}: plain {t['plain'] * 1e3 / args.steps:.1f} ms a step, sketch {t['sketch'] / t['plain']:.3f}x, "
                   f"whole {t['whole'] / t['plain']:.3f}x, a capture of nothing {t['fixed'] / t['plain']:.3f}x, "
                   f"sketches of the forward's taps alone {t['forward'] / t['plain']:.3f}x",
                   flush=True)
@@ -103,6 +105,7 @@ def _run(m, x):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=1, help="steps a mode is timed over in a round (default 1)")
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--rows", type=int, default=1024)
     a = ap.parse_args()
