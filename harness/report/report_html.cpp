@@ -42,7 +42,12 @@ std::string heatmap(const ActivationSet& set, const CompareResult& res) {
   const int world = std::max(1, set.world_size);
   const std::size_t columns = std::min<std::size_t>(static_cast<std::size_t>(world), kMaxColumns);
   const int per = static_cast<int>((static_cast<std::size_t>(world) + columns - 1) / columns);
-  const int cw = columns <= 32 ? 22 : columns <= 64 ? 12 : 4, ch = 18, left = 230, top = 34;
+  // The tap names' column as wide as the longest name (11 px monospace: ~7 px a character), within bounds: a
+  // name cut on the left loses its layer (".0.attention.qkv_linear/0[head]"); a longer one shows whole on hover.
+  std::size_t longest = 0;
+  for (const auto& t : res.taps) longest = std::max(longest, t.name.size() + 2);
+  const int left = static_cast<int>(std::clamp<std::size_t>(12 + 7 * longest, 230, 560));
+  const int cw = columns <= 32 ? 22 : columns <= 64 ? 12 : 4, ch = 18, top = 34;
   const int width = left + static_cast<int>(columns) * cw + 10;
   const int height = top + static_cast<int>(res.taps.size()) * ch + 10;
   std::string s = fmt::format(
@@ -66,10 +71,11 @@ std::string heatmap(const ActivationSet& set, const CompareResult& res) {
     // the whole tensor (rel L2, column mean) shows it on its label.
     const auto& ref = t.reference;
     const bool whole_fails = ref.present && !ref.pass && ref.worst_ratio <= 1;
-    s += fmt::format("<text class=\"tap-label{}{}\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}{}{}</text>\n",
+    s += fmt::format("<text class=\"tap-label{}{}\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}{}"
+                     "<title>{}{}</title></text>\n",
                      first ? " first" : "", t.pass() ? "" : " fail", left - 6, y + ch - 5, first ? "&#9654; " : "",
-                     esc(t.name),
-                     whole_fails ? fmt::format("<title>fails on the whole tensor: err/tol {} (rel L2{})</title>",
+                     esc(t.name), esc(t.name),
+                     whole_fails ? fmt::format(": fails on the whole tensor: err/tol {} (rel L2{})",
                                                html::num(ref.margin()), ref.column_ratio ? ", column mean" : "")
                                  : "");
     for (std::size_t col = 0; col < columns; ++col) {
