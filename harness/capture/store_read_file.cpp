@@ -14,6 +14,7 @@
 #include "harness/capture/store.h"
 #include "harness/capture/store_sketch.h"
 #include "harness/core/error.h"
+#include "harness/core/text.h"
 
 namespace dc::read {
 
@@ -201,18 +202,13 @@ void read_tap_attrs(hid_t ds, const std::string& where, const Mesh& mesh, TapDat
     input_error("{}: attribute 'complex' marks a complex tensor's real view, whose last dimension is 2 "
                 "(real, imaginary); this one's shape ends in {}", where,
                 t.local_shape.empty() ? std::string("nothing (a scalar)") : std::to_string(t.local_shape.back()));
-  if (auto r = h5::read_string_attr(ds, "reduced", where); r && !r->empty()) {
-    std::size_t at = 0;
-    while (at <= r->size()) {  // axes joined by '*', as `partial`'s
-      const std::size_t end = std::min(r->find('*', at), r->size());
-      const std::string axis = r->substr(at, end - at);
+  if (auto r = h5::read_string_attr(ds, "reduced", where))
+    for (const auto& axis : split(*r, '*')) {  // axes joined by '*', as `partial`'s
       if (mesh.axis_index(axis) < 0)
         input_error("{}: attribute 'reduced' is '{}'; '{}' is not an axis of the mesh {}", where, *r, axis,
                     mesh.str());
       t.reduced.push_back(axis);
-      at = end + 1;
     }
-  }
   t.tolerance_factor = h5::read_float_attr(ds, "tolerance_factor", where);
   if (t.tolerance_factor && !(std::isfinite(*t.tolerance_factor) && *t.tolerance_factor >= 1))
     input_error("{}: attribute 'tolerance_factor' is {}; it must be finite and >= 1", where, *t.tolerance_factor);

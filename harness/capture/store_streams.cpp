@@ -12,27 +12,16 @@
 // head's r-th and the tail's (n-1-r)-th.
 #include <fmt/format.h>
 
-#include <numeric>
 #include <tuple>
 
 #include "harness/capture/h5_data.h"
 #include "harness/capture/h5util.h"
 #include "harness/capture/store_read_file.h"
 #include "harness/core/error.h"
+#include "harness/core/text.h"
 
 namespace dc::read {
 namespace {
-
-std::vector<std::string> split_on(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  while (at <= s.size()) {
-    const std::size_t end = std::min(s.find(sep, at), s.size());
-    out.push_back(s.substr(at, end - at));
-    at = end + 1;
-  }
-  return out;
-}
 
 // The dimension the streams lie along, and over how many blocks: the one
 // split dimension whose piece length is the sum of the streams' shares.
@@ -42,8 +31,8 @@ std::pair<std::size_t, std::size_t> split_dimension(const TapData& t, const Mesh
   for (std::size_t d = 0; d < t.layout.spec.size() && d < t.local_shape.size(); ++d) {
     if (t.layout.spec[d].empty()) continue;
     split = true;
-    std::size_t blocks = 1, shares = 0;
-    for (const auto& axis : t.layout.spec[d]) blocks *= static_cast<std::size_t>(mesh.axis_size(axis));
+    const std::size_t blocks = t.layout.blocks(mesh, d);
+    std::size_t shares = 0;
     bool even = true;
     for (const auto& st : t.streams) {
       even = even && st.length > 0 && st.length % blocks == 0;
@@ -74,8 +63,8 @@ void read_streams_attr(hid_t ds, const std::string& where, const Mesh& mesh, Tap
   const std::string& s = *text;
   const std::string form = "'name:length,name:length,...', the global lengths in the order the tensor holds them "
                            "(a stream whose blocks go to the ranks in reverse order: 'name:length:reversed')";
-  for (const auto& part : split_on(s, ',')) {
-    const auto fields = split_on(part, ':');
+  for (const auto& part : split(s, ',')) {
+    const auto fields = split(part, ':');
     if (fields.size() < 2 || fields.size() > 3 || fields[0].empty() || fields[1].empty() ||
         (fields.size() == 3 && fields[2] != "reversed"))
       input_error("{}: attribute 'streams' is '{}'; expected {}", where, s, form);

@@ -49,8 +49,10 @@ bool tolerance_needs_rms(const ToleranceInputs& in) {
 }
 
 Tolerance derive_tolerance(const ToleranceInputs& in) {
+  const int reduced_pieces = std::max(1, in.reduced_pieces);  // `reduced`: said in the report, either way
   if (measured_applies(in)) {
     Tolerance t;
+    t.reduced_pieces = reduced_pieces;
     // A partial sum's element is g pieces, each rounded on its own rank where
     // the one device rounded the whole once: independent roundings of
     // like-sized values, whose worst element grows as sqrt(g). (Its norm and
@@ -59,7 +61,7 @@ Tolerance derive_tolerance(const ToleranceInputs& in) {
     // A sum made in the tap's dtype before the capture (`reduced`): every
     // element, and so its norm and column means too, carries the pieces' own
     // roundings and the sum's beside the one the one-device run made.
-    const double reduced = std::sqrt(static_cast<double>(std::max(1, in.reduced_pieces)));
+    const double reduced = std::sqrt(static_cast<double>(reduced_pieces));
     t.rtol = in.measured->rtol * std::sqrt(static_cast<double>(std::max(1, in.partial_pieces))) * reduced;
     t.atol = t.rtol * in.reference_rms;
     auto widened = [&](std::optional<double> v) { return v ? std::optional<double>(*v * reduced) : v; };
@@ -75,18 +77,17 @@ Tolerance derive_tolerance(const ToleranceInputs& in) {
     }
     t.source = in.measured_source;
     t.measured = in.measured;
-    t.reduced_pieces = std::max(1, in.reduced_pieces);
     return t;
   }
   const double depth = std::max(1.0, static_cast<double>(in.reduction_depth.value_or(1)));
   const double steps = std::max(1.0, static_cast<double>(in.rounding_steps.value_or(1))) +
-                       static_cast<double>(std::max(1, in.reduced_pieces) - 1);
+                       static_cast<double>(reduced_pieces - 1);
   auto rule = [&](double u) {
     return in.factor * kToleranceScale * (u * std::sqrt(steps) + accumulator_roundoff(in.dtype) * std::sqrt(depth));
   };
   const double u = std::max(unit_roundoff(in.dtype), in.math_roundoff);
   Tolerance t;
-  t.reduced_pieces = std::max(1, in.reduced_pieces);
+  t.reduced_pieces = reduced_pieces;
   t.rtol = rule(u);
   if (in.cli_rtol) t.rtol = *in.cli_rtol;
   if (in.tap_rtol) t.rtol = *in.tap_rtol;

@@ -5,27 +5,12 @@
 
 #include <algorithm>
 #include <set>
-#include <sstream>
 
 #include "harness/core/error.h"
+#include "harness/core/text.h"
 
 namespace dc {
 namespace {
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string part;
-  std::stringstream ss(s);
-  while (std::getline(ss, part, sep)) out.push_back(part);
-  if (!s.empty() && s.back() == sep) out.push_back("");
-  return out;
-}
-
-std::string trim(const std::string& s) {
-  auto b = s.find_first_not_of(" \t");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
-}
 
 std::vector<std::string> parse_axes(const std::string& entry, const std::string& what) {
   std::vector<std::string> axes;
@@ -140,10 +125,16 @@ std::vector<std::string> Layout::replica_axes(const Mesh& mesh) const {
   return out;
 }
 
+std::size_t Layout::blocks(const Mesh& mesh, std::size_t d) const {
+  std::size_t n = 1;
+  if (d < spec.size())
+    for (const auto& a : spec[d]) n *= static_cast<std::size_t>(mesh.axis_size(a));
+  return n;
+}
+
 Shape Layout::global_shape(const Mesh& mesh, const Shape& local) const {
   Shape g = local;
-  for (std::size_t d = 0; d < spec.size() && d < g.size(); ++d)
-    for (const auto& a : spec[d]) g[d] *= static_cast<std::size_t>(mesh.axis_size(a));
+  for (std::size_t d = 0; d < spec.size() && d < g.size(); ++d) g[d] *= blocks(mesh, d);
   return g;
 }
 
@@ -151,11 +142,7 @@ std::vector<std::size_t> Layout::block_of(const Mesh& mesh, int rank, std::size_
   std::vector<std::size_t> b(ndim, 0);
   for (std::size_t d = 0; d < spec.size() && d < ndim; ++d) {
     b[d] = static_cast<std::size_t>(mesh.index_in(rank, spec[d]));
-    if (static_cast<int>(d) == reversed_dim) {
-      std::size_t blocks = 1;
-      for (const auto& a : spec[d]) blocks *= static_cast<std::size_t>(mesh.axis_size(a));
-      b[d] = blocks - 1 - b[d];
-    }
+    if (static_cast<int>(d) == reversed_dim) b[d] = blocks(mesh, d) - 1 - b[d];
     if (static_cast<int>(d) == ordered_dim) b[d] = block_order.at(b[d]);
   }
   return b;
@@ -174,8 +161,7 @@ void Layout::parse_block_order(const std::string& text, const Mesh& mesh, std::s
   if (colon == std::string::npos || used != colon || dim < 0 || static_cast<std::size_t>(dim) >= ndim ||
       static_cast<std::size_t>(dim) >= spec.size() || spec[static_cast<std::size_t>(dim)].empty())
     input_error("block_order '{}': expected {} naming a dimension the spec '{}' splits", text, form, spec_str());
-  std::size_t blocks = 1;
-  for (const auto& a : spec[static_cast<std::size_t>(dim)]) blocks *= static_cast<std::size_t>(mesh.axis_size(a));
+  const std::size_t count = blocks(mesh, static_cast<std::size_t>(dim));
   std::vector<std::size_t> order;
   for (const auto& entry : split(text.substr(colon + 1), ',')) {
     const std::string e = trim(entry);
@@ -183,10 +169,10 @@ void Layout::parse_block_order(const std::string& text, const Mesh& mesh, std::s
       input_error("block_order '{}': '{}' is not a block index; expected {}", text, e, form);
     order.push_back(std::stoul(e));
   }
-  std::vector<bool> seen(blocks, false);
+  std::vector<bool> seen(count, false);
   for (std::size_t b : order) {
-    if (b >= blocks || seen[b] || order.size() != blocks)
-      input_error("block_order '{}': not a permutation of the {} blocks of dimension {} (spec '{}')", text, blocks,
+    if (b >= count || seen[b] || order.size() != count)
+      input_error("block_order '{}': not a permutation of the {} blocks of dimension {} (spec '{}')", text, count,
                   dim, spec_str());
     seen[b] = true;
   }

@@ -61,6 +61,8 @@ struct Layout {
   std::vector<std::string> sharded_axes() const;
 
   Shape global_shape(const Mesh& mesh, const Shape& local) const;
+  // How many blocks dimension d is split into (the product of its spec axes' sizes; 1 if unsplit).
+  std::size_t blocks(const Mesh& mesh, std::size_t d) const;
   // Block index of rank along each dimension (0 for unsplit dimensions).
   std::vector<std::size_t> block_of(const Mesh& mesh, int rank, std::size_t ndim) const;
   // Lowest rank holding the same piece as `rank` (its replica-group leader).
