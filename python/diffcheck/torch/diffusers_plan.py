@@ -36,8 +36,9 @@ are the context-parallel mesh's.
 """
 import itertools
 
-from diffcheck.dump.layouts import is_dtensor, rank_coords, spec_at
+from diffcheck.dump.layouts import is_dtensor, spec_at
 from diffcheck.torch.data_axes import is_parameter_tap
+from diffcheck.torch.mesh_aliases import axes_along
 
 
 def _is_text(key):
@@ -48,24 +49,6 @@ def _is_text(key):
 def _hooks(module, kind):
     registry = getattr(module, "_diffusers_hook", None)
     return [h for h in getattr(registry, "hooks", {}).values() if type(h).__name__ == kind]
-
-
-def _axes_of(ranks, axis_sizes, rank):
-    """The mesh axes (joined, in mesh order) whose ranks through `rank` are `ranks`; None where none are."""
-    coords = rank_coords(rank, axis_sizes)
-    names = [a for a, n in axis_sizes.items() if n > 1]
-    for k in range(1, len(names) + 1):
-        for chosen in itertools.combinations(names, k):
-            line = set()
-            for values in itertools.product(*(range(axis_sizes[a]) for a in chosen)):
-                c = {**coords, **dict(zip(chosen, values))}
-                r = 0
-                for a, n in axis_sizes.items():
-                    r = r * n + c[a]
-                line.add(r)
-            if line == set(ranks):
-                return "*".join(chosen)
-    return None
 
 
 class DiffusersContextParallel:
@@ -90,7 +73,7 @@ class DiffusersContextParallel:
             return
         ranks = mesh.mesh.flatten().tolist()
         self.degree = len(ranks)
-        self.axis = _axes_of(ranks, axis_sizes, rank)
+        self.axis = axes_along(ranks, axis_sizes, rank, ordered=False)
         if self.axis is None:
             raise ValueError(f"rank {rank}: diffusers' context parallelism runs over ranks {sorted(ranks)}, which no "
                              f"axis of the mesh {','.join(f'{a}={n}' for a, n in axis_sizes.items())} spans through "

@@ -26,16 +26,19 @@ def _rank_of(coords, axis_sizes):
     return r
 
 
-def axes_along(ranks, axis_sizes, rank):
+def axes_along(ranks, axis_sizes, rank, ordered=True):
     """The capture's axes, joined major first ("dp*cp"), whose ranks through
-    `rank` are `ranks` in that order; None where no such axes are."""
+    `rank` are `ranks` in that order; ordered=False: the same set of ranks,
+    the axes in mesh order. None where no such axes are."""
     coords = rank_coords(rank, axis_sizes)
     names = [a for a, n in axis_sizes.items() if n > 1]
+    want = list(ranks) if ordered else sorted(ranks)
+    choose = itertools.permutations if ordered else itertools.combinations  # the first chosen is the major one
     for k in range(1, len(names) + 1):
-        for chosen in itertools.permutations(names, k):  # the first is the major one
+        for chosen in choose(names, k):
             line = [_rank_of({**coords, **dict(zip(chosen, values))}, axis_sizes)
                     for values in itertools.product(*(range(axis_sizes[a]) for a in chosen))]
-            if line == list(ranks):
+            if (line if ordered else sorted(line)) == want:
                 return "*".join(chosen)
     return None
 
@@ -50,13 +53,7 @@ def group_axis(group, axis_sizes, rank, where):
     ranks = sorted(dist.get_process_group_ranks(group)) if group is not None else list(range(world))
     coords = rank_coords(rank, axis_sizes)
     for axis, size in axis_sizes.items():
-        line = []
-        for v in range(size):
-            r = 0
-            for a, n in axis_sizes.items():
-                r = r * n + (v if a == axis else coords[a])
-            line.append(r)
-        if line == ranks:
+        if [_rank_of({**coords, axis: v}, axis_sizes) for v in range(size)] == ranks:
             return axis
     raise ValueError(f"{where}: its process group holds ranks {ranks}, which no axis of the mesh "
                      f"{','.join(f'{a}={n}' for a, n in axis_sizes.items())} spans through rank {rank}: "
