@@ -38,6 +38,22 @@ class SequenceParallelRegions(unittest.TestCase):
         self.assertEqual(r.sequence_parallel_attrs({"spec": "-,tp,-"}), {"spec": "-,cp*tp,-"})
 
 
+class InnerAttention(unittest.TestCase):
+    def test_an_inner_attention_returning_heads_first_is_split_at_its_tokens(self):
+        """torchtitan 0.3.0's inner attention returns [batch, tokens, heads, dim] (the sequence rule's
+        dimension 1); one that returns [batch, heads, tokens, dim] is split at dimension 2 instead."""
+        from diffcheck.torch.library_plans import LibraryLayouts
+        inner = torch.nn.Identity()
+        plans = LibraryLayouts(torch.nn.Linear(2, 2), {"cp": 2}, 0)
+        titan = reader(0)
+        titan.active, titan.inner, titan.said = True, {id(inner)}, "from torchtitan"
+        titan.streams = "head:8,tail:8:reversed"
+        plans.titan, plans.local_length = titan, 8
+        attrs, _ = plans.layout(inner, torch.zeros(2, 4, 8, 16), "")
+        self.assertEqual(attrs, {"spec": "-,-,cp,-", "streams": "head:8,tail:8:reversed"})
+        self.assertIsNone(plans.layout(inner, torch.zeros(2, 8, 4, 16), ""))  # tokens at 1: the sequence rule's
+
+
 class Positions(unittest.TestCase):
     def test_contiguous_shares_are_a_plain_split(self):
         for index in range(2):

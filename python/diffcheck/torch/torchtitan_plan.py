@@ -66,12 +66,7 @@ def _cp_group(module):
         import torch.distributed as dist
         return dist.distributed_c10d._resolve_process_group(cells["pg_name"])
     mesh = cells.get("mesh")  # SDPA: torch's dispatcher on this mesh
-    if mesh is not None and hasattr(mesh, "get_group"):
-        return mesh.get_group()
-    for value in closure_values(forward):
-        if hasattr(value, "get_group") and hasattr(value, "mesh"):
-            return value.get_group()
-    return None
+    return mesh.get_group() if hasattr(mesh, "get_group") else None
 
 
 def context_parallel_modules(model):
