@@ -7,6 +7,7 @@ import contextlib
 import os
 import tempfile
 import unittest
+from unittest import mock
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
@@ -70,6 +71,18 @@ class Signs(unittest.TestCase):
         bits = np.array([[(patterns[i // 4, t] >> (i % 4)) & 1 for t in range(tokens)] for i in range(k)])
         np.testing.assert_array_equal(bits, (r < 0).astype(int))
         self.assertTrue((patterns[1] >> 2 == 0).all())  # rows 6 and 7 do not exist
+
+    def test_patterns_are_kept_read_only_within_their_bound(self):
+        """Asked again, the same (read-only) patterns; the kept bytes never pass the bound, oldest dropped."""
+        first = host_sketch.sign_patterns(5, 8, 100, 64)
+        self.assertIs(host_sketch.sign_patterns(5, 8, 100, 64), first)
+        self.assertFalse(first.flags.writeable)
+        kept = host_sketch._Kept()
+        with mock.patch.object(host_sketch, "PATTERN_CACHE_BYTES", 3 * first.nbytes):
+            for start in range(5):
+                kept.put(("k", start), first.copy())
+        self.assertEqual(kept.bytes, 3 * first.nbytes)
+        self.assertEqual(list(kept.arrays), [("k", 2), ("k", 3), ("k", 4)])
 
 
 class Pieces(unittest.TestCase):

@@ -15,9 +15,11 @@ in float64 for every dtype (the program sums 16-bit taps in float32). The
 bits hash is XXH3 of the piece's bytes, 16 hex digits; only replicas of one
 run compare it. The XLA program stays for accelerators and where the kernel
 is not built; the suite checks the two agree (tests/test_jax_sketch.py)."""
+import collections
 import concurrent.futures
 import ctypes
 import os
+import threading
 
 import numpy as np
 
@@ -25,6 +27,7 @@ from diffcheck.jax import sketch as jax_sketch
 from diffcheck.kernels import library
 
 GROUP_ROWS = 4  # sign rows per pattern byte, as the kernel takes them
+PATTERN_CACHE_BYTES = 64 << 20  # the sign patterns kept between calls, at most
 _pool = {"executor": None}
 
 
@@ -47,10 +50,48 @@ def _fmix32(h):
     return h ^ (h >> np.uint32(16))
 
 
+class _Kept:
+    """The sign patterns made, newest last, up to PATTERN_CACHE_BYTES: a
+    capture asks for the same ones every call (seed, rows and each device's
+    tokens), and making them anew cost a sixth of the host sketches' time
+    (scripts/studies/jax_tap_outputs.py). Read-only arrays; the pool's
+    threads share them under a lock."""
+
+    def __init__(self):
+        self.arrays, self.bytes, self.lock = collections.OrderedDict(), 0, threading.Lock()
+
+    def get(self, key):
+        with self.lock:
+            found = self.arrays.get(key)
+            if found is not None:
+                self.arrays.move_to_end(key)
+            return found
+
+    def put(self, key, array):
+        array.flags.writeable = False
+        with self.lock:
+            if key not in self.arrays and array.nbytes <= PATTERN_CACHE_BYTES:
+                self.arrays[key] = array
+                self.bytes += array.nbytes
+                while self.bytes > PATTERN_CACHE_BYTES:
+                    self.bytes -= self.arrays.popitem(last=False)[1].nbytes
+        return array
+
+
+_kept = _Kept()
+
+
 def sign_patterns(seed, k, first, tokens):
     """The kernel's pattern bytes [ceil(k/4), tokens] for global tokens
-    first..first+tokens-1: bit b of group g set where row 4g+b's sign
-    (FORMAT.md) is -1, i.e. where its hash is odd."""
+    first..first+tokens-1 (read-only, kept between calls)."""
+    key = (seed, k, first, tokens)
+    found = _kept.get(key)
+    return found if found is not None else _kept.put(key, _made_patterns(seed, k, first, tokens))
+
+
+def _made_patterns(seed, k, first, tokens):
+    """Bit b of group g set where row 4g+b's sign (FORMAT.md) is -1, i.e.
+    where its hash is odd."""
     groups = (k + GROUP_ROWS - 1) // GROUP_ROWS
     t = (np.uint32(first & jax_sketch.MASK32) + np.arange(tokens, dtype=np.uint32)) * np.uint32(0xC2B2AE3D)
     rows = np.array([(seed * 0x9E3779B1 + i * 0x85EBCA77) & jax_sketch.MASK32 for i in range(k)], dtype=np.uint32)

@@ -25,6 +25,8 @@ _SIGNATURES = {
     "diffcheck_sketch_cpu": (_i32, [_ptr, _i32, _i64, _i64, _i64, _i64, _i64, _ptr, _i32, _ptr], True),
     "diffcheck_piece_bits": (None, [_ptr, _i32, _i64, _i64, _p_u64, _p_i64, _p_i64], True),
     "diffcheck_bytes_hash": (_u64, [_ptr, _i64], False),
+    "diffcheck_bytes_hash_portable": (_u64, [_ptr, _i64], False),
+    "diffcheck_bytes_hash_wide": (_i32, [], False),
     "diffcheck_watch_rows": (None, [_ptr, _ptr, _ptr, _i64, _ptr], False),
     "diffcheck_piece_check": (None, [_ptr, _i32, _i64, _i32, _p_u64, _p_i64, _p_i64], False),
 }
