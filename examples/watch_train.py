@@ -123,7 +123,7 @@ def work(rank, world, args):
     across = [dist.new_group(list(range(i, world, local))) for i in range(local)]
     if args.bug == "flaky_matmul" and rank == world - 1:
         flaky_forward(m[1], random.Random(5))
-    watch = dct.watch(m, opt, mesh=mesh, every=args.every, out=f"{args.out}/watch", rerun=rerun, rerun_every=5, timeout=args.timeout, on_mismatch=args.on_mismatch) if args.every else None  # noqa: E501  # diffcheck
+    watch = dct.watch(m, opt, mesh=mesh, every=args.every, out=f"{args.out}/watch", rerun=rerun, rerun_every=5, timeout=args.timeout, on_mismatch=args.on_mismatch, exchange_every=args.exchange_every) if args.every else None  # noqa: E501  # diffcheck
     found = False
     t0 = time.perf_counter()
     try:
@@ -180,6 +180,9 @@ if __name__ == "__main__":
                     help="stop: the first finding ends the job (exit 1); warn: it goes on, each finding reported "
                          "once until it changes (default stop)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds a check waits for every rank (default 300)")
+    ap.add_argument("--exchange-every", type=lambda v: v if v == "auto" else int(v), default=1,
+                    help="checks whose hashes travel together: N, or auto (the watch picks N so that the exchange "
+                         "costs at most 0.25%% of the steps; a finding then comes up to N-1 checks late). Default 1")
     a = ap.parse_args()
     if a.parallel != "dp" and a.bug in ("allreduce_skipped", "flaky_matmul"):
         ap.error(f"--bug {a.bug} is a fault of --parallel dp's own all-reduce and MLP")

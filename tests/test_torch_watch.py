@@ -6,6 +6,7 @@ parallelism and under FSDP2 x tensor parallelism at 4 gloo ranks, a skipped
 all-reduce, a flaky matmul found by the rerun check at 2; nightly: 1,000
 clean steps of dp, tp, fsdp_tp and hsdp in float32 and bfloat16)."""
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "python"))
 import diffcheck.torch as dct  # noqa: E402
 from diffcheck import watch  # noqa: E402
 from diffcheck.sketch import cpu_kernel as sketch_cpu  # noqa: E402
+from diffcheck.watch import batches  # noqa: E402
 from diffcheck.watch import hashing as watch_hash  # noqa: E402
 from diffcheck.dump.layouts import placement_attrs  # noqa: E402
 from diffcheck.watch import replica_groups  # noqa: E402
@@ -275,6 +277,18 @@ class Refusals(unittest.TestCase):
                                                 "{'spec': 'dp,-'}, not {'spec': None} as when the watch started")
 
 
+class ExchangeBatches(unittest.TestCase):
+    def test_the_hubs_batch_size(self):
+        self.assertEqual(batches.planned_size(0.0005, 0.015, 1000), 14)  # 0.5 ms a 15 ms step: within 0.25%
+        self.assertEqual(batches.planned_size(0.0005, 0.5, 1000), 1)
+        self.assertEqual(batches.planned_size(0.0005, 0.0001, 1000), batches.MAX_CHECKS)
+        self.assertEqual(batches.planned_size(0.01, 0.5, 1000), 4)  # at most 2 s of steps
+        self.assertEqual(batches.planned_size(0.01, 0.001, batches.MAX_KEPT_BYTES // 3), 3)
+        for bad in (0, -1, "4", 2.0, True):
+            with self.assertRaisesRegex(ValueError, r"exchange_every=.*'auto' or a number of checks"):
+                batches.parse(bad)
+
+
 class WatchedTraining(E2ETest):
     def run_example(self, *args, n=4, env=None):
         out = self.path("-".join(("w", str(n)) + args).replace("--", ""))
@@ -331,6 +345,33 @@ class WatchedTraining(E2ETest):
         self.assertIn("1 finding(s) reported: param/1.weight at steps 6-10", p.stdout)  # 10: the check after
         self.assertEqual(sorted(f for f in os.listdir(out) if f.startswith("watch.")),
                          ["watch.step6.rank0.h5", "watch.step6.rank1.h5"])
+
+    def test_checks_exchanged_four_at_a_time_name_the_step_that_differs(self):
+        """exchange_every=4: the checks before steps 4-7 travel together, before step 7's; the flip made at
+        step 6 is named at step 6, its pieces are those of step 7 and the report says so."""
+        p, out = self.run_example("--bug", "bit_flip", "--exchange-every", "4", n=2)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
+        self.assertIn("replicas DIFFER before step 6's optimizer step (found at the exchange before step 7's "
+                      "optimizer step, 4 checks exchanged at once: the pieces below are as they are then): "
+                      "1 tensor(s)", p.stdout)
+        self.assertIn("    first differing element: local index [0,7], rank 0: ", p.stdout)
+        self.assertEqual(sorted(f for f in os.listdir(out) if f.startswith("watch.")),
+                         ["watch.step7.rank0.h5", "watch.step7.rank1.h5"])
+
+    def test_auto_exchange_finds_the_flip_at_its_step(self):
+        """exchange_every="auto" on steps of a few ms: the hub batches many checks (found later), the
+        step is still the flip's; a clean run of it passes (the nightly's)."""
+        p, _ = self.run_example("--bug", "bit_flip", "--exchange-every", "auto", n=2)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr[-3000:])
+        self.assertRegex(p.stdout, r"replicas DIFFER before step 6's optimizer step \(found at the exchange before "
+                                   r"step (\d+)'s optimizer step, (\d+) checks exchanged at once")
+        later, batch = map(int, re.search(r"before step (\d+)'s optimizer step, (\d+) checks", p.stdout).groups())
+        self.assertGreater(later, 6)
+        self.assertGreater(batch, 1)
+        if FULL:
+            p, _ = self.run_example("--exchange-every", "auto", n=2)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr[-3000:])
+            self.assertIn("21 checks of 6 parameters with replicas", p.stdout)
 
     @unittest.skipUnless(FULL, "nightly: a check every 4 steps")
     def test_every_fourth_step(self):

@@ -50,6 +50,7 @@ import torch.distributed as dist
 from diffcheck.dump import mesh_size, mesh_sizes
 from diffcheck.dump.layouts import (check_layout, dtensor_layout, is_dtensor, layout_attrs, placement_attrs,
                                      rank_coords, replica_axes)
+from diffcheck.watch.batches import Batches, first_apart
 from diffcheck.watch.exchange import Exchange, Unanswered
 from diffcheck.watch.hashing import ALGORITHMS, SUMS, CheckRows
 from diffcheck.watch.errors import RankUnresponsive, ReplicasDiffer, TransientFault, WatchError  # noqa: F401
@@ -81,7 +82,8 @@ def _grad(p):
 
 class Watch(WatchReports):
     def __init__(self, model, optimizer=None, *, mesh, every=1, layouts=None, out="dumps/watch",
-                 on_mismatch="stop", timeout=300.0, grads=True, group=None, rerun=None, rerun_every=10):
+                 on_mismatch="stop", timeout=300.0, grads=True, group=None, rerun=None, rerun_every=10,
+                 exchange_every=1):
         if not (dist.is_available() and dist.is_initialized()):
             raise ValueError("watch(): torch.distributed is not initialized: the watch compares ranks")
         if on_mismatch not in ("stop", "warn"):
@@ -92,6 +94,7 @@ class Watch(WatchReports):
         if mesh_size(mesh) != self.world:
             raise ValueError(f"rank {self.rank}: watch(mesh='{mesh}') has {mesh_size(mesh)} ranks, the job {self.world}")
         self.model, self.optimizer, self.mesh, self.every = model, optimizer, mesh, int(every)
+        self._batches = Batches(exchange_every)  # checks exchanged several at a time (watch/batches.py)
         self.axis_sizes = mesh_sizes(mesh)
         self.out, self.on_mismatch, self.timeout, self.grads, self.group = out, on_mismatch, timeout, grads, group
         self.layouts = [(p, layout_attrs(v, ())) for p, v in (layouts or {}).items()]
@@ -150,17 +153,22 @@ class Watch(WatchReports):
 
         def step(*args, **kwargs):
             if (self.steps + 1) % self.every == 0:
-                self.check(grads=self.grads)
+                self.check(grads=self.grads, batched=True)
             out = inner(*args, **kwargs)
             self.steps += 1
             return out
         opt.step = step
 
     def close(self, check=True):
-        """Unwraps the optimizer; check=True (collective): the parameters
-        after the last step are compared once more."""
+        """Unwraps the optimizer; check=True (collective): the checks not yet
+        exchanged are, and the parameters after the last step are compared
+        once more. check=False (an error on the way out) drops the checks not
+        exchanged: the other ranks may never come to an exchange."""
         if check and self.optimizer is not None and self.steps:
             self.check(grads=False, after=True)
+        elif check and self._batches.kept:
+            self._timed(self._exchange_kept, False)
+        self._batches.kept = []
         opt = self.optimizer
         if opt is not None and "step" in opt.__dict__:
             if self._step_was is None:
@@ -205,17 +213,22 @@ class Watch(WatchReports):
                 return dict(attrs)
         return {}
 
-    def check(self, grads=True, after=False):
+    def check(self, grads=True, after=False, batched=False):
         """One comparison across the replica groups of every parameter (and,
-        with grads, every gradient); collective."""
+        with grads, every gradient); collective. batched (the optimizer's
+        checks): the rows are kept and exchanged with the batch's last
+        (watch/batches.py); otherwise at once, with any kept before."""
+        self._timed(self._check, grads, after, batched)
+
+    def _timed(self, work, *args):
         start = time.perf_counter()
         try:
-            self._check(grads, after)
+            work(*args)
         finally:
             self.last_check_seconds = time.perf_counter() - start
             self.check_seconds += self.last_check_seconds
 
-    def _check(self, grads, after):
+    def _check(self, grads, after, batched):
         self.checks += 1
         tensors = []
         for name, p in self.params:
@@ -226,36 +239,50 @@ class Watch(WatchReports):
             tensors.append(self._local(name, p))
         if grads:
             tensors += [self._local(name, p.grad) for name, p in self.params]
-        names = self._names[:len(tensors)]
         mine, on_device = self._rows[grads].fill(tensors)
         if on_device:
             for (i, _), h in zip(on_device, torch.stack([h for _, h in on_device]).cpu().tolist()):
                 mine[i] = torch.tensor(h + [SUMS, 1], dtype=torch.int64)
         transient = self.rerun.take() if self.rerun is not None else []
         mine[-1, 0] = len(transient)  # the last row
-        when = f"before step {self.steps}'s optimizer step" if not after else "after the last optimizer step"
+        kept = self._batches.kept
+        if kept and kept[0][0].shape != mine.shape:  # (a check without gradients among those with): not one table
+            self._exchange_kept(False)
+        if self._batches.keep(mine, self.steps, transient) or not batched or after:
+            self._exchange_kept(after)
+
+    def _exchange_kept(self, after):
+        """The kept checks' rows to the hub, its word back, and the first
+        check with a finding reported (collective)."""
+        rows, steps, transient = self._batches.take()
+        n = rows.shape[1] - 1
+        names = self._names[:n]
+        when = (f"before step {steps[-1]}'s optimizer step" if not after else "after the last optimizer step") + \
+            (f" (with the checks before steps {', '.join(map(str, steps[:-1]))})" if len(steps) > 1 else "")
+        start = time.perf_counter()
         try:
-            table = self.exchange.collect(mine, self.checks, when)  # the hub's alone
-            news = table is not None and (bool(table[:, -1, 0].any()) or self._any_apart(table, len(names)))
-            everyone = self.exchange.announce(news, table, self.checks, when)
+            table = self.exchange.collect(rows, self.checks, when)  # the hub's alone
+            news = table is not None and (bool(table[:, :, -1, 0].any()) or bool(first_apart(table,
+                                                                                            self._leaders[:n]).any()))
+            size = self._batches.next_size(rows[0].numel() * 8) if table is not None else 1
+            everyone, self._batches.size = self.exchange.announce(news, table, self.checks, when, size)
         except Unanswered as e:
             raise RankUnresponsive(str(e)) from e
+        if table is not None:
+            self._batches.timed(time.perf_counter() - start)
         if everyone is None:  # every replica group agrees
             return
         found = []
-        for i, kind, name, value, g, rows in self._apart(everyone, names):
-            self._same_algorithm(kind, name, rows)
-            found.append(self._finding(kind, name, g, rows, value))
-        if any(e[-1][0] for e in everyone):
+        for c, step in enumerate(steps):  # the first check whose replicas differ
+            for i, kind, name, value, g, rows_of in self._apart(everyone[:, c], names):
+                self._same_algorithm(kind, name, rows_of)
+                found.append(self._finding(kind, name, g, rows_of, value, step))
+            if found:
+                break
+        if everyone[:, :, -1, 0].any():
             self._report_transient(transient)
         if found:
-            self._report(found, after)
-
-    def _any_apart(self, table, n):
-        """Whether some replica group's rows differ, in the hub's table [rank, row, 4] of n rows (and the last)."""
-        rows = table[:, :n]
-        theirs = rows[self._leaders[:n].T, np.arange(n)[None, :]]  # each rank's row i as its group's leader has it
-        return bool((rows != theirs).any())
+            self._report(found, after, len(steps))
 
     def _apart(self, everyone, names):
         """(index, kind, name, value, group, {rank: row}) of every replica group whose rows differ."""
@@ -298,7 +325,7 @@ class Watch(WatchReports):
                              f"({ways}), which cannot be compared: give every rank the same kind of device and the "
                              "same diffcheck installation")
 
-    def _finding(self, kind, name, group, rows, value):
+    def _finding(self, kind, name, group, rows, value, step):
         counts = {}
         for h in rows.values():
             counts[h] = counts.get(h, 0) + 1
@@ -310,7 +337,7 @@ class Watch(WatchReports):
         classes = {}  # the ranks of each hash, in the group's order
         for r in group:
             classes.setdefault(rows[r], []).append(r)
-        return {"step": self.steps, "kind": kind, "tensor": f"{kind}/{name}", "name": name, "group": group,
+        return {"step": step, "found_at": self.steps, "kind": kind, "tensor": f"{kind}/{name}", "name": name, "group": group,
                 "classes": list(classes.values()),
                 "value": value, "base": next(r for r in group if rows[r] == base),
                 "apart": apart, "odd_one_out": len(common) == 1 and len(group) >= 3,

@@ -55,7 +55,7 @@ class Exchange:
 
     def collect(self, mine, check, when):
         """The hub (rank 0 of the group): every rank's rows, an int64 array
-        [rank, row, 4]; the other ranks: None. `check` numbers this check, `when`
+        [rank, check, row, 4] (mine: [check, row, 4]); the other ranks: None. `check` numbers this check, `when`
         says which it is in an error."""
         if self.store is not None:
             self.store.set(f"{self.prefix}{self.rank}", str(check))
@@ -69,24 +69,27 @@ class Exchange:
                 w.wait()
             return table.numpy()
 
-    def announce(self, news, table, check, when):
-        """The hub's word to every rank: with news (a finding, collective work
-        ahead) the whole table follows, and every rank returns it; else None."""
-        flag = torch.tensor([1 if news else 0], dtype=torch.int64)
+    def announce(self, news, table, check, when, size=1):
+        """The hub's word to every rank: whether there is news (a finding,
+        collective work ahead; then the whole table follows) and `size`, the
+        checks the next exchange will bring (diffcheck/watch/batches.py).
+        Returns (the table on every rank, or None without news; the size)."""
+        flag = torch.tensor([1 if news else 0, size], dtype=torch.int64)
         with self._named(check, when):
             if self.rank == 0:
                 for w in [dist.isend(flag, dst=self.members[r], group=self.group) for r in range(1, self.world)]:
                     w.wait()
             else:
                 dist.recv(flag, src=self.members[0], group=self.group)
+            size = int(flag[1])
             if not int(flag[0]):
-                return None
-            shape = torch.tensor([len(table), len(table[0]), 4] if self.rank == 0 else [0, 0, 0], dtype=torch.int64)
+                return None, size
+            shape = torch.tensor(table.shape if self.rank == 0 else [0] * 4, dtype=torch.int64)
             dist.broadcast(shape, src=self.members[0], group=self.group)
             full = torch.as_tensor(table, dtype=torch.int64) if self.rank == 0 else torch.empty(*shape.tolist(),
                                                                                              dtype=torch.int64)
             dist.broadcast(full, src=self.members[0], group=self.group)
-            return full.tolist()
+            return full.numpy(), size
 
     def first_differences(self, pairs, pieces):
         """For each finding, (base rank, apart ranks) or None, and this rank's

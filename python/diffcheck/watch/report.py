@@ -18,7 +18,7 @@ from diffcheck.watch.errors import ReplicasDiffer, TransientFault
 
 
 class WatchReports:
-    def _report(self, found, after):
+    def _report(self, found, after, batch=1):
         if self.on_mismatch == "warn":
             found = self._changed(found)
             if not found:
@@ -41,10 +41,15 @@ class WatchReports:
         firsts = self.exchange.first_differences([(f["base"], f["apart"]) if f["everywhere"] else None
                                                   for f in found], pieces)
         dist.barrier(group=self.group)
-        when = "after the last" if after else f"before step {self.steps}'s"
+        step = found[0]["step"]  # (one check's findings: the first whose replicas differ)
+        when = "after the last" if after and step == self.steps else f"before step {step}'s"
+        later = "" if step == self.steps else (
+            " (found at the exchange " + ("after the last optimizer step" if after else
+                                         f"before step {self.steps}'s optimizer step")
+            + f", {batch} checks exchanged at once: the pieces below are as they are then)")
         tensors = len({f["tensor"] for f in found})
         groups = f" in {len(found)} replica groups" if len(found) > tensors else ""
-        lines = [f"diffcheck watch: replicas DIFFER {when} optimizer step: {tensors} tensor(s){groups}"]
+        lines = [f"diffcheck watch: replicas DIFFER {when} optimizer step{later}: {tensors} tensor(s){groups}"]
         for f, first in zip(found, firsts):
             lines.append(f"  {f['tensor']}: {self._who(f)}")
             for r, (index, base, theirs) in sorted(first.items()):
