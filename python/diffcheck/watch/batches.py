@@ -66,14 +66,15 @@ class Batches:
         if self._last_add is not None:
             self._interval = _smoothed(self._interval, now - self._last_add)
         self._last_add = now
-        self.kept.append((rows.clone(), step, transient))
+        self.kept.append((rows.numpy().copy(), step, transient))  # (numpy's copy: a tenth of torch's clone)
         return len(self.kept) >= self.size
 
     def take(self):
         """(rows [n, R+1, 4], the steps, every transient finding) of the kept checks, emptied."""
         import torch
         kept, self.kept = self.kept, []
-        return torch.stack([r for r, _, _ in kept]), [s for _, s, _ in kept], [t for _, _, ts in kept for t in ts]
+        return (torch.from_numpy(np.stack([r for r, _, _ in kept])), [s for _, s, _ in kept],
+                [t for _, _, ts in kept for t in ts])
 
     def timed(self, seconds):
         """The hub: an exchange took `seconds`."""
