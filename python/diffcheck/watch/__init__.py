@@ -27,6 +27,11 @@ inputs and random state; different bits are a transient fault of that rank's
 device, reported (with the step, the module and the first differing element)
 at the next check, as a TRANSIENT fault rather than a replica disagreement.
 
+`exchange_every=N` (or "auto": N picked by the hub from measured times)
+sends N checks' hashes together (diffcheck/watch/batches.py): each check is
+still made at its step and a finding names that step, found up to N-1
+checks later; the default, 1, exchanges every check at once.
+
 It never hangs: each exchange waits at most `timeout` seconds and then names
 the ranks that did not come (diffcheck/watch/exchange.py). It never lies: a
 model with nothing replicated is refused when the watch starts, and so is a
