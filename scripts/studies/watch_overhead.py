@@ -92,7 +92,13 @@ def rank_main(rank, world, init, args, out):
         if rank == 0:
             print(f"round {i}: {args.steps} steps {t[0]:.2f} s; " +
                   ", ".join(f"every={e}: {t[e] / t[0]:.4f}x" for e in ratios), flush=True)
-    # The check itself, timed where it runs: its share of a step at every=E is its time / (E x a step's).
+    check_costs(rank, model, opt, mesh, out, args, steps, ratios)
+    dist.destroy_process_group()
+
+
+def check_costs(rank, model, opt, mesh, out, args, steps, ratios):
+    """The check itself, timed where it runs (its share of a step at every=E is its time / (E x a step's)),
+    and the hashes alone; rank 0 prints them with the paired ratios."""
     w = dct.watch(model, opt, mesh=mesh, every=1, out=os.path.join(out, "w"), exchange_every=args.exchange_every)
     check_times = []
     inner = w.check
@@ -130,7 +136,6 @@ def rank_main(rank, world, init, args, out):
                                                      for e in (1, 2, 5, 10, 20, 50, 100)))
         print(f"hashing every parameter and gradient once: {hash_s * 1e3:.1f} ms "
               f"({sum(p.numel() for p in local) / 1e6:.2f} M parameters on a rank)")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
