@@ -208,6 +208,7 @@ def _refusals(rank, world, init, out):
     refused("layout", lambda: w.check(grads=True))
     refused("other parameters", lambda: watch.watch(nn.Linear(4, 4) if rank == 0 else nn.Linear(4, 4, bias=False),
                                                     mesh="dp=2"))
+    refused("other schedule", lambda: watch.watch(m, mesh="dp=2", exchange_every=4 if rank == 0 else "auto"))
     said["kept"] = _close_after_a_finding(rank, out)
     with open(f"{out}.rank{rank}", "w") as f:
         f.write(repr(said))
@@ -273,6 +274,10 @@ class Refusals(unittest.TestCase):
                                                           "than rank 0's (1 against 2): the ranks watched together "
                                                           "must hold the same model (give group= the ranks of one "
                                                           "pipeline stage)")
+            self.assertEqual(said[r]["other schedule"], f"rank {r}: watch(): rank 1 checks on another schedule "
+                                                        "than rank 0 ({'every': 1, 'exchange_every': 'auto'} against "
+                                                        "{'every': 1, 'exchange_every': 4}): every rank must give "
+                                                        "the same every= and exchange_every=")
             self.assertEqual(said[r]["layout"], f"rank {r}: watch(): parameter 'weight' is now laid out as "
                                                 "{'spec': 'dp,-'}, not {'spec': None} as when the watch started")
 

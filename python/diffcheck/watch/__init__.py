@@ -122,10 +122,17 @@ class Watch(WatchReports):
             raise ValueError(f"rank {self.rank}: watch(): no parameter of the model has replicas on mesh '{mesh}' "
                              "(every one is split or summed over every axis): there is nothing to compare")
         everyone = [None] * self.world
-        dist.all_gather_object(everyone, (socket.gethostname(), [name for name, _ in self.params]), group=group)
-        hosts = [host for host, _ in everyone]
+        schedule = {"every": self.every, "exchange_every": exchange_every}
+        dist.all_gather_object(everyone, (socket.gethostname(), [name for name, _ in self.params], schedule),
+                               group=group)
+        hosts = [host for host, _, _ in everyone]
         self.hosts = hosts
-        other = next((r for r, (_, names) in enumerate(everyone) if names != everyone[0][1]), None)
+        apart = next((r for r, (_, _, theirs) in enumerate(everyone) if theirs != everyone[0][2]), None)
+        if apart is not None:  # the ranks would meet at different checks: a wait until the timeout, then blame
+            raise ValueError(f"rank {self.rank}: watch(): rank {apart} checks on another schedule than rank 0 "
+                             f"({everyone[apart][2]} against {everyone[0][2]}): every rank must give the same "
+                             "every= and exchange_every=")
+        other = next((r for r, (_, names, _) in enumerate(everyone) if names != everyone[0][1]), None)
         if other is not None:  # a pipeline's stages, say: the rows of the hashes would not line up
             raise ValueError(f"rank {self.rank}: watch(): rank {other}'s model has other parameters than rank 0's "
                              f"({len(everyone[other][1])} against {len(everyone[0][1])}): the ranks watched together "
