@@ -109,11 +109,9 @@ class Watch(WatchReports):
         self.check_seconds, self.last_check_seconds = 0.0, 0.0
         self._check_layouts()
         self._layout = {name: self._layout_of(name, p) for name, p in self.params}
-        self._shapes = {name: p.shape for name, p in self.params}
         self._placements = {name: p.placements for name, p in self.params if is_dtensor(p)}  # as the watch started
-        # each parameter, its shape and (a DTensor's) placements as the watch started, for every check
-        self._plan = [(name, p, p.shape, self._placements.get(name)) for name, p in self.params]
-        self._seen = {}  # parameter -> the placements object its gradient last had, found to be the watch's
+        self._plan = [(name, p, p.shape) for name, p in self.params]  # each parameter and its shape as it started
+        self._seen = {}  # parameter -> the placements object last found to be the watch's layout (a gradient's)
         self._groups = {name: replica_groups(self.axis_sizes, self._layout[name], self.world) for name, _ in self.params}
         self.replicated = [name for name, _ in self.params if self._groups[name]]  # the parameters compared
         # {parameter: its replica groups}, as the watch compares them (and their gradients)
@@ -246,16 +244,14 @@ class Watch(WatchReports):
     def _check(self, grads, after, batched):
         self.checks += 1
         tensors = []
-        for name, p, shape, placements in self._plan:
+        for name, p, shape in self._plan:
             if p.shape != shape:
                 raise ValueError(f"rank {self.rank}: watch(): parameter '{name}' changed shape from "
                                  f"{tuple(shape)} to {tuple(p.shape)} since the watch started")
             # The parameter itself, not p.detach(): a DTensor's detach is a dispatched op (~30 us each)
-            tensors.append(p if placements is None else self._piece(name, p, placements))
+            tensors.append(self._local(name, p))
         if grads:
-            for name, p, _, placements in self._plan:
-                g = p.grad
-                tensors.append(g if g is None or placements is None else self._piece(name, g, placements))
+            tensors += [self._local(name, p.grad) for name, p, _ in self._plan]
         mine, on_device = self._rows[grads].fill(tensors)
         if on_device:
             for (i, _), h in zip(on_device, torch.stack([h for _, h in on_device]).cpu().tolist()):
@@ -309,29 +305,22 @@ class Watch(WatchReports):
                 if len(set(rows.values())) > 1:
                     yield i, kind, name, value, g, rows
 
-    def _piece(self, name, t, placements):
-        """_local's fast way for a DTensor parameter (or its gradient) still
-        laid out as when the watch started: a check reads some 30 tensors, and
-        at every=1 their Python was most of a small model's check."""
-        local = getattr(t, "_local_tensor", None)
-        if isinstance(local, torch.Tensor):
-            now = t.placements
-            if now is placements or now is self._seen.get(name):
-                return local
-            local = self._local(name, t)  # (refuses a layout other than the watch's)
-            self._seen[name] = now  # (a gradient's placements: one object, step after step, where torch caches it)
-            return local
-        return self._local(name, t)
-
     def _local(self, name, t):
         """This rank's piece of t (a DTensor's local tensor), refused if its
         layout is not the one the watch started with."""
-        if t is None or not is_dtensor(t):
-            return t
         local = getattr(t, "_local_tensor", None)  # to_local() is an autograd function: 10x the time
-        local = local if isinstance(local, torch.Tensor) else t.to_local()
-        if t.placements is self._placements.get(name) or t.placements == self._placements.get(name):
-            return local  # the parameter's own placements, as the watch started: its layout
+        if not isinstance(local, torch.Tensor):
+            if t is None or not is_dtensor(t):
+                return t
+            local = t.to_local()
+        now = t.placements
+        # The placements as the watch started, or the object a gradient had last time (torch caches it,
+        # so at every=1 the check of some 30 tensors stops here, without building a layout)
+        if now is self._placements.get(name) or now is self._seen.get(name):
+            return local
+        if now == self._placements.get(name):
+            self._seen[name] = now
+            return local
         try:
             key = (t.placements, id(t.device_mesh), t.dim())
             attrs = self._placed.get(key)
@@ -344,6 +333,7 @@ class Watch(WatchReports):
         if attrs != self._layout[name]:
             raise ValueError(f"rank {self.rank}: watch(): parameter '{name}' is now laid out as "
                              f"{attrs}, not {self._layout[name]} as when the watch started")
+        self._seen[name] = now
         return local
 
     def _same_algorithm(self, kind, name, rows):

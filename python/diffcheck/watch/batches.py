@@ -24,6 +24,7 @@ import math
 import time
 
 import numpy as np
+import torch
 
 BUDGET = 0.0025  # the exchange's share of the steps that "auto" aims at
 MAX_DELAY_S = 2.0  # the steps a finding may wait for its exchange, at most (in the hub's timing)
@@ -71,7 +72,6 @@ class Batches:
 
     def take(self):
         """(rows [n, R+1, 4], the steps, every transient finding) of the kept checks, emptied."""
-        import torch
         kept, self.kept = self.kept, []
         return (torch.from_numpy(np.stack([r for r, _, _ in kept])), [s for _, s, _ in kept],
                 [t for _, _, ts in kept for t in ts])
