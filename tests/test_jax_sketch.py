@@ -181,5 +181,52 @@ class Pieces(unittest.TestCase):
         self.assertNotEqual(hashes[0], hashes[4])
 
 
+    def test_a_call_of_other_shapes_has_its_own_token_count(self):
+        """sketch_tokens is the piece's own token count at each call: it was the first call's at every
+        later one, and compare then judged a clean call of other shapes FAIL (shape)."""
+        mesh = jax.make_mesh((2, 4), ("dp", "tp"))
+        calls = [jax.device_put(np.ones((t, 24), np.float32), NamedSharding(mesh, P("tp", None))) for t in (32, 16)]
+        for path, context in _paths():
+            with self.subTest(path=path), context, tempfile.TemporaryDirectory() as tmp:
+                with dcj.capture(jax.jit(lambda x: dcj.tap("y", x * 2)), os.path.join(tmp, "s"), mesh,
+                                 sketch=True) as run:
+                    for x in calls:
+                        run(x)
+                f = _read(os.path.join(tmp, "s.rank0.h5"))
+                self.assertEqual((f["y"][0]["sketch_tokens"], f["step1/y"][0]["sketch_tokens"]), (8, 4))
+
+    def test_later_calls_write_their_taps_into_the_last_calls_buffers(self):
+        """From the second call with the same argument shapes the host path donates the last call's tap
+        outputs (sketch_run.py): they are used up, the sketches are those of the values, and the function's
+        own results are left alone; a call of other shapes gets fresh outputs, and donates from the next."""
+        mesh = jax.make_mesh((2, 4), ("dp", "tp"))
+        x = jax.device_put(jax.random.normal(jax.random.key(2), (32, 24)), NamedSharding(mesh, P("tp", None)))
+        x2 = jax.device_put(np.asarray(x)[:16], NamedSharding(mesh, P("tp", None)))
+
+        def f(x, c):
+            return dcj.tap("y", x * c) + 1
+        with tempfile.TemporaryDirectory() as tmp:
+            with dcj.capture(jax.jit(f), os.path.join(tmp, "d"), mesh, sketch=True) as run:
+                if not run.sketches.on_host:
+                    self.skipTest("no CPU sketch kernel built (DIFFCHECK_SKETCH_KERNEL): no host path")
+                results, kept = [], []
+                for arg, c in ((x, 1.0), (x, 2.0), (x, 4.0), (x2, 8.0), (x2, 16.0)):
+                    results.append(run(arg, c))
+                    kept.append(next(iter(run.sketches._kept[1].values())))
+                used_up = [a.is_deleted() for a in kept]
+            self.assertIsNone(run.sketches._kept)  # freed with the capture
+            files = [_read(os.path.join(tmp, f"d.rank{r}.h5")) for r in range(mesh.size)]
+        # call 1 donated call 0's, 2 call 1's; call 3 (other shapes) nothing, so call 2's are left; 4 donated 3's
+        self.assertEqual(used_up, [True, True, False, True, False])
+        for arg, c, r in zip((x, x, x, x2, x2), (1, 2, 4, 8, 16), results):
+            np.testing.assert_array_equal(np.asarray(r), np.asarray(arg) * c + 1)
+        for f in files:
+            first, second = f["y"][1], f["step3/y"][1]
+            for name, scale in (("step1/y", 2), ("step2/y", 4)):  # powers of two: the sums scale exactly
+                np.testing.assert_array_equal(f[name][1], first * scale)
+            np.testing.assert_array_equal(f["step4/y"][1], second * 2)
+            self.assertEqual(f["step4/y"][0]["sketch_tokens"], 4)  # 16 tokens over tp=4 (it said 8, the first call's)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -198,8 +198,6 @@ class Capture:
                                          rounding_steps=max(steps, 1) if steps is not None else None)
 
     def _call_sketched(self, args, kwargs):
-        if self._calls == 0:
-            self.sketches.note_shapes(args, kwargs)
         result, taps = self.sketches.run(args, kwargs)
         self._derive_depths(self.mesh, args, kwargs, [name for name, *_ in taps])
         self._open(args)
@@ -293,6 +291,8 @@ class Capture:
 
     def __exit__(self, exc_type, exc, tb):
         writers, self._writers = self._writers or {}, None
+        if self.sketches is not None:
+            self.sketches.release()
         for w in writers.values():
             if exc_type is None and getattr(self, "_left_out", None):  # the report says what was not tapped
                 w.set_root_attrs(left_out=self._left_out)
