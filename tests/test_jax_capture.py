@@ -117,6 +117,20 @@ class Capture(unittest.TestCase):
         self.assertEqual((attrs["spec"], attrs["reduction_depth"]), ("dp", 16 + 32))
         self.assertGreaterEqual(attrs["rounding_steps"], 3)
 
+    def test_a_call_of_other_shapes_has_its_own_depths(self):
+        """A later call with a longer contraction: its depth is its own (it was the first call's, a
+        tolerance 512 times too tight), whole and in sketch mode."""
+        w = jax.device_put(np.ones((16 * 512, 32), np.float32), NamedSharding(self.mesh, P(None, "tp")))
+        x = jax.device_put(np.ones((8, 16 * 512), np.float32), NamedSharding(self.mesh, P("dp", None)))
+        for sketch in (False, True):
+            with self.subTest(sketch=sketch):
+                with dcj.capture(jax.jit(lambda x, w: dcj.tap("h", x @ w)), self.out(f"s{sketch}"), self.mesh,
+                                 sketch=sketch) as run:
+                    run(self.x, self.w)
+                    run(x, w)
+                taps = _read(self.out(f"s{sketch}") + ".rank5.h5")
+                self.assertEqual([taps[n][0]["reduction_depth"] for n in ("h", "step1/h")], [16, 16 * 512])
+
     def test_eager_function_and_pytree_taps(self):
         def f(x, w):
             dcj.tap("params", {"w": w, "b": [jnp.tanh(x)]})

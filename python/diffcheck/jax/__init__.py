@@ -41,7 +41,7 @@ from diffcheck.jax.reference_cache import fetch as reference_cache_fetch, key as
 from diffcheck.jax.reference_cache import store as reference_cache_store
 from diffcheck.jax.rounding import output_depths
 from diffcheck.jax import closed_over
-from diffcheck.jax.sketch_run import SketchRun
+from diffcheck.jax.sketch_run import SketchRun, call_signature
 from diffcheck.jax.taps import TapError  # noqa: F401
 from diffcheck.dump.keywords import check_root_keywords, root_attributes
 
@@ -125,6 +125,7 @@ class Capture:
         self.root_attrs = {"producer": f"diffcheck.jax {__version__} (jax {jax.__version__})",
                            "flags": xla_flags_attribute(), **extra, **root_attrs}
         self._writers, self._calls, self._step, self._depths = None, 0, "", {}
+        self._depths_of = None  # the arguments' signature the depths are of
         self._host = jax_host_taps.HostSink()  # taps inside shard_map bodies
         # Sketch mode: the sharded run's taps as sketches made in the program
         # (the references keep whole tensors, which the comparator sketches).
@@ -165,7 +166,12 @@ class Capture:
         return [(name, v) for _, _, name, v in sorted(merged, key=lambda r: r[:2])]
 
     def _derive_depths(self, mesh, args, kwargs, names):
-        if self.derive_depths and any(n not in self._depths for n in names):
+        if not self.derive_depths:
+            return
+        signature = call_signature(args, kwargs)
+        if signature != self._depths_of:  # a contraction's length is its argument's: other shapes, other depths
+            self._depths, self._depths_of = {}, signature
+        if any(n not in self._depths for n in names):
             with jax.set_mesh(mesh):
                 closed = jax.make_jaxpr(self._traced)(*args, **kwargs)
             depths = output_depths(closed, dict(mesh.shape))[-len(names):] if names else []

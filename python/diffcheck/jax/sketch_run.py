@@ -76,7 +76,7 @@ class SketchRun:
     def run(self, args, kwargs):
         """(result, [(name, kind, value, key)]) in tap order: kind "sketch" with
         [(device id, sketch, nan, inf, hash)] (or futures of them), or "whole" with the array."""
-        signature = _signature(args, kwargs)
+        signature = call_signature(args, kwargs)
         if signature != self._noted:  # each tap's global tokens and dtype, for these shapes
             self._note_shapes(args, kwargs)
             self._noted = signature
@@ -157,7 +157,7 @@ class SketchRun:
         self._dtypes = {k: str(v.dtype) for k, v in shapes.items()}
 
 
-def _signature(args, kwargs):
+def call_signature(args, kwargs):
     """What decides a call's taps' shapes, dtypes and shardings: the
     arguments' tree and each leaf's shape, dtype and sharding (or type)."""
     leaves, tree = jax.tree.flatten((args, kwargs))
