@@ -154,6 +154,22 @@ class CompiledCaptureTest(unittest.TestCase):
                 np.testing.assert_array_equal(got["model"][0], c(self.x).numpy())
         self.assertEqual(dynamo_utils.counters["stats"]["unique_graphs"], graphs, "no recompile")
 
+    def test_each_shape_keeps_its_own_rounding_counts(self):
+        """Forwards of 24, 96, then 24 tokens: the attention's counts are its tokens', and the third
+        forward's are the first's again (it kept the second's: the fake forward is run once per shape)."""
+        c = torch.compile(self.model, backend="eager")  # the counts come from the eager model's fake forward
+        long = torch.randn(2, 4 * TOKENS, D)
+        with torch.no_grad(), dct.capture(c, out=os.path.join(self.dir, "shapes")):
+            for t, x in enumerate((self.x, long, self.x)):
+                dct.step(t)
+                c(x)
+        with h5py.File(os.path.join(self.dir, "shapes.rank0.h5")) as f:
+            counts = [tuple(f["taps"][f"step{t}/blocks.0.attn"].attrs.get(a) for a in ("reduction_depth",
+                                                                                     "rounding_steps"))
+                      for t in range(3)]
+        self.assertNotEqual(counts[0], counts[1])
+        self.assertEqual(counts[2], counts[0])
+
     def test_another_instance_compiled_without_hooks_does_not_serve_the_captured_one(self):
         """Dynamo shares graphs between instances of one class: an uninstrumented copy run
         before and between the captures must not lend its hook-less graph to the captured model."""

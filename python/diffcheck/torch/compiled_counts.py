@@ -36,8 +36,9 @@ class CompiledCounts:
         # reference cycle that outlived every capture until the next GC pass.
         self._capture = weakref.ref(capture)
         self.counting = False  # the fake forward is running
-        self._by_name = {}  # tap name without the step prefix -> (depth, steps, own)
-        self._signatures = set()
+        self._by_name = {}  # tap name without the step prefix -> (depth, steps, own), of the forward's shapes
+        self._current = None  # the input signature _by_name is of
+        self._failed = set()  # signatures whose fake forward failed (warned once)
         self._pause = None
 
     def attach(self, wrapper, eager, derive, ran):
@@ -61,12 +62,15 @@ class CompiledCounts:
     def _count(self, eager, args, kwargs):
         leaves = torch.utils._pytree.tree_leaves((args, kwargs))
         signature = tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else repr(t) for t in leaves)
-        if signature in self._signatures:
+        if signature == self._current:
             return
-        self._signatures.add(signature)
+        # Each shape its own counts (a contraction over the tokens is as deep as they are many)
+        self._current, self._by_name = signature, {}
         known = _known.setdefault(eager, {})
         if signature in known:
-            self._by_name.update(known[signature])
+            self._by_name = dict(known[signature])
+            return
+        if signature in self._failed:
             return
         from torch._subclasses.fake_tensor import FakeTensorMode
         c = self.capture
@@ -79,8 +83,9 @@ class CompiledCounts:
                     lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, (args, kwargs))
                 eager(*fake_args, **fake_kwargs)
             known[signature] = self._noted
-            self._by_name.update(self._noted)
+            self._by_name = dict(self._noted)
         except Exception as e:  # noqa: BLE001 - any failure only loses the counts
+            self._failed.add(signature)
             warnings.warn(f"rank {c.rank}: diffcheck could not count the roundings of the compiled model on fake "
                           f"tensors ({type(e).__name__}: {e}); its taps are held as one rounding of their dtype. "
                           "Capture a one-device run beside the reference (one_device=True) for measured tolerances",
