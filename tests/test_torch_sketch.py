@@ -138,6 +138,8 @@ class SketchTest(unittest.TestCase):
                  ((30, 9), torch.float32, 13, None),         # an odd number of groups
                  ((4, 2, 33, 16), torch.float32, 32, None),
                  ((64, 1), torch.float64, 8, None),          # one column
+                 ((100, 130), torch.float32, 12, None),      # blocks of 32 tokens and strips of 64 columns, each
+                                                             # with a remainder (python/kernels/sketch_cpu.c)
                  ((2, 60, 24), torch.float32, 8, (17, 43)),  # a replica's share of the tokens
                  ("strided", torch.float32, 8, None)]        # leads and tokens not adjacent in memory
         for shape, dtype, k, share in cases:
