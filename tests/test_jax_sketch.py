@@ -204,7 +204,7 @@ class Pieces(unittest.TestCase):
         x2 = jax.device_put(np.asarray(x)[:16], NamedSharding(mesh, P("tp", None)))
 
         def f(x, c):
-            return dcj.tap("y", x * c) + 1
+            return dcj.tap("y", x * c) + 1, dcj.tap("z", x - c)  # (a result that is a tap: its own buffer)
         with tempfile.TemporaryDirectory() as tmp:
             with dcj.capture(jax.jit(f), os.path.join(tmp, "d"), mesh, sketch=True) as run:
                 if not run.sketches.on_host:
@@ -219,7 +219,8 @@ class Pieces(unittest.TestCase):
         # call 1 donated call 0's, 2 call 1's; call 3 (other shapes) nothing, so call 2's are left; 4 donated 3's
         self.assertEqual(used_up, [True, True, False, True, False])
         for arg, c, r in zip((x, x, x, x2, x2), (1, 2, 4, 8, 16), results):
-            np.testing.assert_array_equal(np.asarray(r), np.asarray(arg) * c + 1)
+            np.testing.assert_array_equal(np.asarray(r[0]), np.asarray(arg) * c + 1)
+            np.testing.assert_array_equal(np.asarray(r[1]), np.asarray(arg) - c)
         for f in files:
             first, second = f["y"][1], f["step3/y"][1]
             for name, scale in (("step1/y", 2), ("step2/y", 4)):  # powers of two: the sums scale exactly
