@@ -116,9 +116,11 @@ static inline double load_f16(uint16_t h) {
     memset(buckets, 0, sizeof(double) * (size_t)groups * PATTERNS * BUCKET_STRIDE);                     \
     for (int64_t r0 = 0; r0 < tokens; r0 += BLOCK_ROWS) {                                               \
       int64_t r1 = tokens - r0 < BLOCK_ROWS ? tokens : r0 + BLOCK_ROWS;                                 \
-      for (int64_t s0 = 0; s0 < n; s0 += STRIP)                                                         \
-        NAME##_strip(x + s0, r0, r1, tokens, token_stride, n - s0 < STRIP ? n - s0 : STRIP, patterns,   \
-                     groups, buckets + s0);                                                             \
+      int64_t s0 = 0;                                                                                   \
+      for (; s0 + STRIP <= n; s0 += STRIP) /* a whole strip: its loop unrolled, no remainder */         \
+        NAME##_strip(x + s0, r0, r1, tokens, token_stride, STRIP, patterns, groups, buckets + s0);     \
+      if (s0 < n)                                                                                       \
+        NAME##_strip(x + s0, r0, r1, tokens, token_stride, n - s0, patterns, groups, buckets + s0);    \
     }                                                                                                   \
   }
 
