@@ -212,6 +212,18 @@ class BackwardTest(InTempDir):
         with self.assertRaisesRegex(ValueError, r"loss_scale='mean'"):
             dct.capture(nn.Linear(4, 4), out=self.out("x"), mesh="dp=2", rank=0, world_size=2, loss_scale="mean")
 
+    def test_each_forward_has_its_own_local_batch(self):
+        # A loader's last batch is smaller: its forward's taps are split over dp too (the first forward's
+        # batch was taken for every forward, and the smaller one's taps read as replicas that differ).
+        net = nn.Sequential(nn.Linear(4, 6), nn.Tanh())
+        with torch.no_grad(), dct.capture(net, out=self.out("batches"), mesh="dp=2,tp=1", rank=0, world_size=2,
+                                          data_axes="dp", layouts={"0": "-,tp"}):
+            for i, rows in enumerate((4, 3)):
+                dct.step(i)
+                net(torch.randn(rows, 4))
+        t = taps(self.out("batches") + ".rank0.h5")
+        self.assertEqual([t[f"step{i}/{n}"][1].get("spec") for i in (0, 1) for n in ("0", "1")], ["dp,tp", "dp,-"] * 2)
+
     def test_hooks_gone_and_optimizer_restored_after_an_exception_in_backward(self):
         net = Net()
         opt = torch.optim.SGD(net.parameters(), lr=0.1)

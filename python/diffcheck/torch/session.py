@@ -134,8 +134,10 @@ class Capture(ModuleHooks, TapWriting):
         return None
 
     def _learn_local_batch(self, module, args, kwargs):
-        if self._local_batch is None:
-            self._local_batch = first_batch(args, kwargs)
+        # Each forward's own (a loader's last batch is smaller: its taps are this rank's samples too)
+        batch = first_batch(args, kwargs)
+        if batch is not None:
+            self._local_batch = batch
 
     def tap(self, name, tensor, spec=None, partial=None, **attrs):
         """A value that is not a module output (latents between steps): this
