@@ -220,6 +220,24 @@ class StandInCapture(E2ETest):
             orders = [f[f"taps/{n}"].attrs["order"] for n in ("0", "1", "grad/1", "grad/0")]
             self.assertEqual(orders, sorted(orders))  # forward, then backward from the stage's last module
 
+    def test_each_step_lays_its_own_microbatches(self):
+        """A smaller last batch (8 rows, then 4: microbatches of 2, then 1): each step's taps are laid
+        together from its own microbatches and split over dp (the first step's rows were kept)."""
+        import torch
+        sys.path.insert(0, os.path.join(HERE, "..", "python"))
+        import diffcheck.torch as dct
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()).double()
+        batches = [torch.randn(rows, 4, dtype=torch.float64) for rows in (8, 4)]
+        schedule, out = StandInSchedule(model, order=[0, 1, 2, 3]), self.path("pp")
+        with dct.capture(schedule, out, mesh="pp=2,dp=2", rank=2, world_size=4, data_axes="dp"):
+            for x in batches:
+                schedule.step(x)
+        with h5py.File(f"{out}.rank2.h5") as f:
+            for name, x in (("1", batches[0]), ("1@1", batches[1])):  # (the schedule's second step: @1)
+                self.assertEqual(f[f"taps/{name}"].attrs.get("spec"), "dp,-")
+                np.testing.assert_allclose(f[f"taps/{name}"][()], model(x).detach().numpy(), rtol=1e-12, atol=1e-15)
+
     def test_a_microbatch_that_did_not_run_is_an_error(self):
         import torch
         sys.path.insert(0, os.path.join(HERE, "..", "python"))

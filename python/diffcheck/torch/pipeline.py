@@ -189,6 +189,7 @@ class PipelineTaps:
     def _stepping(self, inner):
         def step(*args, **kwargs):
             self._steps += 1  # each step's taps after the last one's, phase by phase
+            self.rows = None  # each step's microbatches their own rows (a smaller last batch has fewer)
             try:
                 return inner(*args, **kwargs)
             finally:
