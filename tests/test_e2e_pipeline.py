@@ -238,6 +238,27 @@ class StandInCapture(E2ETest):
                 self.assertEqual(f[f"taps/{name}"].attrs.get("spec"), "dp,-")
                 np.testing.assert_allclose(f[f"taps/{name}"][()], model(x).detach().numpy(), rtol=1e-12, atol=1e-15)
 
+    def test_a_hand_pipelines_steps_lay_their_own_microbatches(self):
+        """The same with stage= and microbatches= on a hand-written loop (hand_pipeline.py), dct.step per step."""
+        import torch
+        sys.path.insert(0, os.path.join(HERE, "..", "python"))
+        import diffcheck.torch as dct
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()).double()
+        batches = [torch.randn(rows, 4, dtype=torch.float64) for rows in (8, 4)]
+        out = self.path("hand")
+        with torch.no_grad(), dct.capture(model, out, mesh="pp=2,dp=2", rank=0, world_size=4, stage="pp=0",
+                                          microbatches=2, data_axes="dp"):
+            for t, x in enumerate(batches):
+                dct.step(t)
+                for mb in x.chunk(2):
+                    model(mb)
+        with h5py.File(f"{out}.rank0.h5") as f:
+            for t, x in enumerate(batches):
+                tap = f[f"taps/step{t}/1"]
+                self.assertEqual((tap.attrs.get("spec"), tap.attrs.get("microbatches")), ("dp,-", 2))
+                np.testing.assert_allclose(tap[()], model(x).detach().numpy(), rtol=1e-12, atol=1e-15)
+
     def test_a_microbatch_that_did_not_run_is_an_error(self):
         import torch
         sys.path.insert(0, os.path.join(HERE, "..", "python"))

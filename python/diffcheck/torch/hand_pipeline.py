@@ -130,8 +130,9 @@ class HandPipeline:
         self.capture._write_values(joined, whole, {**attrs, **more, "order": order})
 
     def flush(self):
-        """At a step's end and at close: a tap that did not get all its microbatches is an error."""
-        held, self._held = self._held, {}
+        """At a step's end and at close: a tap that did not get all its microbatches is an error. The
+        next step learns its own microbatch rows (a smaller last batch has fewer)."""
+        held, self._held, self.rows = self._held, {}, None
         for joined, (_, _, pieces, m, _) in held.items():
             missing = [k for k in range(m) if k not in pieces]
             raise RuntimeError(
