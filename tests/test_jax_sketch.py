@@ -204,6 +204,7 @@ class Pieces(unittest.TestCase):
         x2 = jax.device_put(np.asarray(x)[:16], NamedSharding(mesh, P("tp", None)))
 
         def f(x, c):
+            dcj.tap("x", x)  # an argument as a tap: never donated
             return dcj.tap("y", x * c) + 1, dcj.tap("z", x - c)  # (a result that is a tap: its own buffer)
         with tempfile.TemporaryDirectory() as tmp:
             with dcj.capture(jax.jit(f), os.path.join(tmp, "d"), mesh, sketch=True) as run:
@@ -216,6 +217,7 @@ class Pieces(unittest.TestCase):
                 used_up = [a.is_deleted() for a in kept]
             self.assertIsNone(run.sketches._kept)  # freed with the capture
             files = [_read(os.path.join(tmp, f"d.rank{r}.h5")) for r in range(mesh.size)]
+        self.assertFalse(x.is_deleted() or x2.is_deleted())
         # call 1 donated call 0's, 2 call 1's; call 3 (other shapes) nothing, so call 2's are left; 4 donated 3's
         self.assertEqual(used_up, [True, True, False, True, False])
         for arg, c, r in zip((x, x, x, x2, x2), (1, 2, 4, 8, 16), results):

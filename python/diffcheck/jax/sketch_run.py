@@ -121,7 +121,9 @@ class SketchRun:
             del kept  # (freed before the call allocates its own)
             result, outputs = self._plain(*args, **kwargs)
             fits = _bytes_on_devices(outputs) <= KEEP_BYTES
-        if fits:
+        # never an argument handed back as a tap (were XLA to forward it): donated, the caller's array would go
+        arguments = {id(x) for x in jax.tree.leaves((args, kwargs))}
+        if fits and not any(id(x) in arguments for x in outputs.values()):
             self._kept = (signature, outputs)
         return result, outputs
 
