@@ -9,8 +9,8 @@ On the host path each call from the second on hands the previous call's tap
 outputs back to XLA as donated buffers (`_donating`): the taps are written
 into memory already mapped, where fresh outputs of some hundred MiB are
 new mappings whose every page faults on first write (at 4096 tokens in
-scripts/studies/jax_tap_outputs.py, 170k faults and a third of the call's
-time over the plain forward). The price: the taps' buffers stay allocated
+scripts/studies/jax_tap_outputs.py, 170k faults a call: most of the 1.14-1.19x
+the taps as outputs cost there, 1.03-1.05x with them donated). The price: the taps' buffers stay allocated
 between calls (up to KEEP_BYTES; above, fresh outputs as before), and the
 function is compiled a second time, for its donating form, at its second
 call with the same argument shapes."""
