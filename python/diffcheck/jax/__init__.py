@@ -165,10 +165,11 @@ class Capture:
                 merged.append((tap.index, k, f"{name}@{k}" if k else name, jax_host_taps.HostedBlocks(tap, pieces)))
         return [(name, v) for _, _, name, v in sorted(merged, key=lambda r: r[:2])]
 
-    def _derive_depths(self, mesh, args, kwargs, names):
+    def _derive_depths(self, mesh, args, kwargs, names, signature=None):
+        """Each tap's depths, derived once per signature of the arguments (`signature`: already made)."""
         if not self.derive_depths:
             return
-        signature = call_signature(args, kwargs)
+        signature = call_signature(args, kwargs)[0] if signature is None else signature
         if signature != self._depths_of:  # a contraction's length is its argument's: other shapes, other depths
             self._depths, self._depths_of = {}, signature
         if any(n not in self._depths for n in names):
@@ -205,7 +206,7 @@ class Capture:
 
     def _call_sketched(self, args, kwargs):
         result, taps = self.sketches.run(args, kwargs)
-        self._derive_depths(self.mesh, args, kwargs, [name for name, *_ in taps])
+        self._derive_depths(self.mesh, args, kwargs, [name for name, *_ in taps], self.sketches.signature)
         self._open(args)
         ranks = {d.id: r for r, d in enumerate(self.mesh.devices.flat)}
         rows = [(jax_taps.index_of(key), name, (kind, value, key)) for name, kind, value, key in taps]

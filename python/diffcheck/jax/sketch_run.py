@@ -46,6 +46,7 @@ class SketchRun:
         self._kept = None  # (the arguments' signature, the last call's tap outputs) to donate
         self._reading = []  # the last call's sketch jobs, which read its tap outputs
         self._noted = None  # the arguments' signature whose taps' tokens and dtypes are noted
+        self.signature = None  # the last call's
         self.on_host = host_sketch.available(capture.mesh)
 
     def _traced_into(self, spent, *args, **kwargs):
@@ -76,13 +77,14 @@ class SketchRun:
     def run(self, args, kwargs):
         """(result, [(name, kind, value, key)]) in tap order: kind "sketch" with
         [(device id, sketch, nan, inf, hash)] (or futures of them), or "whole" with the array."""
-        signature = call_signature(args, kwargs)
+        signature, leaves = call_signature(args, kwargs)
+        self.signature = signature  # (the capture's depths are kept per signature too)
         if signature != self._noted:  # each tap's global tokens and dtype, for these shapes
             self._note_shapes(args, kwargs)
             self._noted = signature
         with jax.set_mesh(self.capture.mesh):
             if self.on_host:
-                return self._run_on_host(args, kwargs, signature)
+                return self._run_on_host(args, kwargs, signature, leaves)
             try:
                 result, sketches, whole = self._jit(*args, **kwargs)
             except _NewTaps:
@@ -91,8 +93,8 @@ class SketchRun:
         taps = [(key, "sketch", _per_device(v, self._hashed[key])) for key, v in sketches.items()]
         return result, _in_order(taps + [(key, "whole", v) for key, v in whole.items()])
 
-    def _run_on_host(self, args, kwargs, signature):
-        result, outputs = self._outputs(args, kwargs, signature)
+    def _run_on_host(self, args, kwargs, signature, leaves):
+        result, outputs = self._outputs(args, kwargs, signature, leaves)
         taps, pending = [], []
         for key, x in outputs.items():
             if jax_sketch.sketchable(x.shape, x.dtype, self.k) and host_sketch.takes(x.dtype):
@@ -107,10 +109,11 @@ class SketchRun:
         self._reading = [job for _, jobs in pending for job in jobs]
         return result, _in_order(taps)
 
-    def _outputs(self, args, kwargs, signature):
+    def _outputs(self, args, kwargs, signature, leaves):
         """(result, {tap key: output}) of one call, its taps written into the
         last call's tap buffers where this call's arguments have the same
-        shapes, dtypes and shardings (`signature`; so its taps too)."""
+        shapes, dtypes and shardings (`signature`; so its taps too); `leaves`
+        the arguments' leaves."""
         kept, self._kept = self._kept, None
         concurrent.futures.wait(self._reading)  # (done by now, unless a write failed half-way)
         self._reading = []
@@ -122,7 +125,7 @@ class SketchRun:
             result, outputs = self._plain(*args, **kwargs)
             fits = _bytes_on_devices(outputs) <= KEEP_BYTES
         # never an argument handed back as a tap (were XLA to forward it): donated, the caller's array would go
-        arguments = {id(x) for x in jax.tree.leaves((args, kwargs))}
+        arguments = {id(x) for x in leaves}
         if fits and not any(id(x) in arguments for x in outputs.values()):
             self._kept = (signature, outputs)
         return result, outputs
@@ -160,11 +163,12 @@ class SketchRun:
 
 
 def call_signature(args, kwargs):
-    """What decides a call's taps' shapes, dtypes and shardings: the
-    arguments' tree and each leaf's shape, dtype and sharding (or type)."""
+    """(signature, leaves): what decides a call's taps' shapes, dtypes and
+    shardings, the arguments' tree and each leaf's shape, dtype and sharding
+    (or type); and the leaves themselves."""
     leaves, tree = jax.tree.flatten((args, kwargs))
-    return tree, tuple((x.shape, x.dtype, x.sharding) if isinstance(x, jax.Array) else
-                       (x.shape, x.dtype) if isinstance(x, np.ndarray) else type(x) for x in leaves)
+    return (tree, tuple((x.shape, x.dtype, x.sharding) if isinstance(x, jax.Array) else
+                       (x.shape, x.dtype) if isinstance(x, np.ndarray) else type(x) for x in leaves)), leaves
 
 
 def _bytes_on_devices(outputs):
