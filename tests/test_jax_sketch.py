@@ -230,6 +230,51 @@ class Pieces(unittest.TestCase):
             np.testing.assert_array_equal(f["step4/y"][1], second * 2)
             self.assertEqual(f["step4/y"][0]["sketch_tokens"], 4)  # 16 tokens over tp=4 (it said 8, the first call's)
 
+    def test_attention_taps_are_sketched_over_their_sequence(self):
+        """A tap [sequence, heads, head_dim] with fewer heads than the sketch has rows: sketched over the
+        sequence (sketch_dim -3), its heads and head_dim one width, both ways alike; it was written whole."""
+        mesh = jax.make_mesh((2, 4), ("dp", "tp"))
+        x = jax.device_put(jax.random.normal(jax.random.key(4), (32, 4, 6)), NamedSharding(mesh, P(None, "tp")))
+        for path, context in _paths():
+            with self.subTest(path=path), context, tempfile.TemporaryDirectory() as tmp:
+                _, files = _capture(lambda x: dcj.tap("attn", x * 2), (x,), mesh, tmp, "h", sketch=3, sketch_seed=5)
+                attrs, sketch = files[6]["attn"]  # dp 1, tp 2: head 2; dp replicas share the 32 tokens
+                self.assertEqual((attrs["sketch_dim"], attrs["sketch_tokens"], attrs["spec"], attrs["sketch_shared"]),
+                                 (-3, 32, "-,tp,-", "dp"))
+                self.assertEqual(sketch.shape, (4, 1, 6))
+                r = np.concatenate([np.asarray(signs(5, 3, jnp.uint32(16), 16)), np.ones((1, 16))])
+                piece = np.asarray(x, np.float64)[16:, 2:3] * 2
+                np.testing.assert_allclose(sketch, (r @ piece.reshape(16, 6)).reshape(4, 1, 6), rtol=1e-6)
+                self.assertNotIn("sketch_dim", files[6].get("y", ({},))[0])
+
+    def test_an_attention_tap_checks_clean_and_finds_a_head_gone_wrong(self):
+        """dcj.check in sketch mode of a [sequence, heads, head_dim] tap: the comparator sketches the whole
+        reference along the sequence too; clean PASS, one device's heads off by 1% FAIL at that tap."""
+        mesh = jax.make_mesh((8,), ("tp",))
+        x = jax.device_put(jax.random.normal(jax.random.key(5), (64, 8, 16)), NamedSharding(mesh, P(None, "tp")))
+
+        def block(x, bug=False):
+            def heads(q):  # each device its head; the fault: device 3's off by 1%
+                s = jax.nn.softmax(jnp.einsum("qhd,khd->hqk", q, q) / 4.0, axis=-1)
+                o = jnp.einsum("hqk,khd->qhd", s, q)
+                return o * (1 + 0.01 * (jax.lax.axis_index("tp") == 3)) if bug else o
+            o = jax.shard_map(heads, mesh=mesh, in_specs=P(None, "tp"), out_specs=P(None, "tp"))(x)
+            return dcj.tap("out", dcj.tap("attn", o).sum(-1))
+        for bug in (False, True):
+            with self.subTest(bug=bug), tempfile.TemporaryDirectory() as tmp:
+                out = os.path.join(tmp, "c")
+                if not bug:
+                    report = dcj.check(jax.jit(block), x, out=out, mesh=mesh, sketch=True)
+                    self.assertTrue(report["pass"], report)
+                    self.assertEqual(_read(out + ".rank3.h5")["attn"][0]["sketch_dim"], -3)
+                else:
+                    with self.assertRaises(dcj.Divergence) as caught:
+                        dcj.check(jax.jit(lambda x: block(x, bug=True)), x, out=out, mesh=mesh, sketch=True)
+                    report = caught.exception.report
+                    self.assertEqual(report["first_divergence"]["tap"], "attn")
+                attn = next(t for t in report["taps"] if t["name"] == "attn")
+                self.assertTrue(attn["reference"]["estimated"], attn)  # judged from the sketches
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -201,6 +201,44 @@ class SketchTest(unittest.TestCase):
                 self.assertTrue(tap["reference"]["estimated"])
                 self.assertLess(abs(tap["reference"]["rel_l2"] / exact - 1), 0.25)
 
+    def test_a_sketch_over_the_sequence_of_heads_compares_as_the_whole_tensor(self):
+        """sketch_dim -3 ([sequence, heads, head_dim], heads split over tp): the comparator places the
+        pieces' [k+1, heads, head_dim] sketches by head and reads the reference along the sequence, whole
+        or as its global sketch; a reference sketch over another dimension, or ranks that disagree, exit 2."""
+        rng = np.random.default_rng(4)
+        ref = rng.standard_normal((64, 4, 8))
+        noise = rng.standard_normal(ref.shape) * 1e-3
+        run = ref + noise
+        r = np.concatenate([sketch.signs(3, 8, 0, 64).numpy(), np.ones((1, 64))]).astype(np.float64)
+
+        def sketched(x):  # [64, h, 8] -> [9, h, 8]
+            return (r @ x.reshape(64, -1)).reshape(9, *x.shape[1:])
+        exact = np.linalg.norm(noise) / np.linalg.norm(ref)
+        for reference in ("whole", "sketch", "sketch over -2", "ranks apart"):
+            with self.subTest(reference):
+                prefix = self.path("heads-" + reference.replace(" ", "_"))
+                for rank in range(2):
+                    with RankDump(prefix, "tp=2", rank) as d:
+                        d.sketch("x", sketched(run[:, 2 * rank:2 * rank + 2]), tokens=64, seed=3, nan=0, inf=0,
+                                 bits_hash="-", dtype="float64", spec="-,tp,-",
+                                 dim=-2 if reference == "ranks apart" and rank else -3)
+                with ReferenceDump(prefix + ".ref.h5") as d:
+                    if reference == "whole" or reference == "ranks apart":
+                        d.reference("x", ref)
+                    else:
+                        d.reference_sketch("x", sketched(ref), tokens=64, seed=3,
+                                           dim=-3 if reference == "sketch" else -2)
+                p, report = compare(prefix, prefix + ".ref.h5", "--rtol", "1")
+                if reference in ("whole", "sketch"):
+                    self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+                    tap = report["taps"][0]
+                    self.assertTrue(tap["reference"]["estimated"])
+                    self.assertLess(abs(tap["reference"]["rel_l2"] / exact - 1), 0.25)
+                    self.assertNotIn("column_mean", tap["reference"])  # columns along the heads: not a whole tap's
+                else:
+                    self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                    self.assertIn("sketch_dim", p.stderr)
+
     def test_estimate_within_25_percent_on_99_percent(self):
         """Errors as rounding and bugs make them, on activations with a large per-feature offset:
         random, one token wrong, a shared per-feature bias, one proportional to the activations'
@@ -257,6 +295,8 @@ class SketchTest(unittest.TestCase):
             "nan_count": lambda r, a: a.__setitem__("nan", -5),
             "bits_hash": lambda r, a: a.__setitem__("bits_hash", ""),
             "differ from rank 0": lambda r, a: a.__setitem__("seed", 4) if r == 1 else None,
+            "'sketch_dim' is -1": lambda r, a: a.__setitem__("dim", -1),
+            "'sketch_dim' is -4": lambda r, a: a.__setitem__("dim", -4),  # the tap has 3 dimensions
         }
         for expect, tamper in cases.items():
             with self.subTest(expect):
@@ -302,6 +342,40 @@ class SketchTest(unittest.TestCase):
             self.assertNotIn("sketch", f["taps/small"].attrs)
             self.assertEqual(f["taps/0"].attrs["bits_hash"], "-")  # one rank: no replica compares it
         self.assertEqual(sorted(order, key=order.get), ["0", "1", "model", "small"])
+
+    def test_an_attention_shaped_tap_is_sketched_over_its_sequence(self):
+        """[batch, sequence, heads, head_dim] with fewer heads than the sketch has rows: the run and the
+        reference sketch it over the sequence (sketch_dim -3; it was written whole); compare passes
+        clean, and a bias on one head fails."""
+        torch.manual_seed(0)
+
+        class Heads(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(32, 32)
+
+            def forward(self, x):
+                return self.lin(x).view(*x.shape[:-1], 4, 8)
+        m, x = Heads(), torch.randn(2, 48, 32)
+        ref = self.path("heads_ref")
+        with torch.no_grad():
+            with dct.capture(m.double(), out=ref, reference=True, sketch=4):
+                m(x.double())
+            m.float()
+            for name, bug in (("heads_clean", 0.0), ("heads_bug", 1e-2)):
+                with self.subTest(name), dct.capture(m, out=self.path(name), sketch=4):
+                    m.lin.bias[:8] += bug  # head 0
+                    m(x)
+                    m.lin.bias[:8] -= bug
+                with h5py.File(self.path(name + ".rank0.h5")) as f, h5py.File(ref + ".h5") as r:
+                    self.assertEqual((f["taps/model"].shape, f["taps/model"].attrs["sketch_dim"]), ((2, 5, 4, 8), -3))
+                    self.assertEqual((r["reference/model"].shape, r["reference/model"].attrs["sketch_dim"]),
+                                     ((2, 5, 4, 8), -3))
+                    self.assertNotIn("sketch_dim", f["taps/lin"].attrs)
+                p, report = compare(self.path(name), ref + ".h5")
+                self.assertEqual(p.returncode, 1 if bug else 0, p.stdout + p.stderr)
+                tap = next(t for t in report["taps"] if t["name"] == "model")
+                self.assertEqual((tap["pass"], tap["reference"]["estimated"]), (not bug, True))
 
     def test_cpu_summaries_held_until_the_step_ends_within_a_bound(self):
         from diffcheck.torch import sketch_capture

@@ -45,7 +45,14 @@ struct SketchPiece {
 };
 struct SketchInfo {
   std::uint32_t seed = 0;
-  std::size_t rows = 0;  // k: Rademacher rows (the dataset's second-to-last dimension is k + 1)
+  std::size_t rows = 0;  // k: Rademacher rows (the dataset's token dimension is k + 1)
+  // `sketch_dim`: the token dimension counted from the end (-2 by default;
+  // -3 for attention's [..., sequence, heads, head_dim]); every dimension
+  // after it is the width.
+  int dim = -2;
+  std::size_t token_dim(std::size_t ndim) const {
+    return static_cast<std::size_t>(static_cast<long long>(ndim) + dim);
+  }
   Shape stored_shape;
   std::vector<SketchPiece> pieces;  // per rank
   bool reference_is_sketch = false;  // the reference is the global sketch, not the tensor

@@ -73,9 +73,10 @@ void attach_references(ActivationSet& set, H5Data& data, const std::vector<std::
         data.set_reference(t.data_id, f, path);
         break;
       }
-      if (t.sketch && static_cast<long long>(global[global.size() - 2] * t.sketch->rows) > kMaxSketchSigns)
-        input_error("{}: {} tokens x {} sketch rows is more than {} signs", where, global[global.size() - 2],
-                    t.sketch->rows, kMaxSketchSigns);
+      if (t.sketch && static_cast<long long>(global[t.sketch->token_dim(global.size())] * t.sketch->rows) >
+                          kMaxSketchSigns)
+        input_error("{}: {} tokens x {} sketch rows is more than {} signs", where,
+                    global[t.sketch->token_dim(global.size())], t.sketch->rows, kMaxSketchSigns);
       t.reference_stored = stored_kind(ds.get(), where);
       if (s != global) {  // a finding of the check at this tap (report: "shape"), the other taps still checked
         t.mismatched_reference_shape = s;

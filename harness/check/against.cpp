@@ -95,10 +95,11 @@ void require_comparable(const TapData& t, const TapData& other, const Activation
     input_error("tap '{}' is a sketch in {} but whole in {}: sketches compare with sketches (capture both runs "
                 "with sketch=True, or both whole)", t.name, t.sketch ? a.source : b.source,
                 t.sketch ? b.source : a.source);
-  if (t.sketch && (t.sketch->seed != other.sketch->seed || t.sketch->rows != other.sketch->rows))
-    input_error("tap '{}': sketched with seed {} and {} rows in {} but seed {} and {} rows in {}: sketches compare "
-                "only when made alike", t.name, t.sketch->seed, t.sketch->rows, a.source, other.sketch->seed,
-                other.sketch->rows, b.source);
+  if (t.sketch && (t.sketch->seed != other.sketch->seed || t.sketch->rows != other.sketch->rows ||
+                  t.sketch->dim != other.sketch->dim))
+    input_error("tap '{}': sketched with seed {}, {} rows over dimension {} in {} but seed {}, {} rows over "
+                "dimension {} in {}: sketches compare only when made alike", t.name, t.sketch->seed, t.sketch->rows,
+                t.sketch->dim, a.source, other.sketch->seed, other.sketch->rows, other.sketch->dim, b.source);
   const Shape ga = plan_tap(t, a.mesh).global, gb = plan_tap(other, b.mesh).global;
   if (ga == gb) return;
   if (!t.sketch && leading_prefix(ga, gb)) return;  // A's samples are B's first ones

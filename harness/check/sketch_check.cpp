@@ -21,7 +21,7 @@ constexpr double kBoundSigmas = 2.6;
 TapData sketch_as_tap(const TapData& t) {
   TapData s = t;
   s.local_shape = t.sketch->stored_shape;
-  const std::size_t tokens_dim = s.local_shape.size() - 2;
+  const std::size_t tokens_dim = t.sketch->token_dim(s.local_shape.size());
   if (s.layout.spec.size() > tokens_dim) {
     auto& entry = s.layout.spec[tokens_dim];
     s.layout.partial.insert(s.layout.partial.end(), entry.begin(), entry.end());
@@ -32,9 +32,19 @@ TapData sketch_as_tap(const TapData& t) {
   return s;
 }
 
-Shape sketch_shape(const Shape& tensor, std::size_t k) {
+Shape sketch_shape(const Shape& tensor, std::size_t k, std::size_t token_dim) {
   Shape s = tensor;
-  s[s.size() - 2] = k + 1;
+  s[token_dim] = k + 1;
+  return s;
+}
+
+// The shape as the estimate reads it: [lead..., tokens, width], the
+// dimensions after the token dimension one width (row-major, as stored).
+Shape tokens_by_width(const Shape& tensor, std::size_t token_dim) {
+  Shape s(tensor.begin(), tensor.begin() + static_cast<std::ptrdiff_t>(token_dim) + 1);
+  std::size_t width = 1;
+  for (std::size_t i = token_dim + 1; i < tensor.size(); ++i) width *= tensor[i];
+  s.push_back(width);
   return s;
 }
 
@@ -124,29 +134,31 @@ std::vector<double> global_sketch(const ActivationSet& set, const TapData& t) {
 
 std::vector<double> reference_sketch(const ActivationSet& set, const TapData& t) {
   const Shape& global = *t.reference_shape;
-  const std::size_t k = t.sketch->rows, nd = global.size();
-  const Shape shape = sketch_shape(global, k);
+  const std::size_t k = t.sketch->rows, nd = global.size(), d = t.sketch->token_dim(nd);
+  const Shape shape = sketch_shape(global, k, d);
   std::vector<double> out(numel(shape), 0.0);
   if (t.sketch->reference_is_sketch) {
     set.data->read_reference(t, Slab{Shape(nd, 0), shape}, out.data());
     return out;
   }
-  // Sketched here from the whole reference, a few token rows at a time.
-  const std::size_t tokens = global[nd - 2], width = global[nd - 1];
+  // Sketched here from the whole reference, a few token rows at a time (a
+  // token row: every element after the token dimension, one width).
+  const Shape flat = tokens_by_width(global, d);
+  const std::size_t tokens = global[d], width = flat.back();
   const std::size_t lead = tokens > 0 && width > 0 ? numel(global) / (tokens * width) : 0;
   const std::size_t rows_per_read = std::max<std::size_t>(1, (std::size_t{1} << 20) / std::max<std::size_t>(width, 1));
-  const Shape lead_shape(global.begin(), global.end() - 2);
+  const Shape lead_shape(global.begin(), global.begin() + static_cast<std::ptrdiff_t>(d));
   std::vector<double> buf;
-  std::vector<int> signs(k);
   for (std::size_t l = 0; l < lead; ++l) {
-    Slab slab{unravel(l, lead_shape), Shape(nd - 2, 1)};
-    slab.start.insert(slab.start.end(), {0, 0});
-    slab.count.insert(slab.count.end(), {0, width});
+    Slab slab{unravel(l, lead_shape), Shape(d, 1)};
+    slab.start.insert(slab.start.end(), nd - d, 0);
+    slab.count.push_back(0);
+    slab.count.insert(slab.count.end(), global.begin() + static_cast<std::ptrdiff_t>(d) + 1, global.end());
     double* o = out.data() + l * (k + 1) * width;
     for (std::size_t t0 = 0; t0 < tokens; t0 += rows_per_read) {
       const std::size_t n = std::min(rows_per_read, tokens - t0);
-      slab.start[nd - 2] = t0;
-      slab.count[nd - 2] = n;
+      slab.start[d] = t0;
+      slab.count[d] = n;
       buf.resize(n * width);
       set.data->read_reference(t, slab, buf.data());
       for (std::size_t j = 0; j < n; ++j) {
@@ -205,11 +217,15 @@ TapVerdict check_sketch_tap(const ActivationSet& set, const TapData& t, const Co
 
   if (!t.reference_shape) return v;
   const Shape& global = v.global_shape;
+  const std::size_t d = sk.token_dim(global.size());
   // Run against run: the other run's global sketch, made alike, stands for the reference's.
   const std::vector<double> x = global_sketch(set, t),
                             r = t.against ? global_sketch(*t.against_run, *t.against) : reference_sketch(set, t);
-  const SketchEstimate e = estimate_from_sketches(x, r, sk.rows, global,
-                                                  sketch_sign_sums(sk.seed, sk.rows, global[global.size() - 2]));
+  SketchEstimate e = estimate_from_sketches(x, r, sk.rows, tokens_by_width(global, d),
+                                            sketch_sign_sums(sk.seed, sk.rows, global[d]));
+  // Columns along another dimension than a whole tap's (its second-to-last):
+  // a column-mean limit, measured or derived for those, would not apply.
+  if (d + 2 != global.size()) e.column_mean.reset();
   ToleranceInputs in = tap_tolerance_inputs(set, t, opts);
   in.reference_rms = e.reference_rms;
   Tolerance tol = derive_tolerance(in);

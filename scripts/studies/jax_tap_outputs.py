@@ -7,9 +7,11 @@ jitted, with and without diffcheck.jax taps as outputs, and reports:
     intermediate must also be written out);
   - the time per call of the plain jitted function and of the jitted
     function with its taps as outputs (paired, median of --repeats), and of
-    the whole capture (taps written to rank files) and the sketch capture
-    (sketch=True: sketches made in the program), each against the forward
-    run just before it;
+    the whole capture (taps written to rank files), against the forward
+    run just before it, and the sketch capture (sketch=True), against the
+    forward in blocks of --block calls in turn (kept apart from the whole
+    capture, whose writes would slow the calls after it), with the size of
+    each capture's files per call;
   - the same with its taps written into the last call's tap buffers
     (donated, as the sketch capture's host path does from its second call:
     fresh outputs of some hundred MiB page-fault on every call).
@@ -71,6 +73,14 @@ def settled(out):
             jax.block_until_ready(value)
 
 
+def per_call(fn, calls):
+    """Seconds per call of `calls` calls of fn in a row."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
+
+
 def timed(fn, args, repeats):
     jax.block_until_ready(fn(*args))
     times = []
@@ -86,6 +96,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--block", type=int, default=3, help="calls in a row per timed block of the sketch capture")
     args = ap.parse_args()
     mesh = jax.make_mesh((8,), ("tp",))
     k = jax.random.split(jax.random.key(0), 3)
@@ -117,19 +128,24 @@ def main():
                 run(x, w1, w2)
                 run_sketched(x, w1, w2)
             whole, sketch_ratios, program_ratios = [], [], []
-            for _ in range(args.repeats):  # paired: forward, whole capture, sketch capture, in turn
+            for _ in range(args.repeats):  # paired: the forward, then the whole capture
                 t0 = time.perf_counter()
                 jax.block_until_ready(plain(x, w1, w2))
                 t1 = time.perf_counter()
                 run(x, w1, w2)
-                t2 = time.perf_counter()
-                run_sketched(x, w1, w2)
-                t3 = time.perf_counter()
-                settled(sketched.sketches.run((x, w1, w2), {}))  # the sketches alone, no files
-                t4 = time.perf_counter()
-                whole.append((t2 - t1) / (t1 - t0))
-                sketch_ratios.append((t3 - t2) / (t1 - t0))
-                program_ratios.append((t4 - t3) / (t1 - t0))
+                whole.append((time.perf_counter() - t1) / (t1 - t0))
+            # paired apart from the whole capture, whose hundreds of MiB written
+            # would be in the caches' way of the calls after it (a sketch
+            # capture's own loop writes a few MiB a call): blocks of --block
+            # calls of the forward, the sketch capture and its sketches alone, in turn
+            for _ in range(args.repeats):
+                forward = per_call(lambda: jax.block_until_ready(plain(x, w1, w2)), args.block)
+                sketch_ratios.append(per_call(lambda: run_sketched(x, w1, w2), args.block) / forward)
+                program_ratios.append(per_call(lambda: settled(sketched.sketches.run((x, w1, w2), {})),
+                                               args.block) / forward)
+            calls = 2 + 2 * args.repeats * args.block
+        sizes = {name: sum(os.path.getsize(os.path.join(tmp, f"{name}.rank{r}.h5")) for r in range(8)) / calls
+                 for name in ("run", "sketch")}
     a = statistics.median(r[0] for r in rows)
     b = statistics.median(r[1] for r in rows)
     c = statistics.median(r[2] for r in rows)
@@ -143,10 +159,12 @@ def main():
     whole.sort()
     sketch_ratios.sort()
     print(f"whole capture per call (taps copied to the host and written, 8 rank files): "
-          f"{statistics.median(whole):.2f}x the forward (range {whole[0]:.2f}-{whole[-1]:.2f})")
+          f"{statistics.median(whole):.2f}x the forward (range {whole[0]:.2f}-{whole[-1]:.2f}), "
+          f"{sizes['run'] / 2 ** 20:.1f} MiB of files a call")
     where = "on the host, C kernel" if sketched.sketches.on_host else "in the XLA program"
     print(f"sketch capture per call (sketches made {where}, 8 rank files): "
-          f"{statistics.median(sketch_ratios):.3f}x the forward (range {sketch_ratios[0]:.3f}-{sketch_ratios[-1]:.3f})")
+          f"{statistics.median(sketch_ratios):.3f}x the forward (range {sketch_ratios[0]:.3f}-{sketch_ratios[-1]:.3f}), "
+          f"{sizes['sketch'] / 2 ** 20:.2f} MiB of files a call")
     program_ratios.sort()
     print(f"  of which the sketches alone (the forward, its taps sketched, no file written): "
           f"{statistics.median(program_ratios):.3f}x the forward (range {program_ratios[0]:.3f}-{program_ratios[-1]:.3f})")

@@ -229,20 +229,25 @@ class RankDump(_AtomicH5):
         self._order += 1
 
     def sketch(self, name, values, *, tokens, seed, nan, inf, bits_hash, dtype, spec=None, partial=None,
-               shared=None, **attrs):
+               shared=None, dim=-2, **attrs):
         """A sketch tap (docs/FORMAT.md, "Sketch taps"): `values` is this
-        piece's sketch [lead..., k+1, width], `tokens` the piece's own token
+        piece's sketch [lead..., k+1, width...], `tokens` the piece's own token
         count, nan/inf its exact counts, bits_hash 16 hex digits of its bits;
         spec, partial and the other attributes describe the sketched tensor;
         `shared`: the replica axes whose ranks each sketched a share of the
-        tokens (their sketches add up, docs/FORMAT.md)."""
-        more = _sketch_attrs(seed, tokens, nan_count=int(nan), inf_count=int(inf), bits_hash=str(bits_hash),
+        tokens (their sketches add up, docs/FORMAT.md); `dim`: the token
+        dimension, from the end (-3: [..., sequence, heads, head_dim])."""
+        more = _sketch_attrs(seed, tokens, dim, nan_count=int(nan), inf_count=int(inf), bits_hash=str(bits_hash),
                              **({"sketch_shared": shared} if shared else {}))
         self.write_tap(name, values, spec=spec, partial=partial, dtype=dtype, more=more, **attrs)
 
 
-def _sketch_attrs(seed, tokens, **more):
-    return {"sketch": SKETCH_KIND, "sketch_seed": int(seed), "sketch_tokens": int(tokens), **more}
+def _sketch_attrs(seed, tokens, dim=-2, **more):
+    """The sketch attributes; `sketch_dim` only where it is not the default -2."""
+    attrs = {"sketch": SKETCH_KIND, "sketch_seed": int(seed), "sketch_tokens": int(tokens), **more}
+    if dim != -2:
+        attrs["sketch_dim"] = int(dim)
+    return attrs
 
 
 class ReferenceDump(_AtomicH5):
@@ -252,8 +257,8 @@ class ReferenceDump(_AtomicH5):
     def __init__(self, path, **root_attrs):
         super().__init__(path, root_attrs, {"world_size": 1})
 
-    def reference_sketch(self, name, values, *, tokens, seed):
+    def reference_sketch(self, name, values, *, tokens, seed, dim=-2):
         """The sketch of a tap's global reference tensor ([lead..., k+1,
-        width], float64), computed with the run's seed over `tokens` global
-        tokens (diffcheck.sketch)."""
-        self._dataset(f"reference/{name}", values, dtype=np.float64, attrs=_sketch_attrs(seed, tokens))
+        width...], float64), computed with the run's seed over `tokens` global
+        tokens (diffcheck.sketch) along dimension `dim` (from the end)."""
+        self._dataset(f"reference/{name}", values, dtype=np.float64, attrs=_sketch_attrs(seed, tokens, dim))

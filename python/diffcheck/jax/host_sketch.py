@@ -109,13 +109,15 @@ def _check(piece, kind, hash_it):
     return nan.value, inf.value, f"{h.value:016x}" if hash_it else "-"
 
 
-def sketch_piece(piece, first, share_lo, share, k, seed, hashed):
-    """(sketch [lead..., k+1, width] float64, nan, inf, bits hash) of one
-    device's piece [..., tokens, width] (a C-ordered array): its tokens
-    share_lo..share_lo+share-1 sketched, their first global token `first`
-    (the piece's own first plus share_lo); counted, and hashed if `hashed`,
-    whole."""
+def sketch_piece(piece, first, share_lo, share, k, seed, hashed, dim=-2):
+    """(sketch [lead..., k+1, width...] float64, nan, inf, bits hash) of one
+    device's piece [..., tokens, width...] (a C-ordered array, its tokens at
+    `dim` from the end): its tokens share_lo..share_lo+share-1 sketched, their
+    first global token `first` (the piece's own first plus share_lo);
+    counted, and hashed if `hashed`, whole."""
     kind = library.KINDS[str(piece.dtype)]
+    shape = piece.shape
+    piece = jax_sketch.as_tokens_by_width(piece, dim)  # a view: the piece is C-ordered
     tokens, width = piece.shape[-2:]
     lead = int(np.prod(piece.shape[:-2], dtype=np.int64))
     out = np.empty((lead, k + 1, width), np.float64)
@@ -133,7 +135,7 @@ def sketch_piece(piece, first, share_lo, share, k, seed, hashed):
         nan, inf, words = _check(piece, kind, hashed)
     else:
         nan, inf, words = 0, 0, "-"
-    return out.reshape(*piece.shape[:-2], k + 1, width), nan, inf, words
+    return out.reshape(*shape[:len(shape) + dim], k + 1, *shape[len(shape) + dim + 1:]), nan, inf, words
 
 
 def _executor():
@@ -161,19 +163,20 @@ def _block(axes, where, sizes):
     return b
 
 
-def sketch_array(x, mesh, k, seed):
+def sketch_array(x, mesh, k, seed, dim=-2):
     """Futures of every addressable shard's (device id, sketch, nan, inf,
-    hash) of the array x, sketched as sketch.sketch_pieces would under x's
-    own sharding; and (replica axes sharing the tokens, hashed)."""
+    hash) of the array x, its tokens at `dim` (from the end), sketched as
+    sketch.sketch_pieces would under x's own sharding; and (replica axes
+    sharing the tokens, hashed)."""
     spec = x.sharding.spec
     coords = _coordinates(mesh)
     shards = x.addressable_shards
-    local_tokens = shards[0].data.shape[-2]
+    local_tokens = shards[0].data.shape[dim]
     shared, share = jax_sketch.token_share(local_tokens, spec, mesh)
     hashed = bool(jax_sketch.replica_axes(spec, mesh))
     sizes = dict(mesh.shape)
     parts = list(getattr(spec, "partitions", spec))
-    token_axes = jax_sketch.entry_axes((parts + [None] * x.ndim)[x.ndim - 2])
+    token_axes = jax_sketch.entry_axes((parts + [None] * x.ndim)[x.ndim + dim])
     jobs = []
     for shard in shards:
         data = shard.data
@@ -187,6 +190,6 @@ def sketch_array(x, mesh, k, seed):
 
         def job(device=shard.device.id, piece=piece, first=first + lo, lo=lo, data=data):
             # (data: the device's array held until its buffer is read)
-            return (device, *sketch_piece(piece, first, lo, share, k, seed, hashed))
+            return (device, *sketch_piece(piece, first, lo, share, k, seed, hashed, dim))
         jobs.append(_executor().submit(job))
     return jobs, "*".join(shared), hashed

@@ -73,9 +73,25 @@ def accumulator(dtype):
     return jnp.float32 if jnp.dtype(dtype).itemsize <= 2 else jnp.float64
 
 
-def sketchable(shape, dtype, k):
-    """Floating, at least 2-D, and more global tokens than the sketch has rows."""
-    return (len(shape) >= 2 and jnp.issubdtype(dtype, jnp.floating) and shape[-2] > k + 1)
+def sketch_dim(shape, dtype, k):
+    """The token dimension (counted from the end) of a floating tap of global
+    `shape`: -2 where it holds more tokens than the sketch has rows; else -3
+    where that one does (attention's [..., sequence, heads, head_dim], whose
+    heads are too few: the format's `sketch_dim`); None: the tap is written
+    whole (not floating, under 2-D, or no dimension long enough)."""
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return None
+    for dim in (-2, -3):
+        if len(shape) >= -dim and shape[dim] > k + 1:
+            return dim
+    return None
+
+
+def as_tokens_by_width(piece, dim):
+    """The piece [lead..., tokens, width...] (tokens at `dim` from the end)
+    as [lead..., tokens, width], its width dimensions one (row-major)."""
+    d = piece.ndim + dim
+    return piece.reshape(*piece.shape[:d + 1], int(np.prod(piece.shape[d + 1:], dtype=np.int64)))
 
 
 def _block_index(entry, axis_sizes):
@@ -118,27 +134,28 @@ def token_share(tokens, spec, mesh):
     return (replicas, tokens // n) if replicas and tokens % n == 0 else ([], tokens)
 
 
-def sketch_pieces(x, spec, mesh, k, seed):
-    """(sketch [n, lead..., k+1, width], nan [n], inf [n], hash [n, 1]) of
-    every device's piece of x under PartitionSpec `spec`: row r is rank r's.
-    Replicas share the sketching of their piece's tokens (token_share); each
-    counts and hashes its whole piece (a piece without replicas is not hashed)."""
+def sketch_pieces(x, spec, mesh, k, seed, dim=-2):
+    """(sketch [n, lead..., k+1, width...], nan [n], inf [n], hash [n, 1]) of
+    every device's piece of x under PartitionSpec `spec`, its tokens at `dim`
+    (from the end): row r is rank r's. Replicas share the sketching of their
+    piece's tokens (token_share); each counts and hashes its whole piece (a
+    piece without replicas is not hashed)."""
     axes = tuple(mesh.axis_names)
     sizes = dict(mesh.shape)
     parts = list(getattr(spec, "partitions", spec))
     parts += [None] * (x.ndim - len(parts))
-    token_axes = entry_axes(parts[x.ndim - 2])
-    local_tokens = x.shape[-2] // int(np.prod([sizes[a] for a in token_axes] or [1]))
+    token_axes = entry_axes(parts[x.ndim + dim])
+    local_tokens = x.shape[dim] // int(np.prod([sizes[a] for a in token_axes] or [1]))
     shared, share = token_share(local_tokens, spec, mesh)
     hashed = bool(replica_axes(spec, mesh))
     acc = accumulator(x.dtype)
 
     def local(piece):
-        first = _block_index(token_axes, sizes) * piece.shape[-2]
-        part = piece
+        first = _block_index(token_axes, sizes) * piece.shape[dim]
+        part = as_tokens_by_width(piece, dim)
         if shared:
             lo = _block_index(shared, sizes) * share
-            part = jax.lax.dynamic_slice_in_dim(piece, lo, share, axis=piece.ndim - 2)
+            part = jax.lax.dynamic_slice_in_dim(part, lo, share, axis=part.ndim - 2)
             first = first + lo
         r = jnp.concatenate([signs(seed, k, first, share), jnp.ones((1, share), jnp.int32)])
         sketch = _sketch_sums(r, part, acc)
@@ -149,6 +166,7 @@ def sketch_pieces(x, spec, mesh, k, seed):
         finite = jnp.all(jnp.isfinite(sketch[..., k, :])) if not shared else jnp.isfinite(jnp.sum(piece))
         nan, inf = jax.lax.cond(finite, zero, counts, piece)
         words = bits_hash(piece) if hashed else jnp.zeros(1, jnp.uint32)
+        sketch = sketch.reshape(*piece.shape[:piece.ndim + dim], k + 1, *piece.shape[piece.ndim + dim + 1:])
         return sketch[None], nan[None], inf[None], words[None]
 
     stacked = P(axes)

@@ -60,9 +60,10 @@ class SketchRun:
             sharding = self._shardings.get(key)
             if sharding is None:
                 raise _NewTaps(key)
-            if jax_sketch.sketchable(x.shape, x.dtype, self.k):
+            dim = jax_sketch.sketch_dim(x.shape, x.dtype, self.k)
+            if dim is not None:
                 sketches[key], self._shared[key], self._hashed[key] = jax_sketch.sketch_pieces(
-                    x, sharding.spec, self.capture.mesh, self.k, self.seed)
+                    x, sharding.spec, self.capture.mesh, self.k, self.seed, dim)
             else:
                 whole[key] = x
         return result, sketches, whole
@@ -97,10 +98,11 @@ class SketchRun:
         result, outputs = self._outputs(args, kwargs, signature, leaves)
         taps, pending = [], []
         for key, x in outputs.items():
-            if jax_sketch.sketchable(x.shape, x.dtype, self.k) and host_sketch.takes(x.dtype):
+            dim = jax_sketch.sketch_dim(x.shape, x.dtype, self.k)
+            if dim is not None and host_sketch.takes(x.dtype):
                 self._shardings[key] = x.sharding
                 jobs, self._shared[key], self._hashed[key] = host_sketch.sketch_array(x, self.capture.mesh, self.k,
-                                                                                      self.seed)
+                                                                                      self.seed, dim)
                 pending.append((key, jobs))
             else:
                 taps.append((key, "whole", x))
@@ -142,8 +144,9 @@ class SketchRun:
         shape = per_device[0][1].shape
         mesh = self.capture.mesh
         ndim = len(shape) if len(shape) >= 2 else 2
+        dim = self._dims[key]
         spec, partial = spec_strings(x_sharding.spec, ndim, list(mesh.shape), f"tap '{name}'")
-        token_entry = (spec.split(",")[ndim - 2] if spec else "-")
+        token_entry = (spec.split(",")[ndim + dim] if spec else "-")
         split = int(np.prod([mesh.shape[a] for a in token_entry.split("*")])) if token_entry != "-" else 1
         tokens = self._global_tokens[key] // split
         dtype = self._dtypes[key]
@@ -152,13 +155,14 @@ class SketchRun:
             writer_of(ranks[device]).sketch(named, s, tokens=tokens, seed=self.seed, nan=int(n), inf=int(i),
                                             bits_hash=h, dtype=dtype, spec=spec, partial=partial,
                                             shared=self._shared[key] or None, reduction_depth=depth[0] or None,
-                                            rounding_steps=steps)
+                                            rounding_steps=steps, dim=dim)
 
     def _note_shapes(self, args, kwargs):
-        """Each tap's global token count and dtype (from the traced shapes)."""
+        """Each tap's token dimension, global token count and dtype (from the traced shapes)."""
         with jax.set_mesh(self.capture.mesh):
             shapes = jax.eval_shape(self.capture._traced, *args, **kwargs)[1]
-        self._global_tokens = {k: (v.shape[-2] if len(v.shape) >= 2 else 1) for k, v in shapes.items()}
+        self._dims = {k: jax_sketch.sketch_dim(v.shape, v.dtype, self.k) or -2 for k, v in shapes.items()}
+        self._global_tokens = {k: (v.shape[self._dims[k]] if len(v.shape) >= 2 else 1) for k, v in shapes.items()}
         self._dtypes = {k: str(v.dtype) for k, v in shapes.items()}
 
 

@@ -137,20 +137,26 @@ class Sketcher:
             _HASH_WEIGHTS[key] = w
         return w
 
-    def summarize(self, tensor, first_token=0, share=None, hashed=True):
+    def summarize(self, tensor, first_token=0, share=None, hashed=True, dim=-2):
         """(sketch, nan, inf, hash) of a piece whose first token is global
         token `first_token`: device tensors, nothing synchronised. `share`:
         (lo, hi), sketch only the piece's tokens lo..hi-1 (its replicas
         sketch the rest); the counts and the hash are always the whole
         piece's; hashed=False: no hash (None), for a tap no replica compares.
-        The same tensor offered again unchanged in this step (a module
-        returning its submodule's output) reuses its summary."""
+        `dim`: the token dimension from the end (-3: [..., sequence, heads,
+        head_dim], the sketch [..., k+1, heads, head_dim]). The same tensor
+        offered again unchanged in this step (a module returning its
+        submodule's output) reuses its summary."""
         x = tensor.detach()
-        key = (id(tensor), first_token, share, hashed)
+        key = (id(tensor), first_token, share, hashed, dim)
         seen = self._seen.get(key)
         if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
             return seen[2]
         lead, tokens, width = as_matrix_shape(tuple(x.shape))
+        widths = (width,)
+        if dim != -2:  # the dimensions after the tokens one width, row-major
+            lead, tokens, widths = tuple(x.shape[:dim]), x.shape[dim], tuple(x.shape[dim + 1:])
+            width = math.prod(widths)
         x = x.reshape(-1, tokens, width)
         lo, hi = share or (0, tokens)
         acc = accumulator(x.dtype)
@@ -159,12 +165,12 @@ class Sketcher:
         sketch = sketch_cpu.sketch(x[:, lo:hi], r, self.k) if sketch_cpu.takes(x) else None
         if sketch is None:
             sketch = self._torch_sketch(x[:, lo:hi], r, acc)
-        sketch = sketch.reshape(*lead, self.k + 1, width)
         if hashed and sketch_cpu.takes_bits(x):  # the hash and the exact counts in one read
             nan, inf, bits = sketch_cpu.piece_bits(x)
         else:
             nan, inf = self._nonfinite(x, sketch if (lo, hi) == (0, tokens) else None)
             bits = self.bits_hash(x) if hashed else None
+        sketch = sketch.reshape(*lead, self.k + 1, *widths)
         result = sketch, nan, inf, bits
         self._seen[key] = (weakref.ref(tensor), tensor._version, result)
         return result

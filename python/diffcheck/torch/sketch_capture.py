@@ -34,30 +34,47 @@ class SketchTaps:
         if tensor.dim() < 2:
             return False
         c = self.capture
-        first, shards, share, shared, replicas = 0, 1, None, None, []
-        if not (c.reference_mode or c.one_device):
-            entry = spec_entry(attrs.get("spec"), -2, tensor.dim())
-            first = block_index(entry, c.rank, c.axis_sizes) * tensor.shape[-2]
-            for axis in ([] if entry == "-" else entry.split("*")):
-                shards *= c.axis_sizes[axis]
+        sharded = not (c.reference_mode or c.one_device)
+        dim, entry = self._token_dim(tensor, attrs.get("spec") if sharded else None)
+        if dim is None:
+            return False
+        first, share, shared, replicas = 0, None, None, []
+        if sharded:
+            first = block_index(entry, c.rank, c.axis_sizes) * tensor.shape[dim]
             replicas = replica_axes(attrs, c.axis_sizes)
             if replicas:  # the replicas split the sketching of the tokens (each still hashes its whole piece)
                 j, n = block_index("*".join(replicas), c.rank, c.axis_sizes), 1
                 for axis in replicas:
                     n *= c.axis_sizes[axis]
-                tokens = tensor.shape[-2]
+                tokens = tensor.shape[dim]
                 share, shared = (j * tokens // n, (j + 1) * tokens // n), "*".join(replicas)
-        if not sketch.sketchable(tensor, self.sketcher.k, tensor.shape[-2] * shards):
-            return False
         # A hash only where a replica will compare it (every rank of the tap agrees on that).
-        hashed = not (c.reference_mode or c.one_device) and bool(replicas)
-        summary = self.sketcher.summarize(tensor, first, share, hashed)
-        self.add(name, summary, attrs, logical, tensor.shape[-2], shared)
+        hashed = sharded and bool(replicas)
+        summary = self.sketcher.summarize(tensor, first, share, hashed, dim)
+        self.add(name, summary, attrs, logical, tensor.shape[dim], shared, dim)
         return True
 
-    def add(self, name, summary, attrs, logical, tokens, shared):
+    def _token_dim(self, tensor, spec):
+        """(token dimension from the end, its spec entry) of a tap's piece:
+        -2 where the GLOBAL tensor holds more tokens there than the sketch has
+        rows, else -3 where it does (attention's [..., sequence, heads,
+        head_dim] with few heads: FORMAT.md's `sketch_dim`); (None, None): the
+        tap is written whole. Decided on global counts, so that every rank
+        and the reference agree."""
+        for dim in (-2, -3):
+            if tensor.dim() < -dim:
+                break
+            entry = spec_entry(spec, dim, tensor.dim())
+            shards = 1
+            for axis in ([] if entry == "-" else entry.split("*")):
+                shards *= self.capture.axis_sizes[axis]
+            if sketch.sketchable(tensor, self.sketcher.k, tensor.shape[dim] * shards):
+                return dim, entry
+        return None, None
+
+    def add(self, name, summary, attrs, logical, tokens, shared, dim=-2):
         """A summary to write (a pipeline's microbatches put together: pipeline_sketch.py)."""
-        self.pending.add(name, summary, (attrs, logical, tokens, shared))
+        self.pending.add(name, summary, (attrs, logical, tokens, shared, dim))
         if self.pending.cpu_bytes > CPU_HELD_BYTES:
             self.pending.flush(self._emit)
 
@@ -71,14 +88,14 @@ class SketchTaps:
     def _emit(self, name, values, nan, inf, bits_hash, extra, inline=False):
         c = self.capture
         seed = self.sketcher.seed
-        attrs, logical, tokens, shared = extra
+        attrs, logical, tokens, shared, dim = extra
         if c.reference_mode:
             def store():
-                c._writer.reference_sketch(name, values, tokens=tokens, seed=seed)
+                c._writer.reference_sketch(name, values, tokens=tokens, seed=seed, dim=dim)
         else:
             def store():
                 c._writer.sketch(name, values, tokens=tokens, seed=seed, nan=nan, inf=inf, bits_hash=bits_hash,
-                                 dtype=logical, shared=shared, **attrs)
+                                 dtype=logical, shared=shared, dim=dim, **attrs)
         if inline:
             c._guarded(name, store)
         else:
