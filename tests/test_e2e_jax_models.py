@@ -42,6 +42,10 @@ class DitUlyssesExample(unittest.TestCase):
                     self.assertRegex(out, rf"\n\s+\d+\s+{module}\s")  # every submodule, by its path
                 if FULL:
                     self.expect("--mesh", mesh, "--dtype", dtype, "--bug")  # one pass: no fault to find
+                    # sketch mode: attn [batch, sequence, 8 heads, head_dim] sketched over its sequence
+                    self.expect("--mesh", mesh, "--dtype", dtype, "--sketch", "ULYSSES_ATTENTION_CHUNKS=2")
+                    self.expect("--mesh", mesh, "--dtype", dtype, "--sketch", "--bug", "ULYSSES_ATTENTION_CHUNKS=2",
+                                first="attn")
                 self.expect("--mesh", mesh, "--dtype", dtype, "--bug", "ULYSSES_ATTENTION_CHUNKS=2", first="attn")
 
     def test_training_step(self):
