@@ -69,7 +69,8 @@ def rank_file(name):
 
 def sketch_file(name):
     """A one-rank set of sketch taps (docs/FORMAT.md, "Sketch taps"): one
-    with a sketch reference, one with a whole reference, one whole tap."""
+    with a sketch reference, one with a whole reference, one sketched over
+    dimension -3 (sketch_dim), one whole tap."""
     prefix = os.path.join(READER, name)
     with RankDump(prefix, mesh="sp=1", rank=0) as d:
         x = rng.standard_normal((2, 16, 3))
@@ -82,6 +83,11 @@ def sketch_file(name):
         d.f["reference/s/sketched_ref"].attrs.update({"sketch": "rademacher1", "sketch_seed": 1, "sketch_tokens": 16})
         d.reference("s/whole_ref", x)
         d.tap("s/whole", x[0], spec="sp,-")
+        # sketched over dimension -3 ([sequence, heads, head_dim], 2 rows), its reference whole
+        d.tap("s/heads", rng.standard_normal((3, 2, 4)), spec="sp,-,-")
+        d.f["taps/s/heads"].attrs.update({"sketch": "rademacher1", "sketch_seed": 1, "sketch_tokens": 16,
+                                          "sketch_dim": -3, "nan_count": 0, "inf_count": 0, "bits_hash": "-"})
+        d.reference("s/heads", rng.standard_normal((16, 2, 4)))
     os.rename(prefix + ".rank0.h5", prefix)
 
 
