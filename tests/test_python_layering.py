@@ -5,6 +5,7 @@ by import-linter as harness/'s are at link time:
     diffcheck.watch
     diffcheck.sketch
     diffcheck.compare | diffcheck.dump  (import no framework)
+    diffcheck.kernels  (the C library's loader: dump writes a dataset through it)
 
 and no cycle among the modules of any subpackage. The contracts are also run
 on a copy of the package with one arrow turned upward, which they must refuse:

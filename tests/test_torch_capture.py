@@ -3,6 +3,7 @@ after the block (also after an exception), nested modules, repeated calls
 and steps, containers, bfloat16, layouts and their errors, include/exclude,
 inputs, reference mode and rename; diffcheck.compare's verdicts as Python
 values and exceptions. Runs against the source tree (PYTHONPATH=python/)."""
+import contextlib
 import gc
 import os
 import tempfile
@@ -543,20 +544,32 @@ class DumpWritesAsH5pyDoes(unittest.TestCase):
     TAP_ATTRS = {"spec": "-,tp", "order": 3, "reduction_depth": np.int64(7), "atol": 1e-3, "text": "ünï"}
     ROOT_ATTRS = {"flag": True, "counts": np.arange(3), "seed": 5, "producer": "x"}
 
-    def written(self, path, low_level):
+    MODES = ("one call", "per call", "low level")  # kernels/h5_dataset.c; h5_direct's calls; h5py's low-level API
+
+    def written(self, path, mode):
         from diffcheck.dump import h5_direct
         from diffcheck.dump import hdf5_writes
+        from diffcheck.kernels import library
         saved = dict(h5_direct._state)
-        if low_level:
+        if mode == "low level":
             h5_direct._state.update(lib=None, tried=True)
         try:
-            self.assertEqual(h5_direct.available(), not low_level)
-            with h5py.File(path, "w", track_order=True) as f:
-                for name, a in self.ARRAYS.items():
-                    hdf5_writes.write_dataset(f, name, a, self.TAP_ATTRS)
-                hdf5_writes.set_attrs(f["/"], self.ROOT_ATTRS)
-                with self.assertRaisesRegex(ValueError, "name already exists"):
-                    hdf5_writes.write_dataset(f, "f32", self.ARRAYS["f32"], {})
+            with contextlib.ExitStack() as stack:
+                if mode != "one call":
+                    stack.enter_context(library.without())
+                self.assertEqual(h5_direct.available(), mode != "low level")
+                self.assertEqual(h5_direct.one_call() is not None, mode == "one call")
+                with h5py.File(path, "w", track_order=True) as f:
+                    for name, a in self.ARRAYS.items():
+                        hdf5_writes.write_dataset(f, name, a, self.TAP_ATTRS)
+                    hdf5_writes.set_attrs(f["/"], self.ROOT_ATTRS)
+                    with self.assertRaisesRegex(ValueError, "name already exists"):
+                        hdf5_writes.write_dataset(f, "f32", self.ARRAYS["f32"], {})
+                    if mode != "low level":  # an attribute HDF5 refuses (no name): named, the dataset kept
+                        with self.assertRaisesRegex(ValueError, "attribute '' = 1 could not be written"):
+                            hdf5_writes.write_dataset(f, "refused", self.ARRAYS["f32"], {"spec": "-,tp", "": 1})
+                        self.assertEqual(dict(f["refused"].attrs), {"spec": "-,tp"})
+                        del f["refused"]
         finally:
             h5_direct._state.update(saved)
 
@@ -567,9 +580,13 @@ class DumpWritesAsH5pyDoes(unittest.TestCase):
                 for name, a in self.ARRAYS.items():
                     f.create_dataset(name, data=a).attrs.update(self.TAP_ATTRS)
                 f.attrs.update(self.ROOT_ATTRS)
-            for low_level in (False, True):
-                path = os.path.join(d, f"low{int(low_level)}.h5")
-                self.written(path, low_level)
+            from diffcheck.kernels import library
+            for mode in self.MODES:
+                if mode == "one call" and library.get("diffcheck_h5_write_dataset") is None:
+                    self.assertIsNone(os.environ.get(library.ENV), "the kernel given predates kernels/h5_dataset.c")
+                    continue  # no kernel built: the two other ways
+                path = os.path.join(d, f"{mode.replace(' ', '_')}.h5")
+                self.written(path, mode)
                 with h5py.File(path, "r") as a, h5py.File(high, "r") as b:
                     objects, other = [], []
                     a.visit(objects.append)

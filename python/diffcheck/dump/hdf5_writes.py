@@ -5,10 +5,15 @@ fraction of their cost. A sketch capture writes a dozen small taps of a
 dozen attributes each per forward: through h5py's high-level calls, that
 was most of its writing.
 
-Two ways, the same file: HDF5's C functions called directly
-(diffcheck/dump/h5_direct.py), or, where those cannot be found, h5py's
-low-level API. Types and property lists are made once, by h5py.
+Three ways, the same file: a dataset and its attributes in one C call
+(kernels/h5_dataset.c, where the kernel library is loaded), HDF5's C
+functions called one at a time (diffcheck/dump/h5_direct.py), or, where
+those cannot be found, h5py's low-level API. Types and property lists are
+made once, by h5py.
 """
+import ctypes
+import functools
+
 import h5py
 import numpy as np
 
@@ -36,7 +41,46 @@ def _made():
             kinds={str: (h5py.h5t.py_create(text, logical=True), text, h5py.h5t.py_create(text)),
                    int: (h5py.h5t.STD_I64LE, np.int64, h5py.h5t.NATIVE_INT64),
                    float: (h5py.h5t.IEEE_F64LE, np.float64, h5py.h5t.NATIVE_DOUBLE)})
+        # kernels/h5_dataset.c's file and memory type of each kind (a string's memory type: a C string's)
+        kinds = _MADE["kinds"]
+        _MADE["table"] = (ctypes.c_int64 * 6)(kinds[int][0].id, kinds[int][2].id, kinds[float][0].id,
+                                              kinds[float][2].id, kinds[str][0].id, kinds[str][0].id)
     return _MADE
+
+
+_CODES = {int: 0, float: 1, str: 2}  # kernels/h5_dataset.c's ATTRIBUTE_*
+
+
+@functools.lru_cache(maxsize=None)
+def _array_types(n):
+    """ctypes' array types of n kinds, ints and floats, made once: a type
+    made per dataset is a reference cycle of its own (the type and its attributes)."""
+    return ctypes.c_int32 * n, ctypes.c_int64 * n, ctypes.c_double * n
+
+
+def _packed(attrs, made):
+    """The attributes as kernels/h5_dataset.c reads them (its arguments
+    from `count` on); None where one is not an int, float or str, or holds
+    what a C string cannot (those go the other ways, which say why)."""
+    n = len(attrs)
+    kinds, ints, floats = (array_type() for array_type in _array_types(n))
+    names, strings = [], []
+    try:
+        for i, (name, value) in enumerate(attrs.items()):
+            kind = _kind(value)
+            if kind is None or "\0" in name:
+                return None
+            kinds[i] = _CODES[kind]
+            names.append(name.encode())
+            if kind is int:
+                ints[i] = int(value)
+            elif kind is float:
+                floats[i] = float(value)
+            else:
+                strings.append(value.encode("utf-8"))
+    except OverflowError:  # an int beyond int64: h5py's way says so
+        return None
+    return n, b"\0".join(names) + b"\0", kinds, ints, floats, b"\0".join(strings) + b"\0", made["table"]
 
 
 def _kind(value):
@@ -106,6 +150,19 @@ def write_dataset(loc, name, array, attrs):
     array = array if array.flags.c_contiguous else array.copy(order="C")  # (ascontiguousarray makes a 0-d array 1-d)
     with h5_direct.lock():
         if h5_direct.available():
+            at_once = h5_direct.one_call()
+            packed = _packed(attrs, made) if at_once else None
+            if packed is not None:
+                try:
+                    h5_direct.write_dataset_at_once(at_once, loc.id.id, encoded, types[0].id, types[1].id,
+                                                    made["scalar"].id, made["lcpl"][coding].id, made["dcpl"].id,
+                                                    array, packed)
+                    return
+                except h5_direct.AttributesFailed as e:
+                    name, value = list(attrs.items())[e.index]
+                    raise ValueError(f"attribute '{name}' = {value!r} could not be written") from None
+                except h5_direct.Failed:
+                    pass  # made again below, one call at a time, and then by h5py with HDF5's message
             try:
                 handle = h5_direct.create_dataset(loc.id.id, encoded, types[0].id, types[1].id, made["scalar"].id,
                                                   made["lcpl"][coding].id, made["dcpl"].id, array)

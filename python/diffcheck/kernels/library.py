@@ -29,6 +29,10 @@ _SIGNATURES = {
     "diffcheck_bytes_hash_wide": (_i32, [], False),
     "diffcheck_watch_rows": (None, [_ptr, _ptr, _ptr, _i64, _ptr], False),
     "diffcheck_piece_check": (None, [_ptr, _i32, _i64, _i32, _p_u64, _p_i64, _p_i64], False),
+    # (kernels/h5_dataset.c: diffcheck/dump/h5_direct.py's one call per dataset)
+    "diffcheck_h5_write_dataset": (_i32, [_ptr, _i64, ctypes.c_char_p, _i64, _i64, _i64, _i64, _i64, _i32, _ptr,
+                                          _ptr, _i32, _i32, ctypes.c_char_p, _ptr, _ptr, _ptr, ctypes.c_char_p, _ptr],
+                                   False),
 }
 _state = {"functions": {}, "tried": False, "path": None}
 
