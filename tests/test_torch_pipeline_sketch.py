@@ -22,8 +22,8 @@ def _sketches(k=4, seed=3):
 
 
 class PiecesPutTogether(unittest.TestCase):
-    def whole(self, sketches, x, first=0, share=None, hashed=False):
-        return sketches.sketcher.summarize(x, first, share, hashed)
+    def whole(self, sketches, x, first=0, share=None, hashed=False, dim=-2):
+        return sketches.sketcher.summarize(x, first, share, hashed, dim)
 
     def test_two_dimensional_taps_add_up_over_their_tokens(self):
         torch.manual_seed(0)
@@ -71,6 +71,25 @@ class PiecesPutTogether(unittest.TestCase):
         (s, nan, inf, h), tokens = held.summary("t", 0)
         torch.testing.assert_close(s, self.whole(sk, torch.cat(pieces))[0])
         self.assertEqual((tokens, h), (12, None))
+
+    def test_attention_taps_are_sketched_over_their_sequence(self):
+        """[batch, sequence, 4 heads, head_dim] (k=4: too few heads): over the sequence, the microbatches
+        side by side along the batch; [rows, 4 heads, head_dim]: its rows are its tokens, the pieces add up."""
+        torch.manual_seed(3)
+        for shape, dim in (((2, 12, 4, 3), -3), ((6, 4, 3), -3)):
+            with self.subTest(shape=shape):
+                sk = _sketches()
+                pieces = [torch.randn(*shape, dtype=torch.float64) for _ in range(3)]
+                held = start(sk, _capture(), {}, pieces[0], 3, "pp=0")
+                self.assertEqual(held.dim, dim)
+                for mb, p in enumerate(pieces):
+                    held.add(mb, p, scale=1)
+                (s, _, _, _), tokens = held.summary("t", 0)
+                want = self.whole(sk, torch.cat(pieces), dim=dim)[0]
+                self.assertEqual(s.shape, want.shape)
+                self.assertEqual(s.shape[len(shape) + dim], 5)  # k + 1 rows where the sequence was
+                torch.testing.assert_close(s, want, rtol=1e-12, atol=1e-12)
+                self.assertEqual(tokens, 12 if len(shape) == 4 else 18)
 
     def test_out_of_order_unequal_microbatches_are_refused_by_name(self):
         held = HeldSketch(_sketches(), {}, 0, None, None, False, None)

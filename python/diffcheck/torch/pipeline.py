@@ -272,7 +272,8 @@ class PipelineTaps:
             if sketched is not None:  # its microbatches' sketches put together
                 summary, tokens = sketched.summary(name, c.rank)
                 more = {"microbatches": self.microbatches, "order": order, "stage": self.stage_attr}
-                c.sketches.add(name, summary, {**sketched.attrs, **more}, sketched.logical, tokens, sketched.shared)
+                c.sketches.add(name, summary, {**sketched.attrs, **more}, sketched.logical, tokens, sketched.shared,
+                               sketched.dim)
                 continue
             if laid is not None:
                 whole, more = laid, {"microbatches": self.microbatches}

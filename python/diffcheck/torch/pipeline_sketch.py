@@ -13,6 +13,11 @@ pp_capture_cost.py). The sketch is linear (docs/FORMAT.md, "Sketch taps"):
 - a tap with more dimensions ([batch, tokens, width]): the microbatches lie
   side by side along a lead dimension, and so do their sketches.
 
+A tap whose second-to-last dimension is too short is sketched over its
+third-to-last, as SketchTaps.offer does ([..., sequence, heads, head_dim]:
+FORMAT.md's `sketch_dim` -3); where that is its first, its rows are its
+tokens as for a 2-D tap.
+
 The NaN and Inf counts add up; the bits hash of the step's piece is the
 pieces' hashes weighted by their microbatch (replicas of one run hash alike).
 A gradient divided by the schedule's scale is sketched, then divided."""
@@ -27,10 +32,12 @@ from diffcheck.torch.data_axes import with_data_axes
 class HeldSketch:
     """One tap's step, microbatch by microbatch; made by start()."""
 
-    def __init__(self, sketches, attrs, first, share, shared, hashed, tokens):
-        """tokens: a piece's token count where its tokens are not its rows (None: they are)."""
+    def __init__(self, sketches, attrs, first, share, shared, hashed, tokens, dim=-2):
+        """tokens: a piece's token count where its tokens are not its rows
+        (None: they are); dim: the token dimension, from the end."""
         self.sketches, self.attrs = sketches, attrs
         self.first, self.share, self.shared, self.hashed = first, share, shared, hashed
+        self.dim = dim
         self.by_rows, self.tokens = tokens is None, tokens
         self.parts = {}  # microbatch -> (its first row, its rows, summary)
         self.next_row, self.expected, self.in_order = 0, 0, True
@@ -50,9 +57,10 @@ class HeldSketch:
             lo, hi = self.share or (0, None)
             a = min(max(lo - start, 0), rows)
             b = rows if hi is None else min(max(hi - start, 0), rows)
-            summary = self.sketches.sketcher.summarize(value, self.first + start, (a, max(a, b)), self.hashed)
+            summary = self.sketches.sketcher.summarize(value, self.first + start, (a, max(a, b)), self.hashed,
+                                                       self.dim)
         else:
-            summary = self.sketches.sketcher.summarize(value, self.first, self.share, self.hashed)
+            summary = self.sketches.sketcher.summarize(value, self.first, self.share, self.hashed, self.dim)
         s, nan, inf, h = summary
         if scale != 1:
             s = s / scale
@@ -93,14 +101,17 @@ def start(sketches, capture, attrs, value, microbatches, stage):
     shape = (value.shape[0] * microbatches, *value.shape[1:])
     if c.data_axes:
         attrs = with_data_axes(attrs, shape, c.data_axes, shape[0])
-    entry = spec_entry(attrs.get("spec"), -2, len(shape))
-    tokens = shape[-2]
-    first = block_index(entry, c.rank, c.axis_sizes) * tokens
-    shards = 1
-    for axis in ([] if entry == "-" else entry.split("*")):
-        shards *= c.axis_sizes[axis]
-    if not sketch.sketchable(value, sketches.rows, tokens * shards):
+    for dim in (-2, -3)[:len(shape) - 1]:
+        entry = spec_entry(attrs.get("spec"), dim, len(shape))
+        tokens = shape[dim]
+        shards = 1
+        for axis in ([] if entry == "-" else entry.split("*")):
+            shards *= c.axis_sizes[axis]
+        if sketch.sketchable(value, sketches.rows, tokens * shards):
+            break
+    else:
         return None
+    first = block_index(entry, c.rank, c.axis_sizes) * tokens
     share, shared = None, None
     replicas = replica_axes({**attrs, "stage": stage}, c.axis_sizes)  # the stage's axis holds other taps
     if replicas:  # the replicas split the sketching of the tokens, as offer() does
@@ -109,4 +120,5 @@ def start(sketches, capture, attrs, value, microbatches, stage):
             n *= c.axis_sizes[axis]
         share, shared = (j * tokens // n, (j + 1) * tokens // n), "*".join(replicas)
     # (a piece of more dimensions has the step's token dimension: the same share in every microbatch)
-    return HeldSketch(sketches, attrs, first, share, shared, bool(replicas), None if value.dim() == 2 else tokens)
+    by_rows = len(shape) + dim == 0  # its tokens are its rows, the microbatches' dimension
+    return HeldSketch(sketches, attrs, first, share, shared, bool(replicas), None if by_rows else tokens, dim)
