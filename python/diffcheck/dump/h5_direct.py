@@ -18,9 +18,10 @@ writes the same file (the suite compares both with h5py's high-level calls).
 
 Where the CPU kernel library is loaded (diffcheck/kernels), a dataset and its
 attributes go in ONE call (kernels/h5_dataset.c, given these functions'
-addresses): 80-87 us a sketch dataset of 10 attributes against 109-111 us
-one call at a time (the ctypes calls and the Python around them); the same
-file (the suite compares all three ways).
+addresses): 88-97 us a sketch dataset of 10 attributes against 117-122 us
+one call at a time (the ctypes calls and the Python around them; h5py's
+low-level API 185-191 us; scripts/bench/bench_h5_writes.py); the same file
+(the suite compares all three ways).
 """
 import ctypes
 import functools
