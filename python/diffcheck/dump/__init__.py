@@ -34,6 +34,20 @@ SCHEMA_VERSION = 1
 SKETCH_KIND = "rademacher1"  # docs/FORMAT.md, "Sketch taps" (here: writing one needs no torch)
 
 
+def sketch_token_dim(ndim, global_tokens, rows):
+    """The token dimension (from the end) every diffcheck writer sketches a
+    tap of `ndim` dimensions over: -2 where the GLOBAL tensor holds more
+    tokens there than the sketch has rows (k + 1), else -3 where that one
+    does (attention's [..., sequence, heads, head_dim] with few heads:
+    FORMAT.md's `sketch_dim`); None: the tap is written whole.
+    global_tokens(dim): the global tensor's length along dim. Decided on
+    global lengths, so that every rank and the reference agree."""
+    for dim in (-2, -3)[:max(ndim - 1, 0)]:
+        if global_tokens(dim) > rows + 1:
+            return dim
+    return None
+
+
 def to_numpy(x):
     """Returns (array, logical dtype or None). A CPU torch tensor or a numpy
     array that is already contiguous is not copied."""

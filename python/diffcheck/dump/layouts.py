@@ -74,6 +74,16 @@ def spec_entry(spec, dim, ndim):
     return entries[dim % ndim] if len(entries) == ndim else "-"
 
 
+def global_length(shape, spec, dim, axis_sizes):
+    """The global tensor's length along `dim` of a piece of `shape` laid out
+    by `spec` (the piece's length times the ranks its entry splits it over)."""
+    entry = spec_entry(spec, dim, len(shape))
+    shards = 1
+    for axis in ([] if entry == "-" else entry.split("*")):
+        shards *= axis_sizes[axis]
+    return shape[dim] * shards
+
+
 def spec_at(axis, dim, ndim):
     """The spec of a tensor of `ndim` dimensions split over `axis` on dimension `dim` (negative: from the end)."""
     entries = ["-"] * ndim

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from diffcheck.dump import SKETCH_KIND  # noqa: F401  # what these sketches are
+from diffcheck.dump import sketch_token_dim
 
 MASK32 = 0xFFFFFFFF
 
@@ -81,10 +82,7 @@ def sketch_dim(shape, dtype, k):
     whole (not floating, under 2-D, or no dimension long enough)."""
     if not jnp.issubdtype(dtype, jnp.floating):
         return None
-    for dim in (-2, -3):
-        if len(shape) >= -dim and shape[dim] > k + 1:
-            return dim
-    return None
+    return sketch_token_dim(len(shape), lambda dim: shape[dim], k)
 
 
 def as_tokens_by_width(piece, dim):

@@ -23,8 +23,8 @@ pieces' hashes weighted by their microbatch (replicas of one run hash alike).
 A gradient divided by the schedule's scale is sketched, then divided."""
 import torch
 
-from diffcheck import sketch
-from diffcheck.dump.layouts import block_index, replica_axes, spec_entry
+from diffcheck.dump import sketch_token_dim
+from diffcheck.dump.layouts import block_index, global_length, replica_axes, spec_entry
 from diffcheck.torch.capture_writing import logical_dtype
 from diffcheck.torch.data_axes import with_data_axes
 
@@ -101,16 +101,11 @@ def start(sketches, capture, attrs, value, microbatches, stage):
     shape = (value.shape[0] * microbatches, *value.shape[1:])
     if c.data_axes:
         attrs = with_data_axes(attrs, shape, c.data_axes, shape[0])
-    for dim in (-2, -3)[:len(shape) - 1]:
-        entry = spec_entry(attrs.get("spec"), dim, len(shape))
-        tokens = shape[dim]
-        shards = 1
-        for axis in ([] if entry == "-" else entry.split("*")):
-            shards *= c.axis_sizes[axis]
-        if sketch.sketchable(value, sketches.rows, tokens * shards):
-            break
-    else:
+    spec = attrs.get("spec")
+    dim = sketch_token_dim(len(shape), lambda d: global_length(shape, spec, d, c.axis_sizes), sketches.rows)
+    if dim is None:
         return None
+    entry, tokens = spec_entry(spec, dim, len(shape)), shape[dim]
     first = block_index(entry, c.rank, c.axis_sizes) * tokens
     share, shared = None, None
     replicas = replica_axes({**attrs, "stage": stage}, c.axis_sizes)  # the stage's axis holds other taps

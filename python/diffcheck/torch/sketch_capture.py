@@ -14,7 +14,8 @@ before: it costs no more.
 import functools
 
 from diffcheck import sketch
-from diffcheck.dump.layouts import block_index, replica_axes, spec_entry
+from diffcheck.dump import sketch_token_dim
+from diffcheck.dump.layouts import block_index, global_length, replica_axes, spec_entry
 
 CPU_HELD_BYTES = 64 << 20  # CPU summaries held until the step ends, at most
 
@@ -55,22 +56,14 @@ class SketchTaps:
         return True
 
     def _token_dim(self, tensor, spec):
-        """(token dimension from the end, its spec entry) of a tap's piece:
-        -2 where the GLOBAL tensor holds more tokens there than the sketch has
-        rows, else -3 where it does (attention's [..., sequence, heads,
-        head_dim] with few heads: FORMAT.md's `sketch_dim`); (None, None): the
-        tap is written whole. Decided on global counts, so that every rank
-        and the reference agree."""
-        for dim in (-2, -3):
-            if tensor.dim() < -dim:
-                break
-            entry = spec_entry(spec, dim, tensor.dim())
-            shards = 1
-            for axis in ([] if entry == "-" else entry.split("*")):
-                shards *= self.capture.axis_sizes[axis]
-            if sketch.sketchable(tensor, self.sketcher.k, tensor.shape[dim] * shards):
-                return dim, entry
-        return None, None
+        """(token dimension from the end, its spec entry) of a tap's piece
+        under `spec` (dump.sketch_token_dim's rule); (None, None): the tap is
+        written whole."""
+        if not tensor.is_floating_point():
+            return None, None
+        dim = sketch_token_dim(tensor.dim(), lambda d: global_length(tensor.shape, spec, d, self.capture.axis_sizes),
+                               self.sketcher.k)
+        return (None, None) if dim is None else (dim, spec_entry(spec, dim, tensor.dim()))
 
     def add(self, name, summary, attrs, logical, tokens, shared, dim=-2):
         """A summary to write (a pipeline's microbatches put together: pipeline_sketch.py)."""
