@@ -28,9 +28,11 @@ device, reported (with the step, the module and the first differing element)
 at the next check, as a TRANSIENT fault rather than a replica disagreement.
 
 `exchange_every=N` (or "auto": N picked by the hub from measured times)
-sends N checks' hashes together (diffcheck/watch/batches.py): each check is
-still made at its step and a finding names that step, found up to N-1
-checks later; the default, 1, exchanges every check at once.
+sends N checks' hashes together (diffcheck/watch/batches.py), to every rank
+without waiting, each batch read at the next exchange (watch/posted.py):
+each check is still made at its step and a finding names that step, found
+up to 2N-1 checks later; the default, 1, exchanges every check at once
+through the hub and waits for its word.
 
 It never hangs: each exchange waits at most `timeout` seconds and then names
 the ranks that did not come (diffcheck/watch/exchange.py). It never lies: a
@@ -55,10 +57,12 @@ import torch.distributed as dist
 from diffcheck.dump import mesh_size, mesh_sizes
 from diffcheck.dump.layouts import (check_layout, dtensor_layout, is_dtensor, layout_attrs, placement_attrs,
                                      rank_coords, replica_axes)
-from diffcheck.watch.batches import Batches, first_apart
-from diffcheck.watch.exchange import Exchange, Unanswered
-from diffcheck.watch.hashing import ALGORITHMS, SUMS, CheckRows
+from diffcheck.watch.batches import Batches
+from diffcheck.watch.exchange import Exchange
+from diffcheck.watch.hashing import SUMS, CheckRows
 from diffcheck.watch.errors import RankUnresponsive, ReplicasDiffer, TransientFault, WatchError  # noqa: F401
+from diffcheck.watch.judge import Judging
+from diffcheck.watch.posted import Posted
 from diffcheck.watch.report import WatchReports
 from diffcheck.watch.rerun import Rerun
 
@@ -85,7 +89,7 @@ def _grad(p):
     return p.grad
 
 
-class Watch(WatchReports):
+class Watch(Judging, WatchReports):
     def __init__(self, model, optimizer=None, *, mesh, every=1, layouts=None, out="dumps/watch",
                  on_mismatch="stop", timeout=300.0, grads=True, group=None, rerun=None, rerun_every=10,
                  exchange_every=1):
@@ -136,6 +140,8 @@ class Watch(WatchReports):
                              f"({len(everyone[other][1])} against {len(everyone[0][1])}): the ranks watched together "
                              "must hold the same model (give group= the ranks of one pipeline stage)")
         self.exchange = Exchange(group, self.rank, self.world, hosts, timeout)
+        # Batched (exchange_every other than 1): posted to every rank, read a batch later (watch/posted.py)
+        self._posted = Posted(self.exchange) if self._batches.fixed != 1 else None
         self._placed = {}  # (placements, device mesh, dimensions) -> layout attrs
         # DIFFCHECK_WATCH_HASH=sums: the accelerator's hash on every device (its CPU twin, which the suite runs)
         self._sums = os.environ.get("DIFFCHECK_WATCH_HASH", "") == "sums"
@@ -179,9 +185,11 @@ class Watch(WatchReports):
         exchanged: the other ranks may never come to an exchange."""
         if check and self.optimizer is not None and self.steps:
             self.check(grads=False, after=True)
-        elif check and self._batches.kept:
+        elif check and (self._batches.kept or (self._posted is not None and self._posted.pending is not None)):
             self._timed(self._exchange_kept, False)
         self._batches.kept = []
+        if self._posted is not None:  # (check=False: a batch on its way is dropped; gloo lets the job exit)
+            self._posted.pending = None
         opt = self.optimizer
         if opt is not None and "step" in opt.__dict__:
             if self._step_was is None:
@@ -255,55 +263,14 @@ class Watch(WatchReports):
         mine, on_device = self._rows[grads].fill(tensors)
         if on_device:
             for (i, _), h in zip(on_device, torch.stack([h for _, h in on_device]).cpu().tolist()):
-                mine[i] = torch.tensor(h + [SUMS, 1], dtype=torch.int64)
+                mine[i] = h + [SUMS, 1]
         transient = self.rerun.take() if self.rerun is not None else []
         mine[-1, 0] = len(transient)  # the last row
         kept = self._batches.kept
         if kept and kept[0][0].shape != mine.shape:  # (a check without gradients among those with): not one table
             self._exchange_kept(False)
         if self._batches.keep(mine, self.steps, transient) or not batched or after:
-            self._exchange_kept(after)
-
-    def _exchange_kept(self, after):
-        """The kept checks' rows to the hub, its word back, and the first
-        check with a finding reported (collective)."""
-        rows, steps, transient = self._batches.take()
-        n = rows.shape[1] - 1
-        names = self._names[:n]
-        when = (f"before step {steps[-1]}'s optimizer step" if not after else "after the last optimizer step") + \
-            (f" (with the checks before steps {', '.join(map(str, steps[:-1]))})" if len(steps) > 1 else "")
-        start = time.perf_counter()
-        try:
-            table = self.exchange.collect(rows, self.checks, when)  # the hub's alone
-            news = table is not None and (bool(table[:, :, -1, 0].any()) or bool(first_apart(table,
-                                                                                            self._leaders[:n]).any()))
-            size = self._batches.next_size(rows[0].numel() * 8) if table is not None else 1
-            everyone, self._batches.size = self.exchange.announce(news, table, self.checks, when, size)
-        except Unanswered as e:
-            raise RankUnresponsive(str(e)) from e
-        if table is not None:
-            self._batches.timed(time.perf_counter() - start)
-        if everyone is None:  # every replica group agrees
-            return
-        found = []
-        for c, step in enumerate(steps):  # the first check whose replicas differ
-            for i, kind, name, value, g, rows_of in self._apart(everyone[:, c], names):
-                self._same_algorithm(kind, name, rows_of)
-                found.append(self._finding(kind, name, g, rows_of, value, step))
-            if found:
-                break
-        if everyone[:, :, -1, 0].any():
-            self._report_transient(transient)
-        if found:
-            self._report(found, after, len(steps))
-
-    def _apart(self, everyone, names):
-        """(index, kind, name, value, group, {rank: row}) of every replica group whose rows differ."""
-        for i, (kind, name, value) in enumerate(names):
-            for g in self._groups[name]:
-                rows = {r: tuple(everyone[r][i]) for r in g}
-                if len(set(rows.values())) > 1:
-                    yield i, kind, name, value, g, rows
+            self._exchange_kept(after, drain=not batched or after)
 
     def _local(self, name, t):
         """This rank's piece of t (a DTensor's local tensor), refused if its
@@ -335,35 +302,6 @@ class Watch(WatchReports):
                              f"{attrs}, not {self._layout[name]} as when the watch started")
         self._seen[name] = now
         return local
-
-    def _same_algorithm(self, kind, name, rows):
-        """Hashes made two ways never agree: refused (on every rank, which all see
-        the same rows) rather than reported as replicas apart."""
-        made = {r: row[2] for r, row in rows.items() if row[3]}
-        if len(set(made.values())) > 1:
-            ways = "; ".join(f"rank {r}: {ALGORITHMS.get(a, a)}" for r, a in made.items())
-            raise ValueError(f"rank {self.rank}: watch(): the replicas of {kind}/{name} were hashed in different ways "
-                             f"({ways}), which cannot be compared: give every rank the same kind of device and the "
-                             "same diffcheck installation")
-
-    def _finding(self, kind, name, group, rows, value, step):
-        counts = {}
-        for h in rows.values():
-            counts[h] = counts.get(h, 0) + 1
-        majority = max(counts.values())
-        common = [h for h, n in counts.items() if n == majority]
-        # The odd ones out: ranks whose hash fewer hold (with two, or a tie, every rank apart from the first).
-        base = common[0] if len(common) == 1 else rows[group[0]]
-        apart = [r for r in group if rows[r] != base]
-        classes = {}  # the ranks of each hash, in the group's order
-        for r in group:
-            classes.setdefault(rows[r], []).append(r)
-        return {"step": step, "found_at": self.steps, "kind": kind, "tensor": f"{kind}/{name}", "name": name, "group": group,
-                "classes": list(classes.values()),
-                "value": value, "base": next(r for r in group if rows[r] == base),
-                "apart": apart, "odd_one_out": len(common) == 1 and len(group) >= 3,
-                "everywhere": all(row[3] for row in rows.values()),  # every rank of the group has the tensor
-                "hosts": {r: self.hosts[r] for r in group}}
 
 
 def watch(model, optimizer=None, *, mesh, every=1, **kwargs):

@@ -99,13 +99,13 @@ class CheckRows:
         self.fused = None if sums else sketch_cpu.watch_rows_function()
         # the arrays' addresses, taken once (numpy makes an object for each .ctypes)
         self._addresses = [a.ctypes.data for a in (self.pointers, self.bytes, self.elements)] + [self.table.ctypes.data]
-        self._rows = torch.from_numpy(self.table)
 
     def fill(self, tensors):
-        """(rows, on_device): rows an int64 tensor [count + 1, 4] (the last row
-        zeros, the caller's), sharing memory with this plan (valid until the next
-        fill); on_device [(index, the accelerator's two sums there)], which the
-        caller brings over at once."""
+        """(rows, on_device): rows this plan's int64 array [count + 1, 4] (the
+        last row zeros, the caller's; valid until the next fill: a NumPy array,
+        since a torch tensor's item assignment costs ~20 us a check); on_device
+        [(index, the accelerator's two sums there)], which the caller brings
+        over at once."""
         singles, on_device = [], []
         pointers, sizes, counts = [], [], []  # assigned to the plan's arrays at once: per element is slower
         fused = self.fused is not None
@@ -134,4 +134,4 @@ class CheckRows:
                 on_device.append((i, row))
             else:
                 self.table[i] = row
-        return self._rows, on_device
+        return self.table, on_device
