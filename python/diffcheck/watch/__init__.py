@@ -28,11 +28,9 @@ device, reported (with the step, the module and the first differing element)
 at the next check, as a TRANSIENT fault rather than a replica disagreement.
 
 `exchange_every=N` (or "auto": N picked by the hub from measured times)
-sends N checks' hashes together (diffcheck/watch/batches.py), to every rank
-without waiting, each batch read at the next exchange (watch/posted.py):
-each check is still made at its step and a finding names that step, found
-up to 2N-1 checks later; the default, 1, exchanges every check at once
-through the hub and waits for its word.
+sends N checks' hashes together (diffcheck/watch/batches.py): each check is
+still made at its step and a finding names that step, found up to N-1
+checks later; the default, 1, exchanges every check at once.
 
 It never hangs: each exchange waits at most `timeout` seconds and then names
 the ranks that did not come (diffcheck/watch/exchange.py). It never lies: a
@@ -62,7 +60,6 @@ from diffcheck.watch.exchange import Exchange
 from diffcheck.watch.hashing import SUMS, CheckRows
 from diffcheck.watch.errors import RankUnresponsive, ReplicasDiffer, TransientFault, WatchError  # noqa: F401
 from diffcheck.watch.judge import Judging
-from diffcheck.watch.posted import Posted
 from diffcheck.watch.report import WatchReports
 from diffcheck.watch.rerun import Rerun
 
@@ -140,8 +137,6 @@ class Watch(Judging, WatchReports):
                              f"({len(everyone[other][1])} against {len(everyone[0][1])}): the ranks watched together "
                              "must hold the same model (give group= the ranks of one pipeline stage)")
         self.exchange = Exchange(group, self.rank, self.world, hosts, timeout)
-        # Batched (exchange_every other than 1): posted to every rank, read a batch later (watch/posted.py)
-        self._posted = Posted(self.exchange) if self._batches.fixed != 1 else None
         self._placed = {}  # (placements, device mesh, dimensions) -> layout attrs
         # DIFFCHECK_WATCH_HASH=sums: the accelerator's hash on every device (its CPU twin, which the suite runs)
         self._sums = os.environ.get("DIFFCHECK_WATCH_HASH", "") == "sums"
@@ -185,11 +180,9 @@ class Watch(Judging, WatchReports):
         exchanged: the other ranks may never come to an exchange."""
         if check and self.optimizer is not None and self.steps:
             self.check(grads=False, after=True)
-        elif check and (self._batches.kept or (self._posted is not None and self._posted.pending is not None)):
+        elif check and self._batches.kept:
             self._timed(self._exchange_kept, False)
         self._batches.kept = []
-        if self._posted is not None:  # (check=False: a batch on its way is dropped; gloo lets the job exit)
-            self._posted.pending = None
         opt = self.optimizer
         if opt is not None and "step" in opt.__dict__:
             if self._step_was is None:
@@ -270,7 +263,7 @@ class Watch(Judging, WatchReports):
         if kept and kept[0][0].shape != mine.shape:  # (a check without gradients among those with): not one table
             self._exchange_kept(False)
         if self._batches.keep(mine, self.steps, transient) or not batched or after:
-            self._exchange_kept(after, drain=not batched or after)
+            self._exchange_kept(after)
 
     def _local(self, name, t):
         """This rank's piece of t (a DTensor's local tensor), refused if its

@@ -3,20 +3,18 @@ check's rows of hashes are made at its step and kept; every N-th check (and
 at close()) the kept rows travel to the hub together, and a finding still
 names the step whose rows differ.
 
-Why: the hub's exchange is two round trips. Where the ranks share cores,
-each costs a scheduling wait (0.4-0.6 ms a check at 2 ranks on 2 cores), 4%
-of the 15 ms step of examples/watch_train.py's tensor-parallel block, while
-the hashes cost 0.1 ms. A batch is posted to every rank and read at the
-next exchange (diffcheck/watch/posted.py), so it costs the posting alone,
-1/N as often; what is given up is the latency of a finding (found up to
-2N - 1 checks later) and the pieces written then are the tensors as they
-are at that exchange, which the report says.
+Why: the exchange is two round trips through the hub. Where the ranks share
+cores, each costs a scheduling wait (0.4-0.6 ms a check at 2 ranks on 2
+cores), 4% of the 15 ms step of examples/watch_train.py's tensor-parallel
+block, while the hashes cost 0.1 ms. Exchanged N at a time, the round trips
+cost 1/N as much; what is given up is the latency of a finding (found up to
+N - 1 checks later) and the pieces written then are the tensors as they are
+at that exchange, which the report says.
 
 "auto": the hub times each exchange and the steps between checks, and sets
 N so that the exchange costs at most BUDGET of the steps, within at most
-MAX_DELAY_S of steps and MAX_KEPT_BYTES of kept rows. N travels in the hub's
-message, which every rank reads at the same exchange, so every rank starts
-a batch with the same N.
+MAX_DELAY_S of steps and MAX_KEPT_BYTES of kept rows. N travels with the
+hub's answer, so every rank starts the next batch with the same N.
 
 Not the default (exchange_every=1, every check exchanged at once): between
 two exchanges no rank waits in the watch, so a rank that stops there leaves
@@ -30,7 +28,9 @@ import torch
 
 BUDGET = 0.0025  # the exchange's share of the steps that "auto" aims at
 MAX_DELAY_S = 2.0  # the steps a finding may wait for its exchange, at most (in the hub's timing)
-MAX_CHECKS = 64
+# (64 before: a small model's 11 ms steps then exchanged every 0.7 s, each exchange 2-4 ms of scheduling waits on
+# 2 shared cores; MAX_DELAY_S bounds a finding's wait, MAX_KEPT_BYTES the rows kept)
+MAX_CHECKS = 256
 MAX_KEPT_BYTES = 16 << 20
 
 

@@ -1,9 +1,7 @@
 """The exchange of dct.watch's kept checks and their judgement (a mixin of
-diffcheck/watch/__init__.py's Watch): the rows go through the hub and are
-waited for (exchange_every=1, watch/exchange.py), or are posted to every rank
-and read one batch later (any other exchange_every, watch/posted.py); then
-the first check of a batch whose replica groups hold different hashes is
-reported (watch/report.py)."""
+diffcheck/watch/__init__.py's Watch): the rows go to the hub, which compares
+them (watch/exchange.py), and when some replica group's hashes differ the
+first check of the batch that holds a finding is reported (watch/report.py)."""
 import time
 
 from diffcheck.watch.batches import first_apart
@@ -13,23 +11,18 @@ from diffcheck.watch.hashing import ALGORITHMS
 
 
 class Judging:
-    def _exchange_kept(self, after, drain=True):
-        """The kept checks exchanged, and the first check with a finding
-        reported (collective). Posted (watch/posted.py): the batch posted
-        before is read and judged; with drain this one too, waited for."""
-        if not self._batches.kept:  # (close(), with only a posted batch left)
-            read = self._posted.drain() if self._posted is not None else []
-            return self._judge_read(read, after)
+    def _exchange_kept(self, after):
+        """The kept checks' rows to the hub, its word back, and the first
+        check with a finding reported (collective)."""
         rows, steps, transient = self._batches.take()
         n = rows.shape[1] - 1
         when = (f"before step {steps[-1]}'s optimizer step" if not after else "after the last optimizer step") + \
             (f" (with the checks before steps {', '.join(map(str, steps[:-1]))})" if len(steps) > 1 else "")
-        if self._posted is not None:
-            return self._posted_exchange(rows, steps, transient, when, after, drain)
         start = time.perf_counter()
         try:
             table = self.exchange.collect(rows, self.checks, when)  # the hub's alone
-            news = table is not None and self._news(table, n)
+            news = table is not None and (bool(table[:, :, -1, 0].any()) or
+                                          bool(first_apart(table, self._leaders[:n]).any()))
             size = self._batches.next_size(rows[0].numel() * 8) if table is not None else 1
             everyone, self._batches.size = self.exchange.announce(news, table, self.checks, when, size)
         except Unanswered as e:
@@ -38,33 +31,6 @@ class Judging:
             self._batches.timed(time.perf_counter() - start)
         if everyone is not None:  # some replica group disagrees
             self._judge(everyone, steps, transient, after)
-
-    def _posted_exchange(self, rows, steps, transient, when, after, drain):
-        start = time.perf_counter()
-        size = self._batches.next_size(rows[0].numel() * 8) if self.rank == 0 else 0
-        try:
-            read = self._posted.post(rows, steps, transient, self.checks, when, size)
-            # A finding's report is collective work: nothing may be on its way then
-            if drain or any(self._news(table, table.shape[2] - 1) for table, *_ in read):
-                read += self._posted.drain()
-        except Unanswered as e:
-            raise RankUnresponsive(str(e)) from e
-        if self.rank == 0:
-            self._batches.timed(time.perf_counter() - start)
-        self._judge_read(read, after)
-
-    def _judge_read(self, read, after):
-        """Posted batches read (watch/posted.py), in order: the hub's size taken
-        up (by every rank at the same exchange), each batch with news judged."""
-        for table, steps, transient, size in read:
-            self._batches.size = size or self._batches.size
-        for table, steps, transient, _ in read:
-            if self._news(table, table.shape[2] - 1):
-                self._judge(table, steps, transient, after)
-
-    def _news(self, table, n):
-        """Whether a table [rank, check, row, 4] holds a finding: a rerun's, or replicas apart."""
-        return bool(table[:, :, -1, 0].any()) or bool(first_apart(table, self._leaders[:n]).any())
 
     def _judge(self, everyone, steps, transient, after):
         """The first check of the table whose replica groups differ reported, after any rerun finding."""
