@@ -14,12 +14,16 @@ dir=${DIFFCHECK_TRANSFORMERS_515:-$root/.transformers-5.15}
 py=${DIFFCHECK_VENV:-$root/.venv}/bin/python
 # transformers 5.15 wants tokenizers <= 0.23.0 and huggingface-hub < 2 (the torch environment has newer).
 PINS=(transformers==5.15.1 tokenizers==0.22.2)
+# pip's expected complaints about the second install: the torch environment's versions beside these, and
+# the bin/ folder the first install made (both put commands there)
+EXPECTED="^WARNING: Location .* is ignored\|requires .* which is not installed\|dependency resolver"
+EXPECTED+="\|^WARNING: Target directory .* already exists"
 if [[ ! -f $dir/.complete ]]; then
   rm -rf "$dir"
   PIP_DISABLE_PIP_VERSION_CHECK=1 "$py" -m pip install -q --progress-bar off --target "$dir" --no-deps "${PINS[@]}" 2>&1 |
-    grep -v "^WARNING: Location .* is ignored" || true
+    grep -v "^WARNING: Location .* is ignored" >&2 || true
   PIP_DISABLE_PIP_VERSION_CHECK=1 "$py" -m pip install -q --progress-bar off --target "$dir" "huggingface-hub>=1.5,<2" \
-    httpx 2>&1 | grep -v "^WARNING: Location .* is ignored\|requires .* which is not installed\|dependency resolver" || true
+    httpx 2>&1 | grep -v "$EXPECTED" >&2 || true  # (stdout is the folder alone: setup.sh prints it)
   (cd / && PYTHONPATH=$dir "$py" -c "import transformers; assert transformers.__version__ == '5.15.1'") ||
     { echo "transformers_515: $dir does not import transformers 5.15.1 (see above)" >&2; exit 1; }
   touch "$dir/.complete"
