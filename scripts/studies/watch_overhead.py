@@ -100,16 +100,21 @@ def check_costs(rank, model, opt, mesh, out, args, steps, ratios):
     """The check itself, timed where it runs (its share of a step at every=E is its time / (E x a step's)),
     and the hashes alone; rank 0 prints them with the paired ratios."""
     w = dct.watch(model, opt, mesh=mesh, every=1, out=os.path.join(out, "w"), exchange_every=args.exchange_every)
-    check_times = []
-    inner = w.check
+    check_times, parts = [], {"rows": [], "exchange": []}
 
-    def timed_check(*a, **k):
-        t0 = time.perf_counter()
-        try:
-            return inner(*a, **k)
-        finally:
-            check_times.append(time.perf_counter() - t0)
-    w.check = timed_check
+    def timed(work, into):
+        def timed_work(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return work(*a, **k)
+            finally:
+                into.append(time.perf_counter() - t0)
+        return timed_work
+    w.check = timed(w.check, check_times)
+    # its parts: the rows (every tensor's piece and hash: CheckRows.fill) and the exchanges (with any report)
+    for rows in w._rows.values():
+        rows.fill = timed(rows.fill, parts["rows"])
+    w._exchange_kept = timed(w._exchange_kept, parts["exchange"])
     t0 = time.perf_counter()
     steps(args.steps)
     watched = time.perf_counter() - t0
@@ -134,6 +139,11 @@ def check_costs(rank, model, opt, mesh, out, args, steps, ratios):
               f"{batch} checks an exchange at the end); a step without it "
               f"{step_s * 1e3:.0f} ms: " + ", ".join(f"every={e}: +{100 * check_s / (e * step_s):.2f}%"
                                                      for e in (1, 2, 5, 10, 20, 50, 100)))
+        n = len(check_times)
+        print(f"of a check, mean: its rows (pieces and hashes) {sum(parts['rows']) / n * 1e3:.3f} ms, the exchanges "
+              f"{sum(parts['exchange']) / n * 1e3:.3f} ms ({len(parts['exchange'])} in {n} checks, each "
+              f"{statistics.median(parts['exchange'] or [0]) * 1e3:.2f} ms median), the rest "
+              f"{(sum(check_times) - sum(parts['rows']) - sum(parts['exchange'])) / n * 1e3:.3f} ms")
         print(f"hashing every parameter and gradient once: {hash_s * 1e3:.1f} ms "
               f"({sum(p.numel() for p in local) / 1e6:.2f} M parameters on a rank)")
 
