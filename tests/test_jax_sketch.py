@@ -125,6 +125,25 @@ class Pieces(unittest.TestCase):
                 # token 41 is rank 5's, tokens 9 and 10 rank 1's (8 tokens each)
                 self.assertEqual(counts, [(0, 0), (0, 2), (0, 0), (0, 0), (0, 0), (1, 0), (0, 0), (0, 0)])
 
+    def test_the_kernels_counts_and_hash_across_its_lanes_and_chunks(self):
+        """diffcheck_piece_check reads a piece in 256 KiB chunks, its maxima in 32 lanes: NaN and Inf
+        placed in a first lane, a last lane, the remainder past the lanes and a later chunk are each
+        counted exactly, and the hash is XXH3's of the whole piece at once, for every element width."""
+        from diffcheck.sketch import cpu_kernel
+        xxh3 = cpu_kernel.bytes_hash_function()
+        self.assertIsNotNone(xxh3, "the kernel library is built beside the package")
+        for dtype in ("float32", "float64", "float16"):
+            for n in (1, 31, 32, 33, 65535 + 3, 200003):
+                with self.subTest(dtype=dtype, n=n):
+                    x = np.random.default_rng(n).standard_normal(n).astype(dtype)
+                    places = sorted({0, n - 1, (n // 32) * 32 if n % 32 else n - 1, n // 2, min(n - 1, 70000)})
+                    for i, at in enumerate(places):
+                        x[at] = np.nan if i % 2 == 0 else -np.inf
+                    nan, inf, words = host_sketch._check(x, library.KINDS[dtype], True)
+                    self.assertEqual((nan, inf), (int(np.isnan(x).sum()), int(np.isinf(x).sum())))
+                    self.assertEqual(words, f"{xxh3(x.ctypes.data, x.nbytes):016x}")
+                    self.assertEqual(host_sketch._check(x, library.KINDS[dtype], False), (nan, inf, "-"))
+
     def test_the_host_and_the_program_agree(self):
         """Every kind of piece: replicated (its tokens shared, hashed), split along tokens, along width,
         with lead dimensions, a partial sum over an unreduced axis, 16-bit dtypes, subnormals; each rank's

@@ -307,14 +307,24 @@ void diffcheck_watch_rows(const void *const *ptrs, const int64_t *bytes, const i
  * element's own width: a finite piece (nearly all of them) is known
  * finite there, and only a piece with a NaN or an Inf is counted. (Counting
  * every piece into int64 sums ran at 20 GB/s in cache, slower than the hash
- * beside it.) */
+ * beside it.) The maxima are kept in SPECIAL_LANES lanes, several vectors
+ * apart, so that they do not wait on one another: 67 -> 97 GB/s in cache. */
+#define SPECIAL_LANES 32 /* elements a step: four maxima apart (one vector each for 8-byte elements) */
 #define SPECIAL_COUNT(NAME, T, MAGNITUDE)                                               \
   VECTOR_CLONES static void NAME(const T *x, int64_t n, T inf_bits, int64_t *nan, int64_t *inf) { \
+    T lanes[SPECIAL_LANES] = {0};                                                       \
+    int64_t i = 0;                                                                      \
+    for (; i + SPECIAL_LANES <= n; i += SPECIAL_LANES)                                  \
+      for (int j = 0; j < SPECIAL_LANES; ++j) {                                         \
+        T m = x[i + j] & (T)(MAGNITUDE);                                                \
+        lanes[j] = m > lanes[j] ? m : lanes[j];                                         \
+      }                                                                                 \
     T largest = 0;                                                                      \
-    for (int64_t i = 0; i < n; ++i) {                                                   \
+    for (; i < n; ++i) {                                                                \
       T m = x[i] & (T)(MAGNITUDE);                                                      \
       largest = m > largest ? m : largest;                                              \
     }                                                                                   \
+    for (int j = 0; j < SPECIAL_LANES; ++j) largest = lanes[j] > largest ? lanes[j] : largest; \
     int64_t nans = 0, infs = 0;                                                         \
     if (largest >= inf_bits) {                                                          \
       for (int64_t i = 0; i < n; ++i) {                                                 \
@@ -336,9 +346,12 @@ SPECIAL_COUNT(special_u64, uint64_t, 0x7FFFFFFFFFFFFFFFull)
  * (replicas of one run compare it; FORMAT.md lets bits_hash be any function
  * of the bytes) and its exact NaN and Inf counts, in one read: the piece
  * goes a chunk at a time through XXH3's streaming state (the same hash as
- * one call over all of it) and, while the chunk is in the first-level cache,
- * through the counts. */
-#define CHECK_CHUNK 16384 /* bytes: a multiple of every element size */
+ * one call over all of it) and, while the chunk is in the second-level
+ * cache, through the counts. A chunk of 256 KiB, not 16 KiB as before: the
+ * hash's reads of memory then come in long runs the prefetcher follows (a
+ * 32 MiB piece out of cache 20 -> 32 GB/s, a 4 MiB one 30 -> 44 GB/s here;
+ * XXH3 alone 42 and 60). */
+#define CHECK_CHUNK 262144 /* bytes: a multiple of every element size */
 
 void diffcheck_piece_check(const void *x, int32_t kind, int64_t n, int32_t hash_it, uint64_t *hash, int64_t *nan,
                            int64_t *inf) {
