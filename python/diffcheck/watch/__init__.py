@@ -65,6 +65,9 @@ from diffcheck.watch.rerun import Rerun
 
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # exactly these types: a subclass (a DTensor) may hold a piece
+
+
 def replica_groups(axis_sizes, attrs, world):
     """The groups of ranks (each sorted, size > 1) that must hold equal pieces
     of a tensor laid out as `attrs` ({"spec", "partial", "stage"}) on the mesh."""
@@ -268,6 +271,8 @@ class Watch(Judging, WatchReports):
     def _local(self, name, t):
         """This rank's piece of t (a DTensor's local tensor), refused if its
         layout is not the one the watch started with."""
+        if type(t) in _PLAIN:  # its own piece (the lookups below fail on it: two raised AttributeErrors)
+            return t
         local = getattr(t, "_local_tensor", None)  # to_local() is an autograd function: 10x the time
         if not isinstance(local, torch.Tensor):
             if t is None or not is_dtensor(t):
