@@ -309,7 +309,7 @@ void diffcheck_watch_rows(const void *const *ptrs, const int64_t *bytes, const i
  * every piece into int64 sums ran at 20 GB/s in cache, slower than the hash
  * beside it.) The maxima are kept in SPECIAL_LANES lanes, several vectors
  * apart, so that they do not wait on one another: 67 -> 97 GB/s in cache. */
-#define SPECIAL_LANES 32 /* elements a step: four maxima apart (one vector each for 8-byte elements) */
+#define SPECIAL_LANES 32 /* elements a step: 2 (16-bit) to 8 (64-bit) AVX2 vectors of maxima kept apart */
 #define SPECIAL_COUNT(NAME, T, MAGNITUDE)                                               \
   VECTOR_CLONES static void NAME(const T *x, int64_t n, T inf_bits, int64_t *nan, int64_t *inf) { \
     T lanes[SPECIAL_LANES] = {0};                                                       \
