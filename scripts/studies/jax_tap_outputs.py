@@ -73,11 +73,14 @@ def settled(out):
             jax.block_until_ready(value)
 
 
-def per_call(fn, calls):
-    """Seconds per call of `calls` calls of fn in a row."""
-    t0 = time.perf_counter()
+def per_call(fn, calls, cpu=None):
+    """Seconds per call of `calls` calls of fn in a row; with a list `cpu`,
+    the process's CPU seconds per call (every thread's) appended to it."""
+    c0, t0 = time.process_time(), time.perf_counter()
     for _ in range(calls):
         fn()
+    if cpu is not None:
+        cpu.append((time.process_time() - c0) / calls)
     return (time.perf_counter() - t0) / calls
 
 
@@ -138,9 +141,12 @@ def main():
             # would be in the caches' way of the calls after it (a sketch
             # capture's own loop writes a few MiB a call): blocks of --block
             # calls of the forward, the sketch capture and its sketches alone, in turn
+            cpu_ratios = []  # CPU seconds (all threads): beside the wall's, tells work added from waiting added
             for _ in range(args.repeats):
-                forward = per_call(lambda: jax.block_until_ready(plain(x, w1, w2)), args.block)
-                sketch_ratios.append(per_call(lambda: run_sketched(x, w1, w2), args.block) / forward)
+                cpu = []
+                forward = per_call(lambda: jax.block_until_ready(plain(x, w1, w2)), args.block, cpu)
+                sketch_ratios.append(per_call(lambda: run_sketched(x, w1, w2), args.block, cpu) / forward)
+                cpu_ratios.append(cpu[1] / cpu[0])
                 program_ratios.append(per_call(lambda: settled(sketched.sketches.run((x, w1, w2), {})),
                                                args.block) / forward)
             calls = 2 + 2 * args.repeats * args.block
@@ -165,6 +171,9 @@ def main():
     print(f"sketch capture per call (sketches made {where}, 8 rank files): "
           f"{statistics.median(sketch_ratios):.3f}x the forward (range {sketch_ratios[0]:.3f}-{sketch_ratios[-1]:.3f}), "
           f"{sizes['sketch'] / 2 ** 20:.2f} MiB of files a call")
+    cpu_ratios.sort()
+    print(f"  its CPU time (every thread's) against the forward's: {statistics.median(cpu_ratios):.3f}x "
+          f"(range {cpu_ratios[0]:.3f}-{cpu_ratios[-1]:.3f})")
     program_ratios.sort()
     print(f"  of which the sketches alone (the forward, its taps sketched, no file written): "
           f"{statistics.median(program_ratios):.3f}x the forward (range {program_ratios[0]:.3f}-{program_ratios[-1]:.3f})")
