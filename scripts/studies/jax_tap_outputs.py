@@ -94,6 +94,24 @@ def timed(fn, args, repeats):
     return times
 
 
+def sketch_blocks(plain, run_sketched, sketched, args_of_call, args):
+    """Paired apart from the whole capture, whose hundreds of MiB written would
+    be in the caches' way of the calls after it (a sketch capture's own loop
+    writes a few MiB a call): blocks of --block calls of the forward, the
+    sketch capture and its sketches alone, in turn. Returns the ratios of the
+    capture's wall time, of its CPU time (every thread's: beside the wall's,
+    it tells work added from waiting added) and of the sketches alone."""
+    sketch_ratios, cpu_ratios, program_ratios = [], [], []
+    for _ in range(args.repeats):
+        cpu = []
+        forward = per_call(lambda: jax.block_until_ready(plain(*args_of_call)), args.block, cpu)
+        sketch_ratios.append(per_call(lambda: run_sketched(*args_of_call), args.block, cpu) / forward)
+        cpu_ratios.append(cpu[1] / cpu[0])
+        program_ratios.append(per_call(lambda: settled(sketched.sketches.run(args_of_call, {})), args.block)
+                              / forward)
+    return sketch_ratios, cpu_ratios, program_ratios
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=1024)
@@ -130,25 +148,15 @@ def main():
             for _ in range(2):  # compiles (the sketch capture's second call, its donating form)
                 run(x, w1, w2)
                 run_sketched(x, w1, w2)
-            whole, sketch_ratios, program_ratios = [], [], []
+            whole = []
             for _ in range(args.repeats):  # paired: the forward, then the whole capture
                 t0 = time.perf_counter()
                 jax.block_until_ready(plain(x, w1, w2))
                 t1 = time.perf_counter()
                 run(x, w1, w2)
                 whole.append((time.perf_counter() - t1) / (t1 - t0))
-            # paired apart from the whole capture, whose hundreds of MiB written
-            # would be in the caches' way of the calls after it (a sketch
-            # capture's own loop writes a few MiB a call): blocks of --block
-            # calls of the forward, the sketch capture and its sketches alone, in turn
-            cpu_ratios = []  # CPU seconds (all threads): beside the wall's, tells work added from waiting added
-            for _ in range(args.repeats):
-                cpu = []
-                forward = per_call(lambda: jax.block_until_ready(plain(x, w1, w2)), args.block, cpu)
-                sketch_ratios.append(per_call(lambda: run_sketched(x, w1, w2), args.block, cpu) / forward)
-                cpu_ratios.append(cpu[1] / cpu[0])
-                program_ratios.append(per_call(lambda: settled(sketched.sketches.run((x, w1, w2), {})),
-                                               args.block) / forward)
+            sketch_ratios, cpu_ratios, program_ratios = sketch_blocks(plain, run_sketched, sketched, (x, w1, w2),
+                                                                      args)
             calls = 2 + 2 * args.repeats * args.block
         sizes = {name: sum(os.path.getsize(os.path.join(tmp, f"{name}.rank{r}.h5")) for r in range(8)) / calls
                  for name in ("run", "sketch")}
