@@ -53,16 +53,11 @@ def jax_jobs(repeats):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
     sys.path.insert(0, os.path.join(HERE, "..", "studies"))
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
     from diffcheck.jax import sketch as jax_sketch
-    from jax_tap_outputs import with_tap_outputs
-    mesh = jax.make_mesh((8,), ("tp",))
-    k = jax.random.split(jax.random.key(0), 3)
-    x = jax.device_put(jax.random.normal(k[0], (1024, 1024)), NamedSharding(mesh, P()))
-    w1 = jax.device_put(jax.random.normal(k[1], (1024, 4096)) / 32, NamedSharding(mesh, P(None, "tp")))
-    w2 = jax.device_put(jax.random.normal(k[2], (4096, 1024)) / 64, NamedSharding(mesh, P("tp", None)))
+    from jax_tap_outputs import block_inputs, with_tap_outputs
+    mesh, inputs = block_inputs(1024, 1024)
     with jax.set_mesh(mesh):
-        taps = jax.block_until_ready(jax.jit(with_tap_outputs)(x, w1, w2)[1])
+        taps = jax.block_until_ready(jax.jit(with_tap_outputs)(*inputs)[1])
     sketched = checked = 0.0
     for key, v in sorted(taps.items()):
         dim = jax_sketch.sketch_dim(v.shape, v.dtype, 8)

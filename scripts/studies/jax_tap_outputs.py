@@ -73,6 +73,17 @@ def settled(out):
             jax.block_until_ready(value)
 
 
+def block_inputs(tokens, width):
+    """(mesh tp=8, (x, w1, w2)): the block's input, replicated, and its MLP's weights split over tp."""
+    mesh = jax.make_mesh((8,), ("tp",))
+    k = jax.random.split(jax.random.key(0), 3)
+    d = width
+    x = jax.device_put(jax.random.normal(k[0], (tokens, d)), NamedSharding(mesh, P()))
+    w1 = jax.device_put(jax.random.normal(k[1], (d, 4 * d)) / d ** 0.5, NamedSharding(mesh, P(None, "tp")))
+    w2 = jax.device_put(jax.random.normal(k[2], (4 * d, d)) / (4 * d) ** 0.5, NamedSharding(mesh, P("tp", None)))
+    return mesh, (x, w1, w2)
+
+
 def per_call(fn, calls, cpu=None):
     """Seconds per call of `calls` calls of fn in a row; with a list `cpu`,
     the process's CPU seconds per call (every thread's) appended to it."""
@@ -119,12 +130,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--block", type=int, default=3, help="calls in a row per timed block of the sketch capture")
     args = ap.parse_args()
-    mesh = jax.make_mesh((8,), ("tp",))
-    k = jax.random.split(jax.random.key(0), 3)
     t, d = args.tokens, args.width
-    x = jax.device_put(jax.random.normal(k[0], (t, d)), NamedSharding(mesh, P()))
-    w1 = jax.device_put(jax.random.normal(k[1], (d, 4 * d)) / d ** 0.5, NamedSharding(mesh, P(None, "tp")))
-    w2 = jax.device_put(jax.random.normal(k[2], (4 * d, d)) / (4 * d) ** 0.5, NamedSharding(mesh, P("tp", None)))
+    mesh, (x, w1, w2) = block_inputs(t, d)
     with jax.set_mesh(mesh):
         plain, tapped = jax.jit(block), jax.jit(with_tap_outputs)
         donating = jax.jit(into_spent, donate_argnums=0, keep_unused=True)
