@@ -112,6 +112,14 @@ class CheckRowsInOneCall(unittest.TestCase):
         again = plan.fill(tensors)[0].tolist()
         self.assertNotEqual(again[0], want[0])
         self.assertEqual(again[1:], want[1:])
+        # A kept check's rows stay its own until the batch is exchanged (release), across blocks of tables
+        later = [plan.fill(tensors)[0] for _ in range(plan.TABLES + 3)]
+        self.assertEqual(rows.tolist(), want)
+        self.assertEqual(len({r.ctypes.data for r in later} | {rows.ctypes.data}), len(later) + 1)
+        plan.release()
+        refilled = plan.fill(tensors[:1] + [None] * 5)[0]
+        self.assertIn(refilled.ctypes.data, {r.ctypes.data for r in later})  # filled again after release
+        self.assertEqual(refilled.tolist(), [again[0]] + [[0, 0, 0, 0]] * 6)
 
 
 class RerunDifference(unittest.TestCase):
@@ -284,7 +292,7 @@ class Refusals(unittest.TestCase):
 
 class ExchangeBatches(unittest.TestCase):
     def test_the_hubs_batch_size(self):
-        self.assertEqual(batches.planned_size(0.0005, 0.015, 1000), 14)  # 0.5 ms a 15 ms step: within 0.25%
+        self.assertEqual(batches.planned_size(0.0005, 0.015, 1000), 34)  # 0.5 ms a 15 ms step: within 0.1%
         self.assertEqual(batches.planned_size(0.0005, 0.5, 1000), 1)
         self.assertEqual(batches.planned_size(0.0005, 0.0001, 1000), batches.MAX_CHECKS)
         self.assertEqual(batches.planned_size(0.01, 0.5, 1000), 4)  # at most 2 s of steps

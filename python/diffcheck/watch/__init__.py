@@ -37,7 +37,7 @@ the ranks that did not come (diffcheck/watch/exchange.py). It never lies: a
 model with nothing replicated is refused when the watch starts, and so is a
 `layouts=` pattern that matches no parameter, names an axis the mesh lacks or
 has a spec of another rank; a parameter whose shape or layout changes between
-steps is refused by name. `watch.groups` shows the replica groups compared,
+steps is refused by name (a shape at the next exchange). `watch.groups` shows the replica groups compared,
 `watch.findings` what was found (a list of dicts: step, tensor, group, the
 ranks apart), `watch.check_seconds` and `watch.last_check_seconds` the time
 the checks took on this rank. With on_mismatch="warn" a finding that stays is
@@ -186,6 +186,8 @@ class Watch(Judging, WatchReports):
         elif check and self._batches.kept:
             self._timed(self._exchange_kept, False)
         self._batches.kept = []
+        for plan in self._rows.values():
+            plan.release()
         opt = self.optimizer
         if opt is not None and "step" in opt.__dict__:
             if self._step_was is None:
@@ -247,26 +249,31 @@ class Watch(Judging, WatchReports):
 
     def _check(self, grads, after, batched):
         self.checks += 1
-        tensors = []
-        for name, p, shape in self._plan:
-            if p.shape != shape:
-                raise ValueError(f"rank {self.rank}: watch(): parameter '{name}' changed shape from "
-                                 f"{tuple(shape)} to {tuple(p.shape)} since the watch started")
-            # The parameter itself, not p.detach(): a DTensor's detach is a dispatched op (~30 us each)
-            tensors.append(self._local(name, p))
+        # The parameter itself, not p.detach(): a DTensor's detach is a dispatched op (~30 us each)
+        tensors = [self._local(name, p) for name, p, _ in self._plan]
         if grads:
             tensors += [self._local(name, p.grad) for name, p, _ in self._plan]
         mine, on_device = self._rows[grads].fill(tensors)
         if on_device:
             for (i, _), h in zip(on_device, torch.stack([h for _, h in on_device]).cpu().tolist()):
                 mine[i] = h + [SUMS, 1]
-        transient = self.rerun.take() if self.rerun is not None else []
-        mine[-1, 0] = len(transient)  # the last row
+        transient = self.rerun.take() if self.rerun is not None else ()
+        if transient:  # the last row (zeros from fill otherwise: a NumPy item assignment is ~7 us in the loop)
+            mine[-1, 0] = len(transient)
         kept = self._batches.kept
-        if kept and kept[0][0].shape != mine.shape:  # (a check without gradients among those with): not one table
+        if kept and len(kept[0][0]) != len(mine):  # (a check without gradients among those with): not one table
             self._exchange_kept(False)
         if self._batches.keep(mine, self.steps, transient) or not batched or after:
             self._exchange_kept(after)
+
+    def _check_shapes(self):
+        """Every parameter refused by name if its shape changed since the watch started. Once an
+        exchange, not at every check (15 shapes were ~10 us of a small model's check in its loop):
+        a batch's checks are refused at its exchange, where a finding of theirs would be reported."""
+        for name, p, shape in self._plan:
+            if p.shape != shape:
+                raise ValueError(f"rank {self.rank}: watch(): parameter '{name}' changed shape from "
+                                 f"{tuple(shape)} to {tuple(p.shape)} since the watch started")
 
     def _local(self, name, t):
         """This rank's piece of t (a DTensor's local tensor), refused if its

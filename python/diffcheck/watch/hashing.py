@@ -2,6 +2,7 @@
 from the diffcheck kernel library (zlib's CRC-32 without it), on an
 accelerator two integer sums computed there. Each hash carries the algorithm
 that made it: hashes made two ways are never compared."""
+import struct
 import zlib
 
 import numpy as np
@@ -83,31 +84,55 @@ def _weights(n, device, dtype):
 
 class CheckRows:
     """The rows of every check of a watch, planned once: `count` tensors' rows
-    and a last row the caller fills, in one int64 buffer. CPU tensors are
-    hashed in one call to the kernel library (diffcheck_watch_rows: at
-    every=1 one call per tensor was most of a small model's check); an
-    accelerator's, a strided one's, or all with `sums` or no library, one by
-    one (hash_row)."""
+    and a last row the caller fills. CPU tensors are hashed in one call to the
+    kernel library (diffcheck_watch_rows: at every=1 one call per tensor was
+    most of a small model's check); an accelerator's, a strided one's, or all
+    with `sums` or no library, one by one (hash_row).
+
+    Each check gets a table of its own, the next of a block of TABLES, which
+    it keeps until its batch is exchanged (release): the batch keeps the
+    tables themselves, not copies (a NumPy copy was ~5 us of a small model's
+    check in its training loop, where every first touch misses the caches)."""
+
+    TABLES = 64
 
     def __init__(self, count, sums):
         self.count = count
-        self.table = np.zeros((count + 1, 4), dtype=np.int64)
-        self.pointers = np.zeros(count, dtype=np.uint64)
-        self.bytes = np.zeros(count, dtype=np.int64)
-        self.elements = np.zeros(count, dtype=np.int64)
+        # Each tensor's pointer, bytes and elements, and one more row with -1 elements: the library zeroes
+        # the last row (the caller's) in the same call. Packed by one struct call: three NumPy assignments
+        # from lists were ~13 us of a 30-tensor check inside a training loop (cold caches), 10% of it.
+        self.meta = np.zeros(3 * (count + 1), dtype=np.int64)
+        self._pack = struct.Struct(f"{count + 1}Q{2 * (count + 1)}q").pack_into
         self.sums = sums
         self.fused = None if sums else sketch_cpu.watch_rows_function()
         # the arrays' addresses, taken once (numpy makes an object for each .ctypes)
-        self._addresses = [a.ctypes.data for a in (self.pointers, self.bytes, self.elements)] + [self.table.ctypes.data]
+        base = self.meta.ctypes.data
+        self._addresses = (base, base + 8 * (count + 1), base + 16 * (count + 1))
+        self._tables, self._used = [], 0
+
+    def _next_table(self):
+        """(a table [count + 1, 4] no kept check holds, its address)."""
+        if self._used == len(self._tables):  # a new block: the kept checks' tables keep the old one alive
+            block = np.zeros((self.TABLES, self.count + 1, 4), dtype=np.int64)
+            stride, base = block.strides[0], block.ctypes.data
+            self._tables = [(block[k], base + k * stride) for k in range(self.TABLES)]
+            self._used = 0
+        self._used += 1
+        return self._tables[self._used - 1]
+
+    def release(self):
+        """The kept checks' tables were exchanged (copied into the batch's): they may be filled again."""
+        self._used = 0
 
     def fill(self, tensors):
-        """(rows, on_device): rows this plan's int64 array [count + 1, 4] (the
-        last row zeros, the caller's; valid until the next fill: a NumPy array,
-        since a torch tensor's item assignment costs ~20 us a check); on_device
-        [(index, the accelerator's two sums there)], which the caller brings
-        over at once."""
+        """(rows, on_device): rows this check's int64 array [count + 1, 4]
+        (the last row zeros, the caller's; its own until release(): a NumPy
+        array, since a torch tensor's item assignment costs ~20 us a check);
+        on_device [(index, the accelerator's two sums there)], which the
+        caller brings over at once."""
+        table, address = self._next_table()
         singles, on_device = [], []
-        pointers, sizes, counts = [], [], []  # assigned to the plan's arrays at once: per element is slower
+        pointers, sizes, counts = [], [], []  # packed into the plan's array at once
         fused = self.fused is not None
         for i, t in enumerate(tensors):
             if t is not None and fused and t.is_cpu and t.is_contiguous():
@@ -121,17 +146,16 @@ class CheckRows:
                 counts.append(-1)
                 if t is not None:
                     singles.append((i, t))
-        self.pointers[:], self.bytes[:], self.elements[:] = pointers, sizes, counts
-        if self.fused is not None:
-            pointers, sizes, counts, table = self._addresses
-            self.fused(pointers, sizes, counts, self.count, table)
+        if fused:
+            self._pack(self.meta, 0, *pointers, 0, *sizes, 0, *counts, -1)
+            pointers, sizes, counts = self._addresses
+            self.fused(pointers, sizes, counts, self.count + 1, address)
         else:
-            self.table[:self.count] = 0
-        self.table[self.count] = 0
+            table[:] = 0
         for i, t in singles:
             row = hash_row(t, self.sums)
             if isinstance(row, torch.Tensor):
                 on_device.append((i, row))
             else:
-                self.table[i] = row
-        return self.table, on_device
+                table[i] = row
+        return table, on_device

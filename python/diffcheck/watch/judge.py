@@ -14,8 +14,12 @@ class Judging:
     def _exchange_kept(self, after):
         """The kept checks' rows to the hub, its word back, and the first
         check with a finding reported (collective)."""
+        self._check_shapes()
         rows, steps, transient = self._batches.take()
         n = rows.shape[1] - 1
+        # The kept tables (one plan's: a batch is of one kind) are copied into `rows`: free to be filled again.
+        # (Not the other plan's: a check that is not of the batch's kind is kept after this exchange.)
+        next(plan for plan in self._rows.values() if plan.count == n).release()
         when = (f"before step {steps[-1]}'s optimizer step" if not after else "after the last optimizer step") + \
             (f" (with the checks before steps {', '.join(map(str, steps[:-1]))})" if len(steps) > 1 else "")
         start = time.perf_counter()
