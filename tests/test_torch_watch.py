@@ -12,8 +12,10 @@ import sys
 import time
 import types
 import unittest
+from unittest import mock
 
 import h5py
+import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -300,6 +302,25 @@ class ExchangeBatches(unittest.TestCase):
         for bad in (0, -1, "4", 2.0, True):
             with self.assertRaisesRegex(ValueError, r"exchange_every=.*'auto' or a number of checks"):
                 batches.parse(bad)
+
+    def test_auto_plans_its_second_batch_from_the_first_step(self):
+        """The time from the watch's start to its first exchange stands for the first interval (never
+        shorter than a step); the second batch's measure replaces it, not smoothed into it."""
+        now = [100.0]
+        with mock.patch.object(batches.time, "perf_counter", lambda: now[0]):
+            b = batches.Batches("auto")
+            rows = np.zeros((3, 4), dtype=np.int64)
+            now[0] += 0.04  # the set-up and the first step
+            self.assertTrue(b.keep(rows, 0, ()))
+            b.take()
+            b.timed(0.00125)
+            self.assertEqual(b.next_size(96), 32)  # 1.25 ms within 0.1% of 40 ms steps (at most 2 s: 50)
+            b.size = 32
+            for step in range(1, 33):
+                now[0] += 0.02
+                self.assertEqual(b.keep(rows, step, ()), step == 32)
+            self.assertEqual(b.take()[1], list(range(1, 33)))
+            self.assertEqual(b.next_size(96), 63)  # the 20 ms steps alone (smoothed with the first: 37)
 
 
 class WatchedTraining(E2ETest):

@@ -60,7 +60,10 @@ class Batches:
         self.fixed = parse(exchange_every)
         self.size = self.fixed or 1  # checks per exchange now: every rank the same (the hub's word)
         self.kept = []  # (rows [R+1, 4] int64, step, transient findings of that check)
-        self._last_take = None
+        # From the watch's start: the first batch's "interval" is then the first step and all before it
+        # since the watch began, never less than a step, so the second batch is planned with a delay no
+        # longer than MAX_DELAY_S (one warm-up exchange of one check fewer: ~0.2% of a 40-step window).
+        self._last_take, self._takes = time.perf_counter(), 0
         self._interval = None  # seconds between checks (smoothed), the hub's
         self._exchange = None  # seconds an exchange took (smoothed), the hub's
 
@@ -76,8 +79,11 @@ class Batches:
         its checks (a clock read at every check was ~3 us of a check in a training loop)."""
         kept, self.kept = self.kept, []
         now = time.perf_counter()
-        if self._last_take is not None and kept:
-            self._interval = _smoothed(self._interval, (now - self._last_take) / len(kept))
+        if kept:
+            measured = (now - self._last_take) / len(kept)
+            # the first measure (the set-up with the first step) is replaced by the second, not smoothed into it
+            self._interval = _smoothed(self._interval, measured) if self._takes >= 2 else measured
+            self._takes += 1
         self._last_take = now
         return (torch.from_numpy(np.stack([r for r, _, _ in kept])), [s for _, s, _ in kept],
                 [t for _, _, ts in kept for t in ts])
