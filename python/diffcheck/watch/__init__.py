@@ -37,11 +37,12 @@ the ranks that did not come (diffcheck/watch/exchange.py). It never lies: a
 model with nothing replicated is refused when the watch starts, and so is a
 `layouts=` pattern that matches no parameter, names an axis the mesh lacks or
 has a spec of another rank; a parameter whose shape or layout changes between
-steps is refused by name (a shape at the next exchange). `watch.groups` shows the replica groups compared,
-`watch.findings` what was found (a list of dicts: step, tensor, group, the
-ranks apart), `watch.check_seconds` and `watch.last_check_seconds` the time
-the checks took on this rank. With on_mismatch="warn" a finding that stays is
-reported again only when it changes (diffcheck/watch/report.py).
+steps is refused by name (its shape at the next exchange). `watch.groups`
+shows the replica groups compared, `watch.findings` what was found (a list
+of dicts: step, tensor, group, the ranks apart), `watch.check_seconds` and
+`watch.last_check_seconds` the time the checks took on this rank. With
+on_mismatch="warn" a finding that stays is reported again only when it
+changes (diffcheck/watch/report.py).
 """
 import fnmatch
 import os
