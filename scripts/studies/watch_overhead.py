@@ -142,7 +142,8 @@ def check_costs(rank, model, opt, mesh, out, args, steps, ratios):
         n = len(check_times)
         print(f"of a check, mean: its rows (pieces and hashes) {sum(parts['rows']) / n * 1e3:.3f} ms, the exchanges "
               f"{sum(parts['exchange']) / n * 1e3:.3f} ms ({len(parts['exchange'])} in {n} checks, each "
-              f"{statistics.median(parts['exchange'] or [0]) * 1e3:.2f} ms median), the rest "
+              f"{statistics.median(parts['exchange'] or [0]) * 1e3:.2f} ms median, the job's first "
+              f"{(parts['exchange'] or [0])[0] * 1e3:.2f} ms), the rest "
               f"{(sum(check_times) - sum(parts['rows']) - sum(parts['exchange'])) / n * 1e3:.3f} ms")
         print(f"hashing every parameter and gradient once: {hash_s * 1e3:.1f} ms "
               f"({sum(p.numel() for p in local) / 1e6:.2f} M parameters on a rank)")

@@ -92,13 +92,16 @@ class Batches:
         """The hub: an exchange took `seconds`."""
         self._exchange = _smoothed(self._exchange, seconds)
 
-    def next_size(self, row_bytes):
-        """The hub's choice for the next batch (the fixed number, if given)."""
+    def next_size(self, row_bytes, so_far):
+        """The hub's choice for the next batch (the fixed number, if given);
+        `so_far`: the seconds this exchange has taken until now (its rows
+        in), which stand for an exchange's time until one has been timed
+        whole: the first exchange then plans the second batch."""
         if self.fixed is not None:
             return self.fixed
-        if self._exchange is None or self._interval is None:
+        if self._interval is None:
             return 1
-        return planned_size(self._exchange, self._interval, row_bytes)
+        return planned_size(self._exchange if self._exchange is not None else so_far, self._interval, row_bytes)
 
 
 def _smoothed(old, new):

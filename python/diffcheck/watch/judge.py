@@ -27,7 +27,8 @@ class Judging:
             table = self.exchange.collect(rows, self.checks, when)  # the hub's alone
             news = table is not None and (bool(table[:, :, -1, 0].any()) or
                                           bool(first_apart(table, self._leaders[:n]).any()))
-            size = self._batches.next_size(rows[0].numel() * 8) if table is not None else 1
+            size = (self._batches.next_size(rows[0].numel() * 8, time.perf_counter() - start)
+                    if table is not None else 1)
             everyone, self._batches.size = self.exchange.announce(news, table, self.checks, when, size)
         except Unanswered as e:
             raise RankUnresponsive(str(e)) from e
