@@ -61,8 +61,9 @@ class Batches:
         self.size = self.fixed or 1  # checks per exchange now: every rank the same (the hub's word)
         self.kept = []  # (rows [R+1, 4] int64, step, transient findings of that check)
         # From the watch's start: the first batch's "interval" is then the first step and all before it
-        # since the watch began, never less than a step, so the second batch is planned with a delay no
-        # longer than MAX_DELAY_S (one warm-up exchange of one check fewer: ~0.2% of a 40-step window).
+        # since the watch began, never less than a step, so the second batch, planned at the first
+        # exchange (with that exchange's time so far: next_size), waits no longer than MAX_DELAY_S. One
+        # warm-up exchange of one check fewer: ~0.2% of a 40-step window at 4 ranks.
         self._last_take, self._takes = time.perf_counter(), 0
         self._interval = None  # seconds between checks (smoothed), the hub's
         self._exchange = None  # seconds an exchange took (smoothed), the hub's
